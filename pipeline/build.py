@@ -1,0 +1,146 @@
+"""config -> model -> quantize -> passes -> schedules -> target build -> artifact directory."""
+
+from __future__ import annotations
+
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import tvm
+from tvm import relax
+
+from .artifact import MANIFEST, RUNTIME_CONFIG, atomic_directory, write_json
+from .kernel_roles import kernel_roles
+from .config import REPO_ROOT, ModelConfig, check_quantization
+from .model import MODELS
+from .passes import run_pipeline
+from .quantization import QUANTIZATIONS
+from .targets import TargetSpec
+
+LIBRARY = {"llvm": "lib.so"}
+
+
+def default_output(config: ModelConfig, quant: str, target: TargetSpec) -> Path:
+    return REPO_ROOT / "artifacts" / f"{config.name}-{quant}-{target.name}"
+
+
+def create_model(config: ModelConfig, quant: str, target: tvm.target.Target):
+    """The Relax nn.Module of `config`, quantized by `quant`."""
+    scheme = QUANTIZATIONS[quant]
+    model = MODELS[config.architecture]["module"](config, scheme.model_dtype, target)
+    return scheme.quantize_model(model)
+
+
+def export_model(config: ModelConfig, quant: str, target: tvm.target.Target):
+    with target:
+        model = create_model(config, quant, target)
+        mod, named_params, _ = model.export_tvm(spec=model.get_default_spec(), allow_extern=True)
+    return mod, named_params
+
+
+def _arg_record(param) -> dict[str, Any]:
+    try:
+        shape = [int(s) if isinstance(s, tvm.tirx.IntImm) else str(s) for s in param.shape]
+        return {"shape": shape, "dtype": str(param.dtype)}
+    except AttributeError:  # a handle or scalar parameter, not a typed buffer
+        return {"shape": None, "dtype": None}
+
+
+def _kernel_records(mod: tvm.IRModule) -> list[dict[str, Any]]:
+    return [
+        {"name": gv.name_hint, "args": [_arg_record(p) for p in func.params]}
+        for gv, func in sorted(mod.functions_items(), key=lambda item: item[0].name_hint)
+        if isinstance(func, tvm.tirx.PrimFunc)
+    ]
+
+
+def _versions() -> dict[str, str]:
+    out = {"tvm": tvm.__version__}
+    for dist in ("apache-tvm", "apache-tvm-ffi", "mlcpipe"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = "unknown"
+    return out
+
+
+def runtime_config(config: ModelConfig, quant: str) -> dict[str, Any]:
+    return {
+        "model": config.name,
+        "model_type": config.architecture,
+        "quantization": quant,
+        "model_dtype": QUANTIZATIONS[quant].model_dtype,
+        "vocab_size": config.vocab_size,
+        "hidden_size": config.hidden_size,
+        "context_window_size": config.context_window_size,
+        "prefill_chunk_size": config.prefill_chunk_size,
+        "page_size": config.page_size,
+        "model_config": config.as_dict(),
+    }
+
+
+def build(
+    config: ModelConfig,
+    quant: str,
+    target: TargetSpec,
+    output: Path | None = None,
+    dump_ir: bool = False,
+    weights: str | None = None,
+    log=print,
+) -> Path:
+    """Compile `config` at `quant` for `target` into an artifact directory; return its path.
+
+    With `weights` (a Hugging Face directory or "synthetic") the converted weights are written
+    to `<artifact>/params/` as well. Nothing is left behind if any step fails.
+    """
+    check_quantization(config, quant)
+    output = Path(output) if output else default_output(config, quant, target)
+    tvm_target = target.tvm_target()
+    started = time.perf_counter()
+    with atomic_directory(output) as tmp:
+        log(f"[mlcpipe] exporting {config.name} ({quant}) for {target.name} {target.target}")
+        mod, named_params = export_model(config, quant, tvm_target)
+        fused: list[dict[str, Any]] = []
+
+        def _record(phase: str, phase_mod: tvm.IRModule) -> None:
+            if phase == "fuse-tir":
+                roles = kernel_roles(phase_mod, [name for name, _ in named_params])
+                fused.extend({**k, "role": roles[k["name"]]} for k in _kernel_records(phase_mod))
+
+        log("[mlcpipe] running passes: " + " -> ".join(("fuse-high-level", "lower", "fuse-tir", "schedule", "finalize")))
+        mod = run_pipeline(mod, tvm_target, dump_dir=tmp / "ir" if dump_ir else None, on_phase=_record)
+        log("[mlcpipe] generating code")
+        executable = relax.build(mod, tvm_target, relax_pipeline=None)
+        library = LIBRARY[target.kind]
+        executable.export_library(str(tmp / library))
+        build_seconds = time.perf_counter() - started
+
+        write_json(tmp / RUNTIME_CONFIG, runtime_config(config, quant))
+        write_json(
+            tmp / MANIFEST,
+            {
+                "format": "mlcpipe-artifact/1",
+                "model": config.name,
+                "display_name": config.display_name,
+                "quantization": quant,
+                "target_name": target.name,
+                "target": target.target,
+                "versions": _versions(),
+                "config_hash": config.config_hash(),
+                "library": library,
+                "functions": sorted(gv.name_hint for gv, f in mod.functions_items() if isinstance(f, relax.Function)),
+                "kernels": fused,
+                "parameters": [
+                    {"name": name, "shape": [int(s) for s in param.shape], "dtype": param.dtype}
+                    for name, param in named_params
+                ],
+                "build_seconds": round(build_seconds, 2),
+            },
+        )
+        if weights is not None:
+            from .weights import convert_weights
+
+            convert_weights(config, quant, weights, tmp / "params", log=log)
+    log(f"[mlcpipe] built {output} in {build_seconds:.1f}s")
+    return output

@@ -1,0 +1,68 @@
+"""Which role each kernel plays in the model (qkv, o_proj, gate_up, down, lm_head, ...).
+
+Weight-consuming kernels are identified from the Relax graph: the parameter a call_tir reads
+tells the role exactly. The rest are classified by their (TVM-given) names.
+"""
+
+from __future__ import annotations
+
+import re
+
+import tvm
+from tvm import relax
+
+_BY_PARAM = (
+    ("qkv_proj", "qkv"),
+    ("o_proj", "o_proj"),
+    ("gate_up_proj", "gate_up"),
+    ("down_proj", "down"),
+    ("lm_head", "lm_head"),
+)
+_BY_NAME = (
+    (r"attention|batch_prefill|batch_decode|tree_attn|merge_state", "attention"),
+    (r"kv_cache_transpose_append|transpose_append", "kv append"),
+    (r"rms_norm|layer_norm", "norm"),
+    (r"rope|rotary", "rope"),
+    (r"silu", "swiglu"),
+    (r"take", "embedding"),
+)
+
+
+def _role_for_param(param: str, kernel: str) -> str:
+    if "embed_tokens" in param:
+        return "lm_head" if "matmul" in kernel else "embedding"
+    for key, role in _BY_PARAM:
+        if key in param:
+            return role
+    return role_by_name(kernel)
+
+
+def role_by_name(kernel: str) -> str:
+    for pattern, role in _BY_NAME:
+        if re.search(pattern, kernel):
+            return role
+    return "other"
+
+
+def kernel_roles(mod: tvm.IRModule, param_names: list[str]) -> dict[str, str]:
+    """kernel name -> role, for every PrimFunc of `mod` (a module after FuseTIR)."""
+    roles: dict[str, str] = {}
+    for _, func in mod.functions_items():
+        if not isinstance(func, relax.Function) or not func.params:
+            continue
+        packed = func.params[-1]
+        from_param: dict[relax.Var, str] = {}
+        for block in func.body.blocks:
+            for binding in block.bindings:
+                value = binding.value
+                if isinstance(value, relax.TupleGetItem) and value.tuple_value.same_as(packed):
+                    from_param[binding.var] = param_names[value.index]
+                elif isinstance(value, relax.Call) and value.op.same_as(tvm.ir.Op.get("relax.call_tir")):
+                    kernel = value.args[0].name_hint
+                    params = [from_param[a] for a in value.args[1].fields if a in from_param]
+                    if params:
+                        roles[kernel] = _role_for_param(params[0], kernel)
+    for gv, func in mod.functions_items():
+        if isinstance(func, tvm.tirx.PrimFunc) and gv.name_hint not in roles:
+            roles[gv.name_hint] = role_by_name(gv.name_hint)
+    return roles

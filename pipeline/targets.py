@@ -1,0 +1,97 @@
+"""Target presets (configs/targets/<name>.yaml) -> TVM target JSON dicts."""
+
+from __future__ import annotations
+
+import dataclasses
+import platform
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .config import CONFIG_DIR, ConfigError
+
+TARGETS_DIR = CONFIG_DIR / "targets"
+
+# (required /proc/cpuinfo flags, LLVM cpu name), most capable first.
+_X86_CPUS = (
+    ({"avx512_fp16", "amx_bf16"}, "sapphirerapids"),
+    ({"avx512f", "avx512_vnni", "avx512_bf16"}, "cooperlake"),
+    ({"avx512f", "avx512_vbmi2", "avx512_vnni"}, "icelake-server"),
+    ({"avx512f", "avx512_vnni"}, "cascadelake"),
+    ({"avx512f", "avx512bw", "avx512vl"}, "skylake-avx512"),
+    ({"avx2", "fma", "f16c"}, "haswell"),
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class TargetSpec:
+    name: str  # preset name: llvm, cuda, metal, webgpu
+    target: dict[str, Any]  # TVM target JSON dict
+    peak_gbps: float
+
+    @property
+    def kind(self) -> str:
+        return self.target["kind"]
+
+    def tvm_target(self):
+        from tvm.target import Target
+
+        return Target(self.target)
+
+
+def detect_host_cpu(cpuinfo: str | None = None) -> str:
+    """LLVM CPU name for this machine, from the CPU's feature flags."""
+    if cpuinfo is None:
+        path = Path("/proc/cpuinfo")
+        cpuinfo = path.read_text() if path.exists() else ""
+    flags: set[str] = set()
+    for line in cpuinfo.splitlines():
+        if line.startswith(("flags", "Features")):
+            flags = set(line.split(":", 1)[1].split())
+            break
+    if platform.machine() in ("aarch64", "arm64") or "asimd" in flags:
+        return "generic"
+    for needed, cpu in _X86_CPUS:
+        if needed <= flags:
+            return cpu
+    return "x86-64"
+
+
+def available_targets() -> list[str]:
+    return sorted(p.stem for p in TARGETS_DIR.glob("*.yaml"))
+
+
+def load_target(name: str, overrides: dict[str, Any] | None = None) -> TargetSpec:
+    """Preset `name`, with `overrides` (e.g. {"mcpu": "skylake-avx512"}) applied on top."""
+    path = TARGETS_DIR / f"{name}.yaml"
+    if not path.is_file():
+        raise ConfigError(f"--target {name!r}: unknown target; allowed: {available_targets()}")
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: invalid YAML: {str(exc).splitlines()[0]}") from None
+    raw = {**raw, **{k: v for k, v in (overrides or {}).items() if v is not None}}
+    peak = raw.pop("peak_gbps", 0)
+    if raw.get("kind") != "llvm":
+        raise ConfigError(f"{path}: field 'kind': got {raw.get('kind')!r}; allowed: ['llvm']")
+    if raw.get("mcpu", "auto") in ("auto", None):
+        raw["mcpu"] = detect_host_cpu()
+    if raw["mcpu"] == "native":
+        raise ConfigError(
+            f"{path}: field 'mcpu': got 'native'; name the CPU (e.g. sapphirerapids) or use 'auto' "
+            "(TVM silently builds generic x86-64 code for 'native')"
+        )
+    target = dict(raw)
+    _validate_with_tvm(path, target)
+    return TargetSpec(name=name, target=target, peak_gbps=float(peak))
+
+
+def _validate_with_tvm(path: Path, target: dict[str, Any]) -> None:
+    from tvm.target import Target
+
+    try:
+        Target(target)
+    except Exception as exc:  # TVM raises its own error types
+        first = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        raise ConfigError(f"{path}: target {target} rejected by TVM: {first}") from None

@@ -1,0 +1,5 @@
+"""CPU (LLVM) schedule rules."""
+
+from .matmul_nt import MatmulNT
+
+LLVM_RULES = [MatmulNT()]

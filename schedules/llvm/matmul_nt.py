@@ -1,0 +1,96 @@
+"""CPU rule for C[..., n] = sum_k A[..., k] * W[n, k] with optional fused prologue/epilogue.
+
+Covers `NT_matmul*` and `fused_dequantizeN_NT_matmulM[_cast][_add]`: producer blocks (the
+dequantize) are inlined so the weight is decoded in registers and never materialised, elementwise
+consumers (cast, residual add) run right after each row block. The reduction over K is
+vectorised by rfactor over `lanes` partial sums; rows are split into parallel tasks.
+
+Knobs: lanes (vector width of the K reduction), rows (output rows per parallel task),
+unroll (max auto-unroll step of the K loop).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tvm import s_tir, tirx
+from tvm.s_tir import dlight as dl
+from tvm.target import Target
+
+
+@dataclasses.dataclass
+class MatmulNT(dl.ScheduleRule):
+    lanes: int = 16
+    rows: int = 16
+    unroll: int = 8
+
+    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
+        del tunable
+        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
+            return None
+        sch = s_tir.Schedule(func)
+        blocks = sch.get_child_blocks(dl.analysis.get_root_block(sch))
+        if not blocks:
+            return None
+        reductions = [b for b in blocks if _is_reduction(sch, b)]
+        if len(reductions) != 1:
+            return None
+        red = reductions[0]
+        pos = [sch.get(b).same_as(sch.get(red)) for b in blocks].index(True)
+        producers, consumers = blocks[:pos], blocks[pos + 1 :]
+        if not _is_nt_matmul(sch, red):
+            return None
+        try:
+            for block in reversed(producers):
+                sch.compute_inline(block)
+            for block in reversed(consumers[1:]):
+                sch.reverse_compute_inline(block)
+        except s_tir.ScheduleError:
+            return None
+        epilogue = consumers[0] if consumers else None
+
+        loops = sch.get_loops(red)
+        spatial, k = loops[:-1], loops[-1]
+        k_extent = _const(sch.get(k).extent)
+        if k_extent is None or k_extent % self.lanes:
+            return None
+        n_loop = spatial[-1]
+        n_extent = _const(sch.get(n_loop).extent)
+        if n_extent is None:
+            return None
+        rows = self.rows if n_extent % self.rows == 0 else 1
+        n_outer, n_inner = sch.split(n_loop, factors=[None, rows])
+        outer = spatial[:-1]
+        # Put the output-row tiles outermost (parallel), batch/token loops inside.
+        sch.reorder(n_outer, *outer, n_inner)
+        k_outer, k_inner = sch.split(k, factors=[None, self.lanes])
+        rf = sch.rfactor(k_inner, factor_axis=len(sch.get(red).iter_vars) - 1)
+        # rf block loops: n_outer, *outer, n_inner, k_outer, k_inner
+        sch.reverse_compute_at(red, sch.get_loops(rf)[len(outer) + 1])
+        task = sch.get_loops(rf)[0]
+        if epilogue is not None:
+            sch.reverse_compute_at(epilogue, task)
+        sch.parallel(task)
+        rf_loops = sch.get_loops(rf)
+        sch.vectorize(rf_loops[-1])
+        sch.annotate(rf_loops[-2], "pragma_auto_unroll_max_step", self.unroll)
+        sch.annotate(rf_loops[-2], "pragma_unroll_explicit", 1)
+        sch.decompose_reduction(rf, rf_loops[-2])
+        return sch
+
+
+def _const(expr) -> int | None:
+    return int(expr.value) if isinstance(expr, tirx.IntImm) else None
+
+
+def _is_reduction(sch: s_tir.Schedule, block) -> bool:
+    return any(iv.iter_type == tirx.IterVar.CommReduce for iv in sch.get(block).iter_vars)
+
+
+def _is_nt_matmul(sch: s_tir.Schedule, block) -> bool:
+    """One reduction iter, innermost, and the block reads two buffers (A and W)."""
+    stmt = sch.get(block)
+    kinds = [iv.iter_type for iv in stmt.iter_vars]
+    if kinds.count(tirx.IterVar.CommReduce) != 1 or kinds[-1] != tirx.IterVar.CommReduce:
+        return False
+    return len(sch.get_loops(block)) == len(stmt.iter_vars)

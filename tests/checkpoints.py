@@ -1,0 +1,78 @@
+"""Tiny Hugging Face-layout Llama checkpoints (random weights), written by the tests themselves."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+from safetensors.numpy import save_file
+
+from pipeline.config import ModelConfig
+
+
+def hf_config(cfg: ModelConfig) -> dict:
+    return {
+        "architectures": ["LlamaForCausalLM"],
+        "model_type": "llama",
+        "hidden_size": cfg.hidden_size,
+        "intermediate_size": cfg.intermediate_size,
+        "num_hidden_layers": cfg.num_hidden_layers,
+        "num_attention_heads": cfg.num_attention_heads,
+        "num_key_value_heads": cfg.num_key_value_heads,
+        "head_dim": cfg.head_dim,
+        "vocab_size": cfg.vocab_size,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "rope_theta": cfg.rope_theta,
+        "rope_scaling": cfg.rope_scaling.as_dict() if cfg.rope_scaling else None,
+        "tie_word_embeddings": cfg.tie_word_embeddings,
+        "max_position_embeddings": 131072,
+        "torch_dtype": "float32",
+    }
+
+
+def random_hf_weights(cfg: ModelConfig, seed: int = 0, untied: bool | None = None) -> dict[str, np.ndarray]:
+    """Weights scaled so activations stay O(1) and logits are well separated."""
+    rng = np.random.default_rng(seed)
+    h, inter, d = cfg.hidden_size, cfg.intermediate_size, cfg.head_dim
+    hq, hkv = cfg.num_attention_heads, cfg.num_key_value_heads
+
+    def mat(out_f, in_f, gain=1.0):
+        return (rng.standard_normal((out_f, in_f)) * gain / np.sqrt(in_f)).astype(np.float32)
+
+    w = {"model.embed_tokens.weight": (rng.standard_normal((cfg.vocab_size, h))).astype(np.float32)}
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}"
+        w[f"{p}.self_attn.q_proj.weight"] = mat(hq * d, h, 2.0)
+        w[f"{p}.self_attn.k_proj.weight"] = mat(hkv * d, h, 2.0)
+        w[f"{p}.self_attn.v_proj.weight"] = mat(hkv * d, h)
+        w[f"{p}.self_attn.o_proj.weight"] = mat(h, hq * d)
+        w[f"{p}.mlp.gate_proj.weight"] = mat(inter, h)
+        w[f"{p}.mlp.up_proj.weight"] = mat(inter, h)
+        w[f"{p}.mlp.down_proj.weight"] = mat(h, inter)
+        w[f"{p}.input_layernorm.weight"] = (1 + 0.1 * rng.standard_normal(h)).astype(np.float32)
+        w[f"{p}.post_attention_layernorm.weight"] = (1 + 0.1 * rng.standard_normal(h)).astype(np.float32)
+    w["model.norm.weight"] = (1 + 0.1 * rng.standard_normal(h)).astype(np.float32)
+    if untied if untied is not None else not cfg.tie_word_embeddings:
+        w["lm_head.weight"] = mat(cfg.vocab_size, h, 4.0)
+    return w
+
+
+def write_hf_checkpoint(
+    path: Path, cfg: ModelConfig, weights: dict[str, np.ndarray], shards: int = 1, dtype=np.float32
+) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    config = hf_config(cfg)
+    config["tie_word_embeddings"] = "lm_head.weight" not in weights
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    names = list(weights)
+    per = -(-len(names) // shards)
+    index = {}
+    for s in range(shards):
+        part = {n: weights[n].astype(dtype) for n in names[s * per : (s + 1) * per]}
+        file = "model.safetensors" if shards == 1 else f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
+        save_file(part, str(path / file))
+        index.update({n: file for n in part})
+    if shards > 1:
+        (path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": index}))
+    return path
