@@ -69,7 +69,10 @@ def write_hf_checkpoint(
     per = -(-len(names) // shards)
     index = {}
     for s in range(shards):
-        part = {n: weights[n].astype(dtype) for n in names[s * per : (s + 1) * per]}
+        part = {
+            n: weights[n].astype(dtype) if weights[n].dtype.kind == "f" else weights[n]
+            for n in names[s * per : (s + 1) * per]
+        }
         file = "model.safetensors" if shards == 1 else f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
         save_file(part, str(path / file))
         index.update({n: file for n in part})

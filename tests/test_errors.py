@@ -1,0 +1,157 @@
+"""Bad input: one clear line naming file/field/value and what is allowed, exit status 2, and
+no half-written artifact."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from pipeline.artifact import ArtifactError, atomic_directory
+from pipeline.config import ConfigError, MODELS_DIR, load_model_config
+from pipeline.targets import detect_host_cpu, load_target
+from pipeline.weights import convert_weights
+
+from .checkpoints import random_hf_weights, write_hf_checkpoint
+
+TINY = yaml.safe_load((MODELS_DIR / "llama-tiny.yaml").read_text())
+
+
+def mlcpipe(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", *args], capture_output=True, text=True, cwd=cwd,
+        env={**os.environ, "TVM_NUM_THREADS": "2"},
+    )
+
+
+def write_yaml(tmp_path: Path, **changes) -> Path:
+    raw = {**TINY, **changes}
+    for key in [k for k, v in changes.items() if v is None]:
+        raw.pop(key)
+    path = tmp_path / "model.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+@pytest.mark.parametrize(
+    "changes, expected",
+    [
+        ({"hidden_size": -128}, r"field 'hidden_size': got -128; expected a positive integer"),
+        ({"num_attention_heads": 3}, r"field 'num_attention_heads': got 3; must divide hidden_size \(128\)"),
+        ({"num_key_value_heads": 3}, r"field 'num_key_value_heads': got 3; must divide num_attention_heads"),
+        ({"vocab_size": None}, r"field 'vocab_size' is missing"),
+        ({"quantizations": ["q3f16_0"]}, r"field 'quantizations': got 'q3f16_0'; allowed: \['q0f16'"),
+        ({"architecture": "gpt2"}, r"field 'architecture': got 'gpt2'; allowed: \['llama'\]"),
+        ({"hidden_sise": 12}, r"field 'hidden_sise': got 12; unknown field"),
+        ({"rope_scaling": {"rope_type": "yarn"}}, r"field 'rope_scaling.rope_type': got 'yarn'"),
+        ({"prefill_chunk_size": 4096}, r"field 'prefill_chunk_size': got 4096; must be <= context_window_size"),
+    ],
+)
+def test_config_errors_name_file_field_value(tmp_path, changes, expected):
+    path = write_yaml(tmp_path, **changes)
+    with pytest.raises(ConfigError, match=expected) as info:
+        load_model_config(str(path))
+    assert str(info.value).startswith(str(path)) and "\n" not in str(info.value)
+
+
+def test_bad_yaml_names_line(tmp_path):
+    path = tmp_path / "broken.yaml"
+    path.write_text("name: x\nhidden_size: [1, 2\n")
+    with pytest.raises(ConfigError, match=r"broken.yaml: invalid YAML \(line \d+, column \d+\)"):
+        load_model_config(str(path))
+
+
+def test_unknown_model_name_lists_available():
+    with pytest.raises(ConfigError, match=r"no such config .*available: \[.*'llama-3.2-1b'"):
+        load_model_config("llama-9b")
+
+
+def test_group_size_checked_for_q4(tmp_path):
+    from pipeline.config import check_quantization
+
+    cfg = load_model_config(str(write_yaml(tmp_path, hidden_size=120, num_attention_heads=4, head_dim=30)))
+    with pytest.raises(ConfigError, match=r"field 'hidden_size': got 120; q4f16_1 needs a multiple of its group size 32"):
+        check_quantization(cfg, "q4f16_1")
+    check_quantization(cfg, "q0f16")  # unquantized takes any size
+
+
+def test_llvm_target_names_the_cpu():
+    assert load_target("llvm").target["mcpu"] not in ("native", "auto")
+    assert detect_host_cpu("flags\t: fpu avx2 fma f16c avx512f avx512bw avx512vl avx512_fp16 amx_bf16\n") == "sapphirerapids"
+    assert detect_host_cpu("flags\t: fpu avx2 fma f16c\n") == "haswell"
+    assert detect_host_cpu("flags\t: fpu sse2\n") == "x86-64"
+    assert load_target("llvm", {"mcpu": "skylake-avx512"}).target["mcpu"] == "skylake-avx512"
+    with pytest.raises(ConfigError, match=r"field 'mcpu': got 'native'"):
+        load_target("llvm", {"mcpu": "native"})
+
+
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["build", "--model", "llama-tiny", "--quant", "q5f16"], r"--quant 'q5f16': unknown quantization; allowed: \['q0f16', 'q0f32', 'q4f16_1', 'q4f32_1'\]"),
+        (["build", "--model", "llama-tiny", "--quant", "q4f16_1", "--target", "vulkan"], r"--target 'vulkan': unknown target; allowed: \[.*'llvm'"),
+        (["build", "--model", "nope.yaml", "--quant", "q4f16_1"], r"nope.yaml: model config file not found"),
+    ],
+)
+def test_cli_errors_are_one_line_and_exit_2(tmp_path, args, expected):
+    out = tmp_path / "art"
+    result = mlcpipe(*args, "--output", str(out))
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    import re
+
+    assert re.search(expected, lines[0]), lines[0]
+    assert not out.exists() and not list(tmp_path.glob(".art*"))
+
+
+def test_failed_build_leaves_nothing(tmp_path):
+    final = tmp_path / "artifact"
+    with pytest.raises(RuntimeError):
+        with atomic_directory(final) as tmp:
+            (tmp / "lib.so").write_bytes(b"partial")
+            raise RuntimeError("codegen failed")
+    assert not final.exists() and list(tmp_path.iterdir()) == []
+    # a failing rebuild keeps the previous good artifact intact
+    with atomic_directory(final) as tmp:
+        (tmp / "manifest.json").write_text("{}")
+    with pytest.raises(RuntimeError):
+        with atomic_directory(final) as tmp:
+            raise RuntimeError("boom")
+    assert (final / "manifest.json").read_text() == "{}"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["artifact"]
+
+
+def test_cli_build_with_bad_mcpu_leaves_nothing(tmp_path):
+    out = tmp_path / "art"
+    result = mlcpipe("build", "--model", "llama-tiny", "--quant", "q0f32", "--mcpu", "native", "--output", str(out))
+    assert result.returncode == 2 and "field 'mcpu': got 'native'" in result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_weight_errors_name_the_tensor(tiny_config, tmp_path):
+    weights = random_hf_weights(tiny_config, seed=0)
+    bad_shape = dict(weights)
+    bad_shape["model.layers.1.mlp.up_proj.weight"] = np.zeros((10, 128), np.float32)
+    src = write_hf_checkpoint(tmp_path / "shape", tiny_config, bad_shape)
+    with pytest.raises(ArtifactError, match=r"tensor 'model.layers.1.mlp.up_proj.weight' has shape \[10, 128\], expected \[256, 128\]"):
+        convert_weights(tiny_config, "q4f16_1", src, tmp_path / "out1", log=lambda *_: None)
+
+    missing = {k: v for k, v in weights.items() if k != "model.layers.0.self_attn.k_proj.weight"}
+    src = write_hf_checkpoint(tmp_path / "missing", tiny_config, missing)
+    with pytest.raises(ArtifactError, match=r"tensor 'model.layers.0.self_attn.k_proj.weight' is missing"):
+        convert_weights(tiny_config, "q4f16_1", src, tmp_path / "out2", log=lambda *_: None)
+
+    src = write_hf_checkpoint(tmp_path / "int", tiny_config, {**weights, "model.norm.weight": np.ones(128, np.int32)})
+    with pytest.raises(ArtifactError, match=r"tensor 'model.norm.weight' has dtype int32; expected a float dtype"):
+        convert_weights(tiny_config, "q0f16", src, tmp_path / "out3", log=lambda *_: None)
+
+    src = write_hf_checkpoint(tmp_path / "untied", tiny_config, random_hf_weights(tiny_config, untied=True))
+    with pytest.raises(ConfigError, match=r"config.json: field 'tie_word_embeddings': got False, but .*llama-tiny.yaml says True"):
+        convert_weights(tiny_config, "q0f16", src, tmp_path / "out4", log=lambda *_: None)
+    assert not any(p.name.startswith(("out", ".out")) for p in tmp_path.iterdir())
