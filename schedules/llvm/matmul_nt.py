@@ -63,7 +63,7 @@ class MatmulNT(dl.ScheduleRule):
         outer = spatial[:-1]
         # Put the output-row tiles outermost (parallel), batch/token loops inside.
         sch.reorder(n_outer, *outer, n_inner)
-        k_outer, k_inner = sch.split(k, factors=[None, self.lanes])
+        _, k_inner = sch.split(k, factors=[None, self.lanes])
         rf = sch.rfactor(k_inner, factor_axis=len(sch.get(red).iter_vars) - 1)
         # rf block loops: n_outer, *outer, n_inner, k_outer, k_inner
         sch.reverse_compute_at(red, sch.get_loops(rf)[len(outer) + 1])
@@ -88,7 +88,7 @@ def _is_reduction(sch: s_tir.Schedule, block) -> bool:
 
 
 def _is_nt_matmul(sch: s_tir.Schedule, block) -> bool:
-    """One reduction iter, innermost, and the block reads two buffers (A and W)."""
+    """Exactly one reduction iter, innermost, and one loop per block iter (no fused loops)."""
     stmt = sch.get(block)
     kinds = [iv.iter_type for iv in stmt.iter_vars]
     if kinds.count(tirx.IterVar.CommReduce) != 1 or kinds[-1] != tirx.IterVar.CommReduce:
