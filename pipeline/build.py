@@ -11,15 +11,13 @@ import tvm
 from tvm import relax
 
 from .artifact import MANIFEST, RUNTIME_CONFIG, atomic_directory, write_json
-from .kernel_roles import kernel_roles
+from .backends import backend
+from .kernel_roles import kernel_roles, launch_config
 from .config import REPO_ROOT, ModelConfig, check_quantization
 from .model import MODELS
 from .passes import run_pipeline
 from .quantization import QUANTIZATIONS
 from .targets import TargetSpec
-
-LIBRARY = {"llvm": "lib.so"}
-
 
 def default_output(config: ModelConfig, quant: str, target: TargetSpec) -> Path:
     return REPO_ROOT / "artifacts" / f"{config.name}-{quant}-{target.name}"
@@ -111,9 +109,15 @@ def build(
         log("[mlcpipe] running passes: " + " -> ".join(("fuse-high-level", "lower", "fuse-tir", "schedule", "finalize")))
         mod = run_pipeline(mod, tvm_target, dump_dir=tmp / "ir" if dump_ir else None, on_phase=_record)
         log("[mlcpipe] generating code")
-        executable = relax.build(mod, tvm_target, relax_pipeline=None)
-        library = LIBRARY[target.kind]
-        executable.export_library(str(tmp / library))
+        target_backend = backend(target.kind)
+        with tvm_target, target_backend.compile_context(target):
+            executable = relax.build(mod, tvm_target, relax_pipeline=None)
+        target_backend.export(executable, target, tmp)
+        if target_backend.SOURCE_FILE:
+            (tmp / target_backend.SOURCE_FILE).write_text(target_backend.kernel_source(executable))
+        launch = launch_config(mod)
+        for kernel in fused:
+            kernel["launch"] = launch.get(kernel["name"])
         build_seconds = time.perf_counter() - started
 
         write_json(tmp / RUNTIME_CONFIG, runtime_config(config, quant))
@@ -128,7 +132,8 @@ def build(
                 "target": target.target,
                 "versions": _versions(),
                 "config_hash": config.config_hash(),
-                "library": library,
+                "library": target_backend.LIBRARY,
+                "kernel_source": target_backend.SOURCE_FILE,
                 "functions": sorted(gv.name_hint for gv, f in mod.functions_items() if isinstance(f, relax.Function)),
                 "kernels": fused,
                 "parameters": [

@@ -66,3 +66,24 @@ def kernel_roles(mod: tvm.IRModule, param_names: list[str]) -> dict[str, str]:
         if isinstance(func, tvm.tirx.PrimFunc) and gv.name_hint not in roles:
             roles[gv.name_hint] = role_by_name(gv.name_hint)
     return roles
+
+
+_THREAD_BINDING = re.compile(r'T\.thread_binding\((.*?), thread="((?:blockIdx|threadIdx)\.[xyz])"')
+
+
+def launch_config(mod: tvm.IRModule) -> dict[str, dict[str, list[str]]]:
+    """kernel name -> {"grid": [x, y, z], "block": [x, y, z]} from the scheduled TIR's thread
+    bindings (extents as TIR expressions, symbolic where a dim is). CPU kernels are left out."""
+    out = {}
+    for gv, func in mod.functions_items():
+        if not isinstance(func, tvm.tirx.PrimFunc):
+            continue
+        extents: dict[str, str] = {}
+        for extent, tag in _THREAD_BINDING.findall(func.script()):
+            extents.setdefault(tag, re.sub(r"T\.int(?:32|64)\((\w+)\)", r"\1", extent.split(", ")[-1]))
+        if extents:
+            out[gv.name_hint] = {
+                "grid": [extents.get(f"blockIdx.{a}", "1") for a in "xyz"],
+                "block": [extents.get(f"threadIdx.{a}", "1") for a in "xyz"],
+            }
+    return out

@@ -29,6 +29,7 @@ class TargetSpec:
     name: str  # preset name: llvm, cuda, metal, webgpu
     target: dict[str, Any]  # TVM target JSON dict
     peak_gbps: float
+    options: dict[str, Any] = dataclasses.field(default_factory=dict)  # mlcpipe-only keys
 
     @property
     def kind(self) -> str:
@@ -62,6 +63,14 @@ def available_targets() -> list[str]:
     return sorted(p.stem for p in TARGETS_DIR.glob("*.yaml"))
 
 
+# Keys of a preset that are mlcpipe's, not TVM's: (kind, key) -> validator description.
+_OPTIONS = {
+    ("cuda", "fatbin_archs"): "a list of sm_XY archs, e.g. [sm_80, sm_90]",
+    ("metal", "macos_min_version"): "a macOS version string, e.g. '13.0'",
+}
+KINDS = ("llvm", "cuda", "metal", "webgpu")
+
+
 def load_target(name: str, overrides: dict[str, Any] | None = None) -> TargetSpec:
     """Preset `name`, with `overrides` (e.g. {"mcpu": "skylake-avx512"}) applied on top."""
     path = TARGETS_DIR / f"{name}.yaml"
@@ -73,18 +82,34 @@ def load_target(name: str, overrides: dict[str, Any] | None = None) -> TargetSpe
         raise ConfigError(f"{path}: invalid YAML: {str(exc).splitlines()[0]}") from None
     raw = {**raw, **{k: v for k, v in (overrides or {}).items() if v is not None}}
     peak = raw.pop("peak_gbps", 0)
-    if raw.get("kind") != "llvm":
-        raise ConfigError(f"{path}: field 'kind': got {raw.get('kind')!r}; allowed: ['llvm']")
+    kind = raw.get("kind")
+    if kind not in KINDS:
+        raise ConfigError(f"{path}: field 'kind': got {kind!r}; allowed: {list(KINDS)}")
+    options = {key: raw.pop(key) for (k, key) in list(_OPTIONS) if k == kind and key in raw}
+    if kind == "llvm":
+        raw = _resolve_cpu(path, raw, "mcpu")
+    elif isinstance(raw.get("host"), dict) and "mtriple" not in raw["host"]:
+        raw["host"] = _resolve_cpu(path, dict(raw["host"]), "host.mcpu")
+    if kind == "cuda":
+        archs = options.setdefault("fatbin_archs", [raw.get("arch", "sm_80")])
+        if not isinstance(archs, list) or not all(isinstance(a, str) and a.startswith("sm_") for a in archs):
+            raise ConfigError(f"{path}: field 'fatbin_archs': got {archs!r}; expected {_OPTIONS[('cuda', 'fatbin_archs')]}")
+        if raw.get("arch") not in archs:
+            options["fatbin_archs"] = [*archs, raw.get("arch")]
+    target = dict(raw)
+    _validate_with_tvm(path, target)
+    return TargetSpec(name=name, target=target, peak_gbps=float(peak), options=options)
+
+
+def _resolve_cpu(path: Path, raw: dict[str, Any], field: str) -> dict[str, Any]:
     if raw.get("mcpu", "auto") in ("auto", None):
         raw["mcpu"] = detect_host_cpu()
     if raw["mcpu"] == "native":
         raise ConfigError(
-            f"{path}: field 'mcpu': got 'native'; name the CPU (e.g. sapphirerapids) or use 'auto' "
+            f"{path}: field '{field}': got 'native'; name the CPU (e.g. sapphirerapids) or use 'auto' "
             "(TVM silently builds generic x86-64 code for 'native')"
         )
-    target = dict(raw)
-    _validate_with_tvm(path, target)
-    return TargetSpec(name=name, target=target, peak_gbps=float(peak))
+    return raw
 
 
 def _validate_with_tvm(path: Path, target: dict[str, Any]) -> None:

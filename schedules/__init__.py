@@ -8,10 +8,14 @@ from __future__ import annotations
 
 from tvm.s_tir import dlight as dl
 
+from .gpu import GPU_RULES
 from .llvm import LLVM_RULES
 
 RULES = {
     "llvm": LLVM_RULES,
+    "cuda": GPU_RULES,
+    "metal": GPU_RULES,
+    "webgpu": GPU_RULES,
 }
 
 
