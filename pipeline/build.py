@@ -19,6 +19,18 @@ from .passes import run_pipeline
 from .quantization import QUANTIZATIONS
 from .targets import TargetSpec
 
+# TIR-level CommonSubexprElim breaks TVM's own batch_tree_attn kernel at Llama-3.2-1B shapes on GPU
+# targets ("variable cse_vN has been used before definition", TVM 0.27). GPU shader compilers
+# (nvcc, Metal, Tint/Dawn) run their own CSE, so it is turned off for them.
+TIR_CONFIG = {kind: {"tirx.disable_cse_tir": True} for kind in ("cuda", "metal", "webgpu")}
+
+TIR_SNAPSHOTS = {"fuse-tir": "unscheduled.json", "schedule": "scheduled.json"}
+
+
+def primfuncs_only(mod: tvm.IRModule) -> tvm.IRModule:
+    return tvm.IRModule({gv: f for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)})
+
+
 def default_output(config: ModelConfig, quant: str, target: TargetSpec) -> Path:
     return REPO_ROOT / "artifacts" / f"{config.name}-{quant}-{target.name}"
 
@@ -101,16 +113,20 @@ def build(
         mod, named_params = export_model(config, quant, tvm_target)
         fused: list[dict[str, Any]] = []
 
+        (tmp / "tir").mkdir()
+
         def _record(phase: str, phase_mod: tvm.IRModule) -> None:
             if phase == "fuse-tir":
                 roles = kernel_roles(phase_mod, [name for name, _ in named_params])
                 fused.extend({**k, "role": roles[k["name"]]} for k in _kernel_records(phase_mod))
+            if phase in TIR_SNAPSHOTS:  # the kernels before/after scheduling, for `mlcpipe check`
+                (tmp / "tir" / TIR_SNAPSHOTS[phase]).write_text(tvm.ir.save_json(primfuncs_only(phase_mod)))
 
         log("[mlcpipe] running passes: " + " -> ".join(("fuse-high-level", "lower", "fuse-tir", "schedule", "finalize")))
         mod = run_pipeline(mod, tvm_target, dump_dir=tmp / "ir" if dump_ir else None, on_phase=_record)
         log("[mlcpipe] generating code")
         target_backend = backend(target.kind)
-        with tvm_target, target_backend.compile_context(target):
+        with tvm_target, target_backend.compile_context(target), tvm.transform.PassContext(config=TIR_CONFIG.get(target.kind, {})):
             executable = relax.build(mod, tvm_target, relax_pipeline=None)
         target_backend.export(executable, target, tmp)
         if target_backend.SOURCE_FILE:
@@ -130,6 +146,7 @@ def build(
                 "quantization": quant,
                 "target_name": target.name,
                 "target": target.target,
+                "target_options": target.options,
                 "versions": _versions(),
                 "config_hash": config.config_hash(),
                 "library": target_backend.LIBRARY,

@@ -112,5 +112,22 @@ def run(artifact, weights, prompt_tokens, prompt, tokenizer, max_new_tokens, see
     click.echo(",".join(str(t) for t in out))
 
 
+@main.command()
+@click.option("--artifact", type=click.Path(path_type=Path), required=True, help="Artifact directory from `mlcpipe build`.")
+@click.option("--sizes", default="1,7", show_default=True, help="Values bound to symbolic dims (tokens).")
+@click.option("--kernels", "pattern", default=None, help="Only kernels whose name matches this regex.")
+@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+def check(artifact, sizes, pattern, as_json):
+    """Kernel conformance: run every kernel on the target, compare with llvm / NumPy."""
+    from .conformance import check_artifact, report_json
+
+    def progress(i, n, name):
+        click.echo(f"[{i + 1}/{n}] {name}", err=True)
+
+    report = check_artifact(artifact, tuple(int(s) for s in _parse_tokens(sizes)), pattern, progress=progress)
+    click.echo(report_json(report) if as_json else report.table() + "\n\n" + report.summary)
+    sys.exit(0 if report.ok else 1)
+
+
 if __name__ == "__main__":
     main()

@@ -1,0 +1,263 @@
+"""Kernel conformance: every kernel of an artifact run on its target with seeded random inputs of
+its real shapes, compared against the same (unscheduled) PrimFunc on llvm, and against NumPy for
+the fused dequantize-NT_matmul kernels. In the spirit of llama.cpp's test-backend-ops."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import tvm
+
+from .artifact import ArtifactError, read_manifest
+from .kernel_inputs import random_args
+from .quantization import QUANTIZATIONS
+
+# Kernels that read page tables / index arrays of the paged KV cache: random inputs would index
+# out of bounds, so they are exercised by the end-to-end runs instead.
+_KV_STRUCTURED = re.compile(r"^(batch_|tree_attn|merge_state|copy_single_page|compact_kv_copy|tir_kv_cache_debug)")
+_LINEAR_ROLES = {"qkv", "o_proj", "gate_up", "down", "lm_head"}
+_TOLERANCE = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}
+
+
+@dataclasses.dataclass
+class KernelResult:
+    kernel: str
+    role: str
+    sizes: str
+    status: str  # pass, FAIL, skip, compiled, static
+    max_abs: float | None = None
+    max_rel: float | None = None
+    note: str = ""
+
+
+@dataclasses.dataclass
+class CheckReport:
+    artifact: str
+    target: str
+    executed: bool
+    results: list[KernelResult]
+    summary: str
+
+    @property
+    def ok(self) -> bool:
+        return not any(r.status == "FAIL" for r in self.results)
+
+    def table(self) -> str:
+        head = ("Kernel", "Role", "Sizes", "Max abs err", "Max rel err", "Status", "Note")
+        rows = [
+            (r.kernel, r.role, r.sizes, _fmt(r.max_abs), _fmt(r.max_rel), r.status, r.note)
+            for r in self.results
+        ]
+        widths = [max(len(str(x)) for x in col) for col in zip(head, *rows)]
+        line = lambda cells: "| " + " | ".join(str(c).ljust(w) for c, w in zip(cells, widths)) + " |"  # noqa: E731
+        sep = "|" + "|".join("-" * (w + 2) for w in widths) + "|"
+        return "\n".join([line(head), sep, *(line(r) for r in rows)])
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2e}"
+
+
+def _load_tir(artifact: Path, name: str) -> tvm.IRModule:
+    path = artifact / "tir" / name
+    if not path.is_file():
+        raise ArtifactError(f"{artifact}: tir/{name} missing (artifact built by an older mlcpipe? rebuild it)")
+    return tvm.ir.load_json(path.read_text())
+
+
+def _sym_vars(func: tvm.tirx.PrimFunc) -> list[str]:
+    names: list[str] = []
+    for param in func.params:
+        for dim in _shape(param) or []:
+            for var in tvm.tirx.analysis.undefined_vars(dim):
+                if var.name not in names:
+                    names.append(var.name)
+    return names
+
+
+def _shape(param):
+    try:
+        return list(param.shape)
+    except AttributeError:
+        return None
+
+
+_LLVM_CACHE: dict[str, tvm.runtime.Module] = {}
+
+
+def run_on_llvm(func: tvm.tirx.PrimFunc, args: list[np.ndarray], key: str | None = None) -> list[np.ndarray]:
+    lib = _LLVM_CACHE.get(key) if key else None
+    if lib is None:
+        from .targets import load_target
+
+        mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+        lib = tvm.compile(mod, target=load_target("llvm").tvm_target())
+        if key:
+            _LLVM_CACHE[key] = lib
+    dev = tvm.cpu()
+    tensors = [tvm.runtime.tensor(a, dev) for a in args]
+    lib["main"](*tensors)
+    return [t.numpy() for t in tensors]
+
+
+def numpy_dequant_matmul(name: str, quant: str, args: list[np.ndarray]) -> np.ndarray | None:
+    """NumPy result of a fused_dequantize..._NT_matmul[_cast][_add] kernel, or None if its
+    argument list is not (q_weight, q_scale, x[, residual], out)."""
+    scheme = QUANTIZATIONS[quant]
+    if not hasattr(scheme, "dequantize_weight") or len(args) not in (4, 5):
+        return None
+    q_weight, q_scale, x = args[0], args[1], args[2]
+    if q_weight.dtype != np.uint32:
+        return None
+    w = scheme.dequantize_weight(q_weight, q_scale)
+    out = args[-1]
+    y = x.astype(np.float32) @ w.T
+    if out.dtype != np.float32:
+        y = y.astype(out.dtype)
+    if len(args) == 5 and "add" in name:
+        y = (y + args[3]).astype(out.dtype)
+    return y.astype(out.dtype)
+
+
+def _compare(got: list[np.ndarray], want: list[np.ndarray]) -> tuple[float, float, bool]:
+    worst_abs, worst_rel, ok = 0.0, 0.0, True
+    for g, w in zip(got, want):
+        if g.dtype.kind in "iu":
+            if not np.array_equal(g, w):
+                return float("inf"), float("inf"), False
+            continue
+        g32, w32 = g.astype(np.float64), w.astype(np.float64)
+        if not np.all(np.isfinite(g32) == np.isfinite(w32)):
+            return float("inf"), float("inf"), False
+        finite = np.isfinite(w32)
+        diff = np.abs(g32 - w32)[finite]
+        if diff.size == 0:
+            continue
+        scale = max(np.abs(w32[finite]).max(), 1e-6)
+        err_abs, err_rel = float(diff.max()), float(diff.max() / scale)
+        worst_abs, worst_rel = max(worst_abs, err_abs), max(worst_rel, err_rel)
+        ok &= err_rel <= _TOLERANCE.get(str(g.dtype), 1e-4)
+    return worst_abs, worst_rel, ok
+
+
+def _executor(kind: str) -> Callable | None:
+    """Function (scheduled func, target, args) -> arrays that runs on the target, or None."""
+    if kind == "llvm":
+        return lambda func, target, args: run_on_llvm(func, args)
+    if kind == "webgpu":
+        from .runners.webgpu import run_primfunc
+
+        return run_primfunc
+    if kind == "cuda" and tvm.cuda(0).exist:
+        def run_cuda(func, target, args):
+            lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=target)
+            dev = tvm.cuda(0)
+            tensors = [tvm.runtime.tensor(a, dev) for a in args]
+            lib["main"](*tensors)
+            dev.sync()
+            return [t.numpy() for t in tensors]
+
+        return run_cuda
+    return None
+
+
+def check_artifact(artifact: str | Path, sizes: tuple[int, ...] = (1, 7), pattern: str | None = None, seed: int = 0, progress=None) -> CheckReport:
+    artifact = Path(artifact)
+    manifest = read_manifest(artifact)
+    kind = manifest["target"]["kind"]
+    roles = {k["name"]: k.get("role", "other") for k in manifest["kernels"]}
+    unscheduled = _load_tir(artifact, "unscheduled.json")
+    scheduled = _load_tir(artifact, "scheduled.json")
+    target = tvm.target.Target(manifest["target"])
+    run = _executor(kind)
+    results: list[KernelResult] = []
+    names = sorted(gv.name_hint for gv in scheduled.get_global_vars())
+    if pattern:
+        names = [n for n in names if re.search(pattern, n)]
+    if run is None:
+        results = _static_checks(artifact, manifest, names, roles)
+        summary = _not_executed_summary(kind)
+        return CheckReport(str(artifact), kind, False, results, summary)
+    for index, name in enumerate(names):
+        if progress:
+            progress(index, len(names), name)
+        func_s, func_u = scheduled[name], unscheduled[name]
+        role = roles.get(name, "other")
+        if _KV_STRUCTURED.match(name) or any(_shape(p) is None for p in func_u.params):
+            results.append(KernelResult(name, role, "-", "skip", note="paged-KV-cache kernel (page tables): checked end to end"))
+            continue
+        sym = _sym_vars(func_u)
+        for size in sizes if sym else (None,):
+            binding = {v: size for v in sym}
+            label = ",".join(f"{k}={v}" for k, v in binding.items()) or "static"
+            args = random_args(func_u, binding, seed=seed)
+            want = run_on_llvm(func_u, [a.copy() for a in args], key=f"{artifact}:{name}")
+            note = ""
+            if role in _LINEAR_ROLES and "dequantize" in name:
+                expected = numpy_dequant_matmul(name, manifest["quantization"], args)
+                if expected is not None:
+                    _, rel_np, ok_np = _compare([expected], [want[-1]])
+                    note = f"llvm vs numpy {rel_np:.1e}" + ("" if ok_np else " MISMATCH")
+                    if not ok_np:
+                        results.append(KernelResult(name, role, label, "FAIL", None, rel_np, note))
+                        continue
+            try:
+                got = run(func_s, target, [a.copy() for a in args])
+            except Exception as exc:  # a kernel that cannot run is a failure, reported
+                results.append(KernelResult(name, role, label, "FAIL", note=f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"))
+                continue
+            err_abs, err_rel, ok = _compare(got, want)
+            results.append(KernelResult(name, role, label, "pass" if ok else "FAIL", err_abs, err_rel, note))
+    executed = sum(r.status in ("pass", "FAIL") for r in results)
+    passed = sum(r.status == "pass" for r in results)
+    skipped = sum(r.status == "skip" for r in results)
+    summary = f"{kind}: executed {executed} kernel runs, {passed} passed, {executed - passed} failed, {skipped} kernels skipped"
+    return CheckReport(str(artifact), kind, True, results, summary)
+
+
+def _static_checks(artifact: Path, manifest: dict, names: list[str], roles: dict[str, str]) -> list[KernelResult]:
+    kind = manifest["target"]["kind"]
+    source_file = manifest.get("kernel_source")
+    source = (artifact / source_file).read_text() if source_file and (artifact / source_file).is_file() else ""
+    results = []
+    if kind == "cuda":
+        from .backends.cuda import ptxas_report
+
+        archs = manifest.get("target_options", {}).get("fatbin_archs") or [manifest["target"].get("arch", "sm_80")]
+        report = ptxas_report(source, archs)
+        for name in names:
+            kernels = {k: v for k, v in report.items() if k == name or k.startswith(name + "_kernel")}
+            if not kernels:
+                results.append(KernelResult(name, roles.get(name, "other"), "-", "FAIL" if name in source else "skip", note="no device kernel" if name not in source else "ptxas reported nothing"))
+                continue
+            for kname, per_arch in sorted(kernels.items()):
+                info = "; ".join(f"{a}: {v['registers']} regs, {v['spill_stores']}/{v['spill_loads']} spill st/ld" for a, v in sorted(per_arch.items()))
+                results.append(KernelResult(kname, roles.get(name, "other"), "-", "compiled", note=info))
+    elif kind == "metal":
+        from .backends.metal import exported_symbols
+
+        symbols = set(exported_symbols(artifact / manifest["library"]))
+        for name in names:
+            present = bool(re.search(rf"kernel void {re.escape(name)}(_kernel)?\w*\(", source))
+            results.append(KernelResult(name, roles.get(name, "other"), "-", "static" if present else "skip", note="MSL present" if present else "no device kernel (host-side function)"))
+        needed = [s for s in symbols if "tvm_ffi" in s]
+        results.append(KernelResult("<lib.dylib>", "library", "-", "static" if needed else "FAIL", note=f"exports {', '.join(sorted(needed)[:3])}" if needed else "no TVM library symbols exported"))
+    return results
+
+
+def _not_executed_summary(kind: str) -> str:
+    if kind == "cuda":
+        return "cuda: NOT EXECUTED (no CUDA device here): every kernel compiled by nvcc/ptxas for the fatbin archs; registers and spills reported"
+    if kind == "metal":
+        return "metal: NOT EXECUTED (Metal cannot run on this machine): MSL source of every kernel present, dylib exports checked"
+    return f"{kind}: NOT EXECUTED"
+
+
+def report_json(report: CheckReport) -> str:
+    return json.dumps({"artifact": report.artifact, "target": report.target, "executed": report.executed,
+                       "summary": report.summary, "results": [dataclasses.asdict(r) for r in report.results]}, indent=2)
