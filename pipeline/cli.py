@@ -37,8 +37,11 @@ def main() -> None:
     """mlcpipe: YAML model -> quantized, fused TVM kernels -> artifacts -> runtime."""
 
 
-def _target_overrides(mcpu: str | None) -> dict:
-    return {"mcpu": mcpu} if mcpu else {}
+def _target_overrides(mcpu: str | None, arch: str | None = None, fatbin_archs: str | None = None) -> dict:
+    overrides = {"mcpu": mcpu, "arch": arch}
+    if fatbin_archs:
+        overrides["fatbin_archs"] = [a.strip() for a in fatbin_archs.split(",") if a.strip()]
+    return {k: v for k, v in overrides.items() if v}
 
 
 @main.command()
@@ -46,17 +49,19 @@ def _target_overrides(mcpu: str | None) -> dict:
 @click.option("--quant", required=True, help="q0f16, q0f32, q4f16_1 or q4f32_1.")
 @click.option("--target", "target_name", default="llvm", show_default=True, help="Target preset in configs/targets/.")
 @click.option("--mcpu", default=None, help="llvm: override the detected host CPU (e.g. skylake-avx512).")
+@click.option("--arch", default=None, help="cuda: the arch code is generated for (e.g. sm_90).")
+@click.option("--fatbin-archs", default=None, help="cuda: comma-separated archs in the fatbin (default sm_80,sm_90).")
 @click.option("--output", type=click.Path(path_type=Path), default=None, help="Artifact directory (default artifacts/<model>-<quant>-<target>/).")
 @click.option("--weights", default=None, help="Also convert weights into <artifact>/params: a HF checkpoint dir or 'synthetic'.")
 @click.option("--dump-ir", is_flag=True, help="Write the IR after each pipeline phase into <artifact>/ir/.")
-def build(model, quant, target_name, mcpu, output, weights, dump_ir):
+def build(model, quant, target_name, mcpu, arch, fatbin_archs, output, weights, dump_ir):  # noqa: PLR0913
     """Compile a model into an artifact directory (library + manifest + runtime config)."""
     from .build import build as run_build
     from .config import load_model_config
     from .targets import load_target
 
     config = load_model_config(model)
-    target = load_target(target_name, _target_overrides(mcpu))
+    target = load_target(target_name, _target_overrides(mcpu, arch, fatbin_archs))
     path = run_build(config, quant, target, output=output, dump_ir=dump_ir, weights=weights, log=_log)
     click.echo(str(path))
 
