@@ -1,0 +1,464 @@
+"""NVIDIA GPUs: host code for x86-64 Linux plus ONE fatbin holding SASS for every `fatbin_archs` arch.
+
+How TVM 0.27 hands CUDA code over (measured on apache-tvm 0.27.0.post1):
+  * `target.build.cuda` generates CUDA C++ and passes it to the factory `ffi.Module.create.cuda`.
+    That factory exists only when TVM's CUDA runtime (libtvm_runtime_cuda.so, which needs the
+    driver's libcuda.so.1) is loaded; it then calls the global `tvm_callback_cuda_compile(source)`
+    (one argument) and expects the compiled bytes back (PTX text if the first byte is '/',
+    otherwise a cubin/fatbin image, which `cuModuleLoadData` accepts either way).
+  * Without the CUDA runtime (any machine without an NVIDIA driver, e.g. the build machines here)
+    the codegen keeps a fallback module of format "cuda" that carries the source only; the callback
+    is never called and `export_library` would embed the source, to be JIT-compiled by nvcc/NVRTC
+    on the GPU machine at load time.
+
+So `compile_context` installs our nvcc fatbin callback (used whenever the runtime is present) and
+`export` makes sure the embedded device code is the fatbin in both cases: it rewrites the packed
+module blob (`__tvm_ffi__library_bin`), replacing each CUDA module that still holds source (or
+code lacking one of the archs) by a fatbin-format module compiled with nvcc.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import re
+import shutil
+import struct
+import subprocess
+import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+LIBRARY = "lib.so"
+SOURCE_FILE = "kernels.cu"
+
+CALLBACK = "tvm_callback_cuda_compile"
+FATBIN_MAGIC = 0xBA55ED50
+_FATBIN_MAGIC_BYTES = struct.pack("<I", FATBIN_MAGIC)
+
+# The flags TVM's own nvcc path (tvm/support/nvcc.py) uses, so kernels behave the same.
+_NVCC_FLAGS = [
+    "-O3",
+    "-U__CUDA_NO_HALF_OPERATORS__",
+    "-U__CUDA_NO_HALF_CONVERSIONS__",
+    "-U__CUDA_NO_BFLOAT16_OPERATORS__",
+    "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
+    "-U__CUDA_NO_BFLOAT162_OPERATORS__",
+    "-U__CUDA_NO_BFLOAT162_CONVERSIONS__",
+    "--expt-relaxed-constexpr",
+    "--expt-extended-lambda",
+    "--use_fast_math",
+    "--ptxas-options=-v",
+    "-diag-suppress=1046",  # "floating-point value cannot be represented exactly": TVM's hex floats
+]
+
+# (sha256(source), arch) -> {kernel: stats}: ptxas -v output seen while building a fatbin, so
+# `ptxas_report` on the same source in the same process does not compile it again.
+_PTXAS_CACHE: dict[tuple[str, str], dict[str, dict[str, int]]] = {}
+_CACHE_LOCK = threading.Lock()
+
+
+# --------------------------------------------------------------------------------------------
+# nvcc
+
+
+def find_nvcc() -> str:
+    """Path of nvcc: PATH, then $CUDA_HOME/$CUDA_PATH, then /usr/local/cuda."""
+    found = shutil.which("nvcc")
+    if found:
+        return found
+    for root in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if root and (Path(root) / "bin" / "nvcc").is_file():
+            return str(Path(root) / "bin" / "nvcc")
+    raise RuntimeError(
+        "nvcc not found (PATH, $CUDA_HOME, /usr/local/cuda): the CUDA target needs the CUDA toolkit's nvcc"
+    )
+
+
+def _check_archs(archs) -> list[str]:
+    archs = list(archs or [])
+    if not archs or not all(isinstance(a, str) and re.fullmatch(r"sm_\d+[af]?", a) for a in archs):
+        raise ValueError(f"CUDA archs must be a non-empty list like ['sm_80', 'sm_90'], got {archs!r}")
+    return archs
+
+
+def _gencode(archs: list[str]) -> list[str]:
+    out = []
+    for arch in archs:
+        suffix = arch[3:]
+        out += ["-gencode", f"arch=compute_{suffix},code=sm_{suffix}"]
+    return out
+
+
+def _first_errors(output: str, limit: int = 6) -> str:
+    lines = [ln.rstrip() for ln in output.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if re.search(r"\berror\b|fatal", ln, re.IGNORECASE)]
+    return "\n".join((errors or lines[-limit:])[:limit])
+
+
+def _run_nvcc(source: str, args: list[str], out_name: str, what: str) -> tuple[bytes, str]:
+    """Compile `source` with nvcc `args` into `out_name` in a temp dir; (output bytes, log)."""
+    nvcc = find_nvcc()
+    with tempfile.TemporaryDirectory(prefix="mlcpipe-nvcc-") as tmp:
+        src = Path(tmp) / "kernels.cu"
+        out = Path(tmp) / out_name
+        src.write_text(source)
+        cmd = [nvcc, *args, *_NVCC_FLAGS, "-o", str(out), str(src)]
+        proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp)
+        log = proc.stdout + proc.stderr
+        if proc.returncode != 0 or not out.is_file() or out.stat().st_size == 0:
+            raise RuntimeError(
+                f"nvcc failed (exit {proc.returncode}) compiling CUDA for {what}:\n{_first_errors(log)}"
+            )
+        return out.read_bytes(), log
+
+
+def compile_fatbin(source: str, archs) -> bytes:
+    """One fatbin with SASS for every arch in `archs` (e.g. ['sm_80', 'sm_90'])."""
+    archs = _check_archs(archs)
+    data, log = _run_nvcc(source, ["--fatbin", *_gencode(archs)], "kernels.fatbin", ", ".join(archs))
+    report = parse_ptxas_log(log)
+    digest = hashlib.sha256(source.encode()).hexdigest()
+    with _CACHE_LOCK:
+        for arch in archs:
+            per_kernel = {k: v[arch] for k, v in report.items() if arch in v}
+            if per_kernel:
+                _PTXAS_CACHE[(digest, arch)] = per_kernel
+    return data
+
+
+# --------------------------------------------------------------------------------------------
+# ptxas resource usage
+
+_ENTRY = re.compile(r"Compiling entry function '([^']+)' for '(sm_\w+)'")
+_PROPS = re.compile(r"Function properties for (\S+)")
+_SPILLS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_USED = re.compile(r"Used (\d+) registers")
+_SMEM = re.compile(r"(\d+) bytes smem")
+
+
+def parse_ptxas_log(log: str) -> dict[str, dict[str, dict[str, int]]]:
+    """`ptxas -v` output -> {kernel: {arch: {registers, spill_stores, spill_loads, smem}}}."""
+    report: dict[str, dict[str, dict[str, int]]] = {}
+    current: dict[str, int] | None = None
+    entry_name = None
+    props_name = None
+    for line in log.splitlines():
+        if m := _ENTRY.search(line):
+            entry_name, arch = m.group(1), m.group(2)
+            current = report.setdefault(entry_name, {}).setdefault(
+                arch, {"registers": 0, "spill_stores": 0, "spill_loads": 0, "smem": 0}
+            )
+            props_name = None
+        elif m := _PROPS.search(line):
+            props_name = m.group(1)
+        elif (m := _SPILLS.search(line)) and current is not None and props_name == entry_name:
+            current["spill_stores"] = int(m.group(2))
+            current["spill_loads"] = int(m.group(3))
+        elif (m := _USED.search(line)) and current is not None:
+            current["registers"] = int(m.group(1))
+            if s := _SMEM.search(line):
+                current["smem"] = int(s.group(1))
+    return report
+
+
+def ptxas_report(source: str, archs: list[str]) -> dict[str, dict[str, dict[str, int]]]:
+    """Per-kernel register / spill / shared-memory use from ptxas, for each arch.
+
+    Compiles `source` to a cubin per arch with `-Xptxas -v` (in parallel) unless this process
+    already compiled the same source for that arch into a fatbin (same flags, same ptxas run).
+    Returns {kernel_name: {arch: {"registers", "spill_stores", "spill_loads", "smem"}}}.
+    """
+    archs = _check_archs(archs)
+    digest = hashlib.sha256(source.encode()).hexdigest()
+    per_arch: dict[str, dict[str, dict[str, int]]] = {}
+    with _CACHE_LOCK:
+        for arch in archs:
+            if (digest, arch) in _PTXAS_CACHE:
+                per_arch[arch] = _PTXAS_CACHE[(digest, arch)]
+    missing = [a for a in archs if a not in per_arch]
+
+    def one(arch: str) -> dict[str, dict[str, int]]:
+        _, log = _run_nvcc(source, ["--cubin", f"-arch={arch}"], "kernels.cubin", arch)
+        return {k: v[arch] for k, v in parse_ptxas_log(log).items() if arch in v}
+
+    if missing:
+        with ThreadPoolExecutor(max_workers=min(len(missing), os.cpu_count() or 1)) as pool:
+            for arch, result in zip(missing, pool.map(one, missing)):
+                per_arch[arch] = result
+                with _CACHE_LOCK:
+                    _PTXAS_CACHE[(digest, arch)] = result
+    report: dict[str, dict[str, dict[str, int]]] = {}
+    for arch in archs:
+        for kernel, stats in per_arch[arch].items():
+            report.setdefault(kernel, {})[arch] = dict(stats)
+    return report
+
+
+# --------------------------------------------------------------------------------------------
+# build-time callback
+
+
+def make_callback(archs):
+    """The `tvm_callback_cuda_compile` implementation: CUDA source -> fatbin bytes for `archs`."""
+    archs = _check_archs(archs)
+
+    def tvm_callback_cuda_compile(code, *_unused):  # TVM 0.27 passes (code); older ones (code, target)
+        return compile_fatbin(str(code), archs)
+
+    return tvm_callback_cuda_compile
+
+
+@contextlib.contextmanager
+def compile_context(target_spec):
+    """Around `relax.build`: route TVM's CUDA compile callback to nvcc -> one multi-arch fatbin."""
+    import tvm_ffi
+
+    archs = _archs_of(target_spec)
+    previous = tvm_ffi.get_global_func(CALLBACK, allow_missing=True)
+    tvm_ffi.register_global_func(CALLBACK, make_callback(archs), override=True)
+    try:
+        yield
+    finally:
+        if previous is not None:
+            tvm_ffi.register_global_func(CALLBACK, previous, override=True)
+        else:
+            tvm_ffi.remove_global_func(CALLBACK)
+
+
+def _archs_of(target_spec) -> list[str]:
+    options = getattr(target_spec, "options", None) or {}
+    archs = options.get("fatbin_archs") or [getattr(target_spec, "target", {}).get("arch", "sm_80")]
+    return _check_archs(archs)
+
+
+# --------------------------------------------------------------------------------------------
+# fatbin inspection
+
+
+def fatbin_archs(data: bytes) -> list[str]:
+    """SASS archs (sm_XY) of every fatbin image found inside `data` (a fatbin or any binary)."""
+    found: set[str] = set()
+    start = 0
+    while (pos := data.find(_FATBIN_MAGIC_BYTES, start)) >= 0:
+        start = pos + 4
+        if pos + 16 > len(data):
+            break
+        _, version, header_size, fat_size = struct.unpack_from("<IHHQ", data, pos)
+        if version != 1 or header_size < 16 or pos + header_size + fat_size > len(data):
+            continue
+        off, end = pos + header_size, pos + header_size + fat_size
+        while off + 32 <= end:
+            kind, _, entry_header, payload = struct.unpack_from("<HHIQ", data, off)
+            if entry_header < 32 or off + entry_header + payload > end:
+                break
+            (arch,) = struct.unpack_from("<I", data, off + 28)
+            if kind == 2:  # 1 = PTX, 2 = ELF (cubin)
+                found.add(f"sm_{arch}")
+            off += entry_header + payload
+    return sorted(found, key=lambda a: (int(re.sub(r"\D", "", a)), a))
+
+
+def verify_fatbin(lib_path) -> list[str]:
+    """The sm archs of the fatbin(s) embedded in a library, e.g. ['sm_80', 'sm_90'].
+
+    Uses `cuobjdump --list-elf` where it is installed and finds something; otherwise scans the file
+    for fatbin images and reads their entry headers (TVM embeds the fatbin inside its packed module
+    blob, not as a .nv_fatbin section, so cuobjdump often sees nothing).
+    """
+    lib_path = Path(lib_path)
+    cuobjdump = shutil.which("cuobjdump")
+    if cuobjdump:
+        proc = subprocess.run([cuobjdump, "--list-elf", str(lib_path)], capture_output=True, text=True)
+        archs = sorted(set(re.findall(r"\b(sm_\d+[af]?)\b", proc.stdout)))
+        if proc.returncode == 0 and archs:
+            return archs
+    return fatbin_archs(lib_path.read_bytes())
+
+
+# --------------------------------------------------------------------------------------------
+# packed module blob (`__tvm_ffi__library_bin`)
+#
+# <nbytes:u64> <indptr: vec<u64>> <child_indices: vec<u64>> then per module <kind: str> and, unless
+# kind == "_lib", <payload: bytes>.  vec/str/bytes are <len:u64> + items.  A "cuda" payload is
+# <fmt: str> <fmap> <code: bytes> (CUDAModuleNode::SaveToBytes), code last.
+
+
+def _read_u64(buf: bytes, off: int) -> tuple[int, int]:
+    return struct.unpack_from("<Q", buf, off)[0], off + 8
+
+
+def _read_str(buf: bytes, off: int) -> tuple[bytes, int]:
+    n, off = _read_u64(buf, off)
+    if off + n > len(buf):
+        raise ValueError("truncated module blob")
+    return buf[off : off + n], off + n
+
+
+def _pack(data: bytes) -> bytes:
+    return struct.pack("<Q", len(data)) + data
+
+
+def rewrite_cuda_modules(blob: bytes, replace) -> bytes:
+    """Rewrite every "cuda" module in a packed library blob.
+
+    `replace(index, fmt, code)` returns None to keep the module or (new_fmt, new_code).
+    """
+    nbytes, off = _read_u64(blob, 0)
+    if nbytes + 8 != len(blob):
+        raise ValueError(f"module blob size mismatch: header {nbytes} + 8 != {len(blob)}")
+    head = off
+    n_indptr, off = _read_u64(blob, off)
+    off += 8 * n_indptr
+    n_child, off = _read_u64(blob, off)
+    off += 8 * n_child
+    out = bytearray(blob[head:off])
+    cuda_index = 0
+    for _ in range(n_indptr - 1):
+        kind, off = _read_str(blob, off)
+        out += _pack(kind)
+        if kind == b"_lib":
+            continue
+        payload, off = _read_str(blob, off)
+        if kind == b"cuda":
+            fmt, p = _read_str(payload, 0)
+            # code is the last field: find it from the end and check the length prefix matches
+            code = _last_bytes_field(payload, p)
+            fmap = payload[p : len(payload) - 8 - len(code)]
+            new = replace(cuda_index, fmt.decode(), code)
+            cuda_index += 1
+            if new is not None:
+                new_fmt, new_code = new
+                payload = _pack(new_fmt.encode()) + fmap + _pack(bytes(new_code))
+        out += _pack(payload)
+    if off != len(blob):
+        raise ValueError(f"module blob has {len(blob) - off} trailing bytes")
+    return struct.pack("<Q", len(out)) + bytes(out)
+
+
+def _last_bytes_field(payload: bytes, fmap_start: int) -> bytes:
+    # The fmap (FunctionInfo table) has its own encoding; rather than decode it, find the code
+    # field, <len:u64><len bytes> ending exactly at the end of the payload: the FIRST u64 after
+    # the fmt whose value equals the rest of the payload. (Taking the first matters: a fatbin's
+    # own header holds such a u64 at its offset 8, so later candidates can be inside the code;
+    # inside the fmap, values are small counts or ASCII and cannot span the rest.)
+    for pos in range(fmap_start, len(payload) - 7):
+        (n,) = struct.unpack_from("<Q", payload, pos)
+        if pos + 8 + n == len(payload):
+            return payload[pos + 8 :]
+    raise ValueError("cannot locate the code field of a CUDA module")
+
+
+def library_blob(lib_path, symbol: str = "__tvm_ffi__library_bin") -> bytes:
+    """The packed module blob embedded in an ELF64 little-endian shared library (no loading)."""
+    data = Path(lib_path).read_bytes()
+    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
+        raise ValueError(f"{lib_path}: not a 64-bit little-endian ELF file")
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    want = symbol.encode()
+    for sh in sections:
+        if sh[1] not in (2, 11):  # SHT_SYMTAB, SHT_DYNSYM
+            continue
+        strtab = sections[sh[6]]
+        for off in range(sh[4], sh[4] + sh[5], 24):
+            st_name, _, _, st_shndx, st_value, st_size = struct.unpack_from("<IBBHQQ", data, off)
+            start = strtab[4] + st_name
+            if data[start : start + len(want) + 1] != want + b"\0" or st_shndx == 0:
+                continue
+            sec = sections[st_shndx]
+            file_off = sec[4] + (st_value - sec[3])
+            (nbytes,) = struct.unpack_from("<Q", data, file_off)
+            return data[file_off : file_off + 8 + nbytes]
+    raise ValueError(f"{lib_path}: no {symbol} symbol")
+
+
+def embedded_cuda_formats(lib_path) -> list[str]:
+    """Format of each CUDA module packed in a library: "fatbin" after `export`, "cuda" = source."""
+    formats: list[str] = []
+    rewrite_cuda_modules(library_blob(lib_path), lambda _i, fmt, _code: formats.append(fmt))
+    return formats
+
+
+_C_ARRAY = re.compile(r"(library_bin\[)(\d+)(\]\s*=\s*\{)(.*?)(\};)", re.DOTALL)
+
+
+def _c_array(data: bytes) -> str:
+    hexes = [f"0x{b:02x}" for b in data]
+    rows = (",".join(hexes[i : i + 32]) for i in range(0, len(hexes), 32))
+    return "\n  " + ",\n  ".join(rows) + "\n"
+
+
+def _pack_imports_with_fatbin(archs: list[str], sources: list[str]):
+    """An `fpack_imports` for export_library that embeds a fatbin for every CUDA module."""
+
+    def replace(index: int, fmt: str, code: bytes):
+        if fmt == "cuda":
+            return "fatbin", compile_fatbin(code.decode(), archs)
+        if set(archs) <= set(fatbin_archs(code)):
+            return None  # already a fatbin with every arch (built under compile_context)
+        if index >= len(sources) or not sources[index]:
+            raise RuntimeError(
+                f"CUDA module {index} holds {fmt!r} code without {archs} and its source is unavailable"
+            )
+        return "fatbin", compile_fatbin(sources[index], archs)
+
+    def fpack_imports(mod, is_system_lib, symbol_prefix, workspace_dir):
+        import tvm_ffi
+
+        blob = tvm_ffi.get_global_func("runtime.ModulePackImportsToTensor")(mod).numpy().tobytes()
+        new_blob = rewrite_cuda_modules(blob, replace)
+        c_text = tvm_ffi.get_global_func("runtime.ModulePackImportsToC")(mod, is_system_lib, symbol_prefix)
+        matches = list(_C_ARRAY.finditer(c_text))
+        if len(matches) != 1 or int(matches[0].group(2)) != len(blob):
+            raise RuntimeError("unexpected layout of TVM's packed-imports C source; cannot embed the fatbin")
+        m = matches[0]
+        c_text = c_text[: m.start()] + f"library_bin[{len(new_blob)}] = {{{_c_array(new_blob)}}};" + c_text[m.end() :]
+        path = Path(workspace_dir) / f"{symbol_prefix}devc.c"
+        path.write_text(c_text)
+        return str(path)
+
+    return fpack_imports
+
+
+# --------------------------------------------------------------------------------------------
+# backend interface
+
+
+def export(executable, target_spec, out_dir) -> list[str]:
+    """Write lib.so (x86-64 host code + one fatbin for every `fatbin_archs` arch)."""
+    archs = _archs_of(target_spec)
+    cuda_mods = [m for m in _device_modules(executable) if m.kind == "cuda"]
+    sources = [_source_of(m) for m in cuda_mods]
+    out = Path(out_dir) / LIBRARY
+    executable.export_library(str(out), fpack_imports=_pack_imports_with_fatbin(archs, sources))
+    if cuda_mods:
+        present = verify_fatbin(out)
+        if not set(archs) <= set(present):
+            raise RuntimeError(f"{out}: embedded fatbin has archs {present}, expected all of {archs}")
+    return [LIBRARY]
+
+
+def kernel_source(executable) -> str:
+    """The generated CUDA C++ of every CUDA device module."""
+    return "\n".join(_source_of(m) for m in _device_modules(executable) if m.kind == "cuda")
+
+
+def _device_modules(executable):
+    from . import device_modules
+
+    return device_modules(executable)
+
+
+def _source_of(module) -> str:
+    for fmt in ("cuda", ""):
+        try:
+            text = module.inspect_source(fmt)
+        except Exception:  # noqa: BLE001 - a module without that source format
+            continue
+        if text and not text.startswith(("\x50\xed", "\x7fELF")):
+            return str(text)
+    return ""

@@ -1,0 +1,206 @@
+"""Apple GPUs: arm64 macOS host object + Metal Shading Language source, linked into a Mach-O dylib.
+
+`export_library("lib.tar")` gives lib0.o (host code, arm64-apple-macos) and devc.o (the packed
+module blob `__tvm_ffi__library_bin`: the Relax VM executable plus a "metal" module whose MSL source
+the Metal runtime compiles when the library loads). Debian's lld (`ld64.lld`) links both into
+lib.dylib (ad-hoc code-signed, as arm64 macOS requires); lib.tar is kept in the artifact too.
+
+Symbols TVM's loader (tvm-ffi `CreateLibraryModule`, via dlsym) looks up in the library:
+  __tvm_ffi__library_bin      packed modules (VM executable, Metal source); without it only host
+                              functions would load
+  __tvm_ffi__library_ctx      pointer slot the loader fills with the library module, used by host
+                              code to find the Metal kernels among the imports
+  __TVMFFIFunctionCall, __TVMFFIEnvModLookupFromImports, __TVMFFIHandleInitOnce
+                              context-symbol slots the loader fills with runtime entry points
+                              (host code calls through them)
+  __tvm_ffi_<name>            one per host function the VM calls
+dlsym names are C names; Mach-O stores them with one extra leading underscore, which
+`exported_symbols` removes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import re
+import shutil
+import struct
+import subprocess
+import tarfile
+import tempfile
+from pathlib import Path
+
+LIBRARY = "lib.dylib"
+SOURCE_FILE = "kernels.metal"
+TARBALL = "lib.tar"
+
+LIBRARY_SYMBOLS = ("__tvm_ffi__library_bin", "__tvm_ffi__library_ctx")
+CONTEXT_SYMBOLS = ("__TVMFFIFunctionCall", "__TVMFFIEnvModLookupFromImports", "__TVMFFIHandleInitOnce")
+FUNCTION_PREFIX = "__tvm_ffi_"
+
+MH_MAGIC_64 = 0xFEEDFACF
+CPU_TYPE_ARM64 = 0x0100000C
+MH_OBJECT, MH_DYLIB = 1, 6
+LC_SYMTAB = 0x2
+
+
+def compile_context(target_spec):
+    del target_spec
+    return contextlib.nullcontext()
+
+
+# --------------------------------------------------------------------------------------------
+# linking
+
+
+def find_ld64() -> str:
+    """Path of Debian's Mach-O linker (ld64.lld, or a versioned ld64.lld-NN)."""
+    candidates = ["ld64.lld"] + [f"ld64.lld-{v}" for v in range(30, 10, -1)]
+    for name in candidates:
+        found = shutil.which(name)
+        if found:
+            return found
+    raise RuntimeError(
+        "ld64.lld not found on PATH: the Metal target links its Mach-O dylib with LLVM's lld; "
+        "install the Debian package lld (scripts/setup-debian.sh does)"
+    )
+
+
+def _min_version(target_spec) -> str:
+    options = getattr(target_spec, "options", None) or {}
+    version = str(options.get("macos_min_version", "13.0"))
+    if not re.fullmatch(r"\d+(\.\d+){0,2}", version):
+        raise ValueError(f"macos_min_version must look like '13.0', got {version!r}")
+    return version
+
+
+def link_dylib(objects: list[str], output, min_version: str = "13.0") -> None:
+    """Link arm64 macOS objects into a dylib; TVM runtime symbols stay dynamic_lookup."""
+    ld = find_ld64()
+    cmd = [
+        ld,
+        "-dylib",
+        "-arch", "arm64",
+        "-platform_version", "macos", min_version, min_version,
+        "-undefined", "dynamic_lookup",
+        "-install_name", f"@rpath/{Path(output).name}",
+        "-o", str(output),
+        *objects,
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
+        raise RuntimeError(f"{Path(ld).name} failed (exit {proc.returncode}): " + " | ".join(lines[:6]))
+
+
+def export(executable, target_spec, out_dir) -> list[str]:
+    """Write lib.tar (lib0.o + devc.o) and lib.dylib linked from them."""
+    out_dir = Path(out_dir)
+    tar_path = out_dir / TARBALL
+    executable.export_library(str(tar_path))
+    with tempfile.TemporaryDirectory(prefix="mlcpipe-metal-") as tmp:
+        objects = _extract_objects(tar_path, Path(tmp))
+        link_dylib(objects, out_dir / LIBRARY, _min_version(target_spec))
+    return [LIBRARY, TARBALL]
+
+
+def _extract_objects(tar_path: Path, dest: Path) -> list[str]:
+    with tarfile.open(tar_path, "r:*") as tar:
+        members = [m for m in tar.getmembers() if m.isfile() and m.name.endswith(".o")]
+        for member in members:
+            target = dest / Path(member.name).name
+            with tar.extractfile(member) as src, open(target, "wb") as dst:
+                shutil.copyfileobj(src, dst)
+    if not members:
+        raise RuntimeError(f"{tar_path}: export_library produced no object files")
+    # host object(s) first, the packed-imports blob (devc.o) last, as TVM's own linker call does
+    names = sorted((Path(m.name).name for m in members), key=lambda n: (n.endswith("devc.o"), n))
+    return [str(dest / n) for n in names]
+
+
+def kernel_source(executable) -> str:
+    """The Metal Shading Language source of every Metal device module."""
+    from . import device_modules
+
+    sources = []
+    for module in device_modules(executable):
+        if module.kind != "metal":
+            continue
+        for fmt in ("", "metal"):
+            try:
+                text = module.inspect_source(fmt)
+            except Exception:  # noqa: BLE001 - a module without that source format
+                continue
+            if text:
+                sources.append(str(text))
+                break
+    return "\n".join(sources)
+
+
+# --------------------------------------------------------------------------------------------
+# Mach-O symbols
+
+
+def macho_header(path) -> dict[str, int]:
+    """magic, cputype, cpusubtype, filetype, ncmds of a 64-bit Mach-O file."""
+    with open(path, "rb") as f:
+        head = f.read(32)
+    if len(head) < 32:
+        raise ValueError(f"{path}: too short for a Mach-O header")
+    magic, cputype, cpusubtype, filetype, ncmds = struct.unpack_from("<IiiII", head, 0)
+    return {"magic": magic, "cputype": cputype & 0xFFFFFFFF, "cpusubtype": cpusubtype, "filetype": filetype, "ncmds": ncmds}
+
+
+def exported_symbols(path, use_tools: bool = True) -> list[str]:
+    """Global symbols a Mach-O dylib (or object) defines, as C names (`__tvm_ffi__library_bin`).
+
+    Uses `llvm-nm` where it is on PATH, otherwise reads the LC_SYMTAB nlist_64 entries itself.
+    """
+    nm = shutil.which("llvm-nm") if use_tools else None
+    if nm:
+        proc = subprocess.run(
+            [nm, "--extern-only", "--defined-only", "--just-symbol-name", str(path)],
+            capture_output=True,
+            text=True,
+        )
+        if proc.returncode == 0:
+            names = [ln.strip() for ln in proc.stdout.splitlines() if ln.strip() and not ln.endswith(":")]
+            return sorted({_c_name(n) for n in names})
+    return _symbols_from_macho(Path(path).read_bytes())
+
+
+def _c_name(name: str) -> str:
+    return name[1:] if name.startswith("_") else name
+
+
+def _symbols_from_macho(data: bytes) -> list[str]:
+    magic, _, _, _, ncmds, _, _, _ = struct.unpack_from("<IiiIIIII", data, 0)
+    if magic != MH_MAGIC_64:
+        raise ValueError(f"not a little-endian 64-bit Mach-O file (magic {magic:#x})")
+    off = 32
+    names: set[str] = set()
+    for _ in range(ncmds):
+        cmd, cmdsize = struct.unpack_from("<II", data, off)
+        if cmd == LC_SYMTAB:
+            symoff, nsyms, stroff, strsize = struct.unpack_from("<IIII", data, off + 8)
+            for i in range(nsyms):
+                n_strx, n_type, _n_sect, _n_desc, _n_value = struct.unpack_from("<IBBHQ", data, symoff + 16 * i)
+                if n_type & 0xE0:  # N_STAB: debugging entry
+                    continue
+                if not n_type & 0x01 or n_type & 0x10:  # not N_EXT, or N_PEXT (private extern)
+                    continue
+                if n_type & 0x0E == 0:  # N_UNDF: an import, not a definition
+                    continue
+                end = data.index(b"\0", stroff + n_strx, stroff + strsize)
+                names.add(_c_name(data[stroff + n_strx : end].decode()))
+        off += cmdsize
+    return sorted(names)
+
+
+def required_symbols(tar_path) -> list[str]:
+    """What lib.dylib must export for TVM to load it: the library/context symbols plus every
+    global the objects in lib.tar define (the `__tvm_ffi_<name>` host functions)."""
+    needed = set(LIBRARY_SYMBOLS)
+    with tempfile.TemporaryDirectory(prefix="mlcpipe-metal-") as tmp:
+        for obj in _extract_objects(Path(tar_path), Path(tmp)):
+            needed |= {s for s in exported_symbols(obj) if s.startswith(("__tvm_ffi", "__TVMFFI"))}
+    return sorted(needed)

@@ -1,0 +1,227 @@
+"""WebGPU: WGSL kernels; host code for wasm32 linked by emscripten with TVM's web runtime.
+
+The artifact's `lib.wasm` is what WebLLM loads: a standalone wasm (no JS glue) holding TVM's web
+runtime (`wasm_runtime`, `tvmjs_support`, `webgpu_runtime`), the VM executable and its host
+functions as a system library, and the WGSL kernels packed as an imported "webgpu" module.
+
+How it differs from `tvm.support.emcc.create_tvmjs_wasm`:
+  * objects are emitted as wasm objects ("o"), not LLVM bitcode: Debian's emscripten (LLVM 14)
+    cannot read the wheel's LLVM 22 bitcode;
+  * the web runtime is compiled here from the sources the apache-tvm wheel ships (tvm/web/emcc,
+    tvm/src, tvm/include, tvm_ffi/src, tvm_ffi/include) plus our own stand-ins for the ~10 small
+    headers the wheel lacks (pipeline/backends/web_runtime/), once, and cached under
+    ~/.cache/mlcpipe/web-runtime-<hash>/ (override with $MLCPIPE_CACHE_DIR); the hash covers every
+    source file, our headers, the flags and `emcc --version`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+LIBRARY = "lib.wasm"
+SOURCE_FILE = "kernels.wgsl"
+
+_SETUP_HINT = "install with scripts/setup-debian.sh"
+_OWN_HEADERS = Path(__file__).resolve().parent / "web_runtime"
+_RUNTIME_UNITS = ("wasm_runtime", "tvmjs_support", "webgpu_runtime")
+_COMPILE_FLAGS = ("-O3", "-std=c++17", "-Wno-ignored-attributes")
+# As tvm.support.emcc.create_tvmjs_wasm links (what WebLLM's tvmjs expects).
+_LINK_FLAGS = (
+    "-O3",
+    "--no-entry",
+    "-s", "WASM_BIGINT=1",
+    "-s", "ERROR_ON_UNDEFINED_SYMBOLS=0",
+    "-s", "STANDALONE_WASM=1",
+    "-s", "ALLOW_MEMORY_GROWTH=1",
+    "-s", "TOTAL_MEMORY=160MB",
+)  # fmt: skip
+
+
+def compile_context(target_spec):
+    del target_spec
+    return contextlib.nullcontext()
+
+
+def export(executable, target, out_dir: Path) -> list[str]:
+    del target
+    objects = runtime_objects()
+    output = Path(out_dir) / LIBRARY
+
+    def fcompile(file_name, files, options=None, **kwargs):
+        del kwargs
+        emcc_link(file_name, [*objects, *files], list(options or []))
+
+    fcompile.object_format = "o"
+    executable.export_library(str(output), fcompile=fcompile)
+    return [LIBRARY]
+
+
+def kernel_source(executable) -> str:
+    from . import device_modules
+
+    return "\n".join(m.inspect_source("") for m in device_modules(executable) if m.kind == "webgpu")
+
+
+# ---- emscripten -------------------------------------------------------------------------------
+
+
+def _emcc() -> str:
+    path = shutil.which(os.environ.get("EMCC", "emcc"))
+    if path is None:
+        raise RuntimeError(f"emcc (emscripten) not found on PATH, needed for the webgpu target: {_SETUP_HINT}")
+    return path
+
+
+def _emcc_env() -> dict[str, str]:
+    env = dict(os.environ)
+    # Debian's emcc finds its `acorn` (JS parser) through NODE_PATH.
+    paths = [p for p in env.get("NODE_PATH", "").split(os.pathsep) if p]
+    if "/usr/share/nodejs" not in paths and Path("/usr/share/nodejs").is_dir():
+        paths.append("/usr/share/nodejs")
+    env["NODE_PATH"] = os.pathsep.join(paths)
+    return env
+
+
+def _run_emcc(cmd: list[str], what: str, log_file: Path) -> None:
+    try:
+        proc = subprocess.run(cmd, env=_emcc_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False)
+    except OSError as exc:
+        raise RuntimeError(f"emcc could not be started ({exc.strerror}) to {what}: {_SETUP_HINT}") from None
+    out = proc.stdout.decode("utf-8", errors="replace")
+    if proc.returncode != 0:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        log_file.write_text(" ".join(cmd) + "\n\n" + out)
+        errors = [line.strip() for line in out.splitlines() if "error" in line.lower()]
+        first = errors[0] if errors else (out.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(
+            f"emcc failed to {what} (exit {proc.returncode}): {first[:300]} "
+            f"(full log: {log_file}); check the emscripten install ({_SETUP_HINT})"
+        )
+
+
+def emcc_version() -> str:
+    emcc = _emcc()
+    try:
+        proc = subprocess.run([emcc, "--version"], env=_emcc_env(), capture_output=True, text=True, check=False)
+    except OSError as exc:
+        raise RuntimeError(f"emcc could not be started ({exc.strerror}): {_SETUP_HINT}") from None
+    if proc.returncode != 0:
+        last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"emcc --version failed ({last}): {_SETUP_HINT}")
+    return proc.stdout.strip().splitlines()[0]
+
+
+def emcc_link(output: str, objects: list[str], options: list[str] | None = None) -> None:
+    """Link wasm objects (runtime first) into a standalone .wasm, as create_tvmjs_wasm does."""
+    cmd = [_emcc(), *_LINK_FLAGS, "-o", str(output), *objects, *(options or [])]
+    _run_emcc(cmd, f"link {Path(output).name}", Path(str(output) + ".emcc.log"))
+    with open(output, "rb") as f:
+        if f.read(4) != b"\0asm":
+            raise RuntimeError(f"emcc produced no wasm module at {output}: {_SETUP_HINT}")
+
+
+# ---- TVM's web runtime, built once ------------------------------------------------------------
+
+
+def _wheel_sources() -> dict[str, Path]:
+    """Staging-tree path -> source directory in the installed wheels (TVM's source layout)."""
+    import tvm
+    import tvm_ffi
+
+    tvm_dir = Path(tvm.__file__).resolve().parent
+    ffi_dir = Path(tvm_ffi.__file__).resolve().parent
+    sources = {
+        "src": tvm_dir / "src",
+        "include": tvm_dir / "include",
+        "web/emcc": tvm_dir / "web" / "emcc",
+        "3rdparty/tvm-ffi/src": ffi_dir / "src",
+        "3rdparty/tvm-ffi/include": ffi_dir / "include",
+    }
+    missing = [str(p) for p in sources.values() if not p.is_dir()]
+    if missing:
+        raise RuntimeError(f"the installed apache-tvm wheel lacks the web runtime sources {missing}: reinstall apache-tvm==0.27.0.post1")
+    return sources
+
+
+def _source_files(root: Path):
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+        for name in sorted(filenames):
+            if name.endswith((".h", ".cc", ".c", ".hpp", ".inc", ".def")):
+                yield Path(dirpath) / name
+
+
+def _runtime_key(sources: dict[str, Path], version: str) -> str:
+    digest = hashlib.sha256()
+    digest.update(version.encode())
+    digest.update(" ".join(_COMPILE_FLAGS).encode())
+    for stage, root in [*sorted(sources.items()), ("<own>", _OWN_HEADERS)]:
+        for path in _source_files(root):
+            digest.update(f"{stage}/{path.relative_to(root)}\0".encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("MLCPIPE_CACHE_DIR")
+    if base:
+        return Path(base)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mlcpipe"
+
+
+def _stage(tree: Path, sources: dict[str, Path]) -> None:
+    """TVM's source layout from the wheels, with our headers laid over it."""
+    for stage, src in sources.items():
+        shutil.copytree(src, tree / stage, ignore=shutil.ignore_patterns("__pycache__", "*.py", "*.pyc"))
+    # dlpack.h sits beside the tvm-ffi headers in the wheel
+    (tree / "3rdparty/tvm-ffi/3rdparty/dlpack").mkdir(parents=True)
+    (tree / "3rdparty/tvm-ffi/3rdparty/dlpack/include").symlink_to(tree / "3rdparty/tvm-ffi/include")
+    shutil.copytree(_OWN_HEADERS, tree, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.md", "__pycache__"))
+
+
+def runtime_objects() -> list[str]:
+    """Paths of TVM's web runtime objects (wasm_runtime, tvmjs_support, webgpu_runtime), compiled
+    by emcc on first use and cached (a cold build takes about 2 minutes on 2 cores)."""
+    version = emcc_version()
+    sources = _wheel_sources()
+    out_dir = cache_dir() / f"web-runtime-{_runtime_key(sources, version)}"
+    objects = [out_dir / f"{unit}.o" for unit in _RUNTIME_UNITS]
+    if all(o.is_file() for o in objects):
+        return [str(o) for o in objects]
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(out_dir.parent / f"{out_dir.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another process may be building the same runtime
+        if all(o.is_file() for o in objects):
+            return [str(o) for o in objects]
+        with tempfile.TemporaryDirectory(prefix="web-runtime-", dir=out_dir.parent) as tmp:
+            tree = Path(tmp) / "tvm"
+            _stage(tree, sources)
+            build = Path(tmp) / "obj"
+            build.mkdir()
+            includes = [
+                f"-I{tree}",
+                f"-I{tree / 'include'}",
+                f"-I{tree / '3rdparty/tvm-ffi/include'}",
+                f"-I{tree / '3rdparty/tvm-ffi/3rdparty/dlpack/include'}",
+                f"-I{tree / '3rdparty/compiler-rt'}",
+            ]
+
+            def compile_unit(unit: str) -> None:
+                cmd = [_emcc(), *includes, *_COMPILE_FLAGS, "-c", "-o", str(build / f"{unit}.o"), str(tree / "web/emcc" / f"{unit}.cc")]
+                _run_emcc(cmd, f"compile TVM's web runtime ({unit}.cc)", cache_dir() / f"{unit}.emcc.log")
+
+            with ThreadPoolExecutor(max_workers=len(_RUNTIME_UNITS)) as pool:
+                for future in [pool.submit(compile_unit, unit) for unit in _RUNTIME_UNITS]:
+                    future.result()
+            if out_dir.exists():
+                shutil.rmtree(out_dir)
+            build.rename(out_dir)
+    return [str(o) for o in objects]
