@@ -245,27 +245,38 @@ def _static_checks(artifact: Path, manifest: dict, names: list[str], roles: dict
     source = (artifact / source_file).read_text() if source_file and (artifact / source_file).is_file() else ""
     results = []
     if kind == "cuda":
-        from .backends.cuda import ptxas_report
+        from .backends.cuda import embedded_cuda_formats, ptxas_report, verify_fatbin
 
         archs = manifest.get("target_options", {}).get("fatbin_archs") or [manifest["target"].get("arch", "sm_80")]
+        library = artifact / manifest["library"]
+        present = verify_fatbin(library)
+        formats = embedded_cuda_formats(library)
+        lib_ok = formats == ["fatbin"] and set(archs) <= set(present)
+        results.append(KernelResult(f"<{manifest['library']}>", "library", "-", "static" if lib_ok else "FAIL",
+                                    note=f"embedded {formats}, fatbin archs {present} (wanted {archs})"))
         report = ptxas_report(source, archs)
         for name in names:
             kernels = {k: v for k, v in report.items() if k == name or k.startswith(name + "_kernel")}
             if not kernels:
-                results.append(KernelResult(name, roles.get(name, "other"), "-", "FAIL" if name in source else "skip", note="no device kernel" if name not in source else "ptxas reported nothing"))
+                results.append(KernelResult(name, roles.get(name, "other"), "-", "skip", note="host-side function: no device kernel"))
                 continue
             for kname, per_arch in sorted(kernels.items()):
-                info = "; ".join(f"{a}: {v['registers']} regs, {v['spill_stores']}/{v['spill_loads']} spill st/ld" for a, v in sorted(per_arch.items()))
+                info = "; ".join(f"{a}: {v['registers']} regs, spills {v['spill_stores']}/{v['spill_loads']} B st/ld" for a, v in sorted(per_arch.items()))
                 results.append(KernelResult(kname, roles.get(name, "other"), "-", "compiled", note=info))
     elif kind == "metal":
-        from .backends.metal import exported_symbols
+        from .backends.metal import exported_symbols, macho_header, required_symbols
 
-        symbols = set(exported_symbols(artifact / manifest["library"]))
+        library = artifact / manifest["library"]
+        symbols = set(exported_symbols(library))
+        needed = set(required_symbols(artifact / "lib.tar"))
+        missing = sorted(needed - symbols)
+        header = macho_header(library)
+        results.append(KernelResult(f"<{manifest['library']}>", "library", "-", "FAIL" if missing else "static",
+                                    note=(f"missing exports {missing[:3]}" if missing else f"exports all {len(needed)} symbols TVM's loader needs; Mach-O {header}")))
         for name in names:
             present = bool(re.search(rf"kernel void {re.escape(name)}(_kernel)?\w*\(", source))
-            results.append(KernelResult(name, roles.get(name, "other"), "-", "static" if present else "skip", note="MSL present" if present else "no device kernel (host-side function)"))
-        needed = [s for s in symbols if "tvm_ffi" in s]
-        results.append(KernelResult("<lib.dylib>", "library", "-", "static" if needed else "FAIL", note=f"exports {', '.join(sorted(needed)[:3])}" if needed else "no TVM library symbols exported"))
+            results.append(KernelResult(name, roles.get(name, "other"), "-", "static" if present else "skip",
+                                        note="MSL kernel present" if present else "host-side function: no device kernel"))
     return results
 
 

@@ -50,7 +50,7 @@ _NVCC_FLAGS = [
     "--expt-relaxed-constexpr",
     "--expt-extended-lambda",
     "--use_fast_math",
-    "--ptxas-options=-v",
+    "--ptxas-options=-v,--register-usage-level=10,--warn-on-local-memory-usage",
     "-diag-suppress=1046",  # "floating-point value cannot be represented exactly": TVM's hex floats
 ]
 
