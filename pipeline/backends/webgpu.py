@@ -11,7 +11,13 @@ How it differs from `tvm.support.emcc.create_tvmjs_wasm`:
     tvm/src, tvm/include, tvm_ffi/src, tvm_ffi/include) plus our own stand-ins for the ~10 small
     headers the wheel lacks (pipeline/backends/web_runtime/), once, and cached under
     ~/.cache/mlcpipe/web-runtime-<hash>/ (override with $MLCPIPE_CACHE_DIR); the hash covers every
-    source file, our headers, the flags and `emcc --version`.
+    source file, our headers, the flags and `emcc --version`. A cold build takes ~2 minutes;
+  * the link runs emcc at -O1 and then binaryen's wasm-opt at -O$MLCPIPE_WASM_OPT (default 1),
+    see _LINK_FLAGS.
+
+`web_runtime/inspect_wasm.cjs` loads a lib.wasm in node (no GPU) and prints what the runtime in
+it deserialised (VM executable as text, WebGPU function table and shaders); tests/test_webgpu.py
+uses it to check the artifact end to end.
 """
 
 from __future__ import annotations
@@ -33,9 +39,12 @@ _SETUP_HINT = "install with scripts/setup-debian.sh"
 _OWN_HEADERS = Path(__file__).resolve().parent / "web_runtime"
 _RUNTIME_UNITS = ("wasm_runtime", "tvmjs_support", "webgpu_runtime")
 _COMPILE_FLAGS = ("-O3", "-std=c++17", "-Wno-ignored-attributes")
-# As tvm.support.emcc.create_tvmjs_wasm links (what WebLLM's tvmjs expects).
+# As tvm.support.emcc.create_tvmjs_wasm links (what WebLLM's tvmjs expects), except the
+# optimisation level: emcc's -O2/-O3 run binaryen's wasm-opt at -O2/-O3, which takes 30-85 s on
+# this 7 MB module (2 cores); we link at -O1 and run `wasm-opt -O<MLCPIPE_WASM_OPT>` ourselves
+# (default 1: ~4-6 s, the module ~6% larger than at -O3; 0 skips it, 3 matches create_tvmjs_wasm).
 _LINK_FLAGS = (
-    "-O3",
+    "-O1",
     "--no-entry",
     "-s", "WASM_BIGINT=1",
     "-s", "ERROR_ON_UNDEFINED_SYMBOLS=0",
@@ -120,12 +129,38 @@ def emcc_version() -> str:
 
 
 def emcc_link(output: str, objects: list[str], options: list[str] | None = None) -> None:
-    """Link wasm objects (runtime first) into a standalone .wasm, as create_tvmjs_wasm does."""
+    """Link wasm objects (runtime first) into a standalone .wasm, as create_tvmjs_wasm does,
+    then optimise it with binaryen's wasm-opt (see _LINK_FLAGS)."""
     cmd = [_emcc(), *_LINK_FLAGS, "-o", str(output), *objects, *(options or [])]
-    _run_emcc(cmd, f"link {Path(output).name}", Path(str(output) + ".emcc.log"))
+    log_file = Path(tempfile.gettempdir()) / f"mlcpipe-{Path(output).name}.emcc.log"
+    _run_emcc(cmd, f"link {Path(output).name}", log_file)
     with open(output, "rb") as f:
         if f.read(4) != b"\0asm":
             raise RuntimeError(f"emcc produced no wasm module at {output}: {_SETUP_HINT}")
+    _wasm_opt(Path(output), log_file)
+
+
+def _wasm_opt(wasm: Path, log_file: Path) -> None:
+    level = os.environ.get("MLCPIPE_WASM_OPT", "1").strip().lstrip("-O") or "1"
+    if level not in ("0", "1", "2", "3", "4", "s", "z"):
+        raise RuntimeError(f"MLCPIPE_WASM_OPT={level!r}: expected one of 0, 1, 2, 3, 4, s, z")
+    if level == "0":
+        return
+    tool = shutil.which("wasm-opt")
+    if tool is None:
+        raise RuntimeError(f"wasm-opt (binaryen) not found on PATH, needed after emcc links {wasm.name}: {_SETUP_HINT}")
+    # the passes emcc itself runs after linking (STANDALONE_WASM, global base 1024)
+    cmd = [tool, "--strip-dwarf", "--post-emscripten", f"-O{level}", "--low-memory-unused", "--zero-filled-memory",
+           "--strip-debug", "--strip-producers", str(wasm), "-o", str(wasm)]  # fmt: skip
+    try:
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False)
+    except OSError as exc:
+        raise RuntimeError(f"wasm-opt could not be started ({exc.strerror}): {_SETUP_HINT}") from None
+    if proc.returncode != 0:
+        out = proc.stdout.decode("utf-8", errors="replace")
+        log_file.write_text(" ".join(cmd) + "\n\n" + out)
+        last = (out.strip().splitlines() or ["no output"])[-1]
+        raise RuntimeError(f"wasm-opt failed on {wasm.name} (exit {proc.returncode}): {last[:300]} (full log: {log_file}); {_SETUP_HINT}")
 
 
 # ---- TVM's web runtime, built once ------------------------------------------------------------
@@ -184,16 +219,23 @@ def _stage(tree: Path, sources: dict[str, Path]) -> None:
     # dlpack.h sits beside the tvm-ffi headers in the wheel
     (tree / "3rdparty/tvm-ffi/3rdparty/dlpack").mkdir(parents=True)
     (tree / "3rdparty/tvm-ffi/3rdparty/dlpack/include").symlink_to(tree / "3rdparty/tvm-ffi/include")
-    shutil.copytree(_OWN_HEADERS, tree, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.md", "__pycache__"))
+    shutil.copytree(_OWN_HEADERS, tree, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.md", "*.cjs", "__pycache__"))
+
+
+_RESOLVED: dict[tuple[str, str], list[Path]] = {}  # (emcc, cache dir) -> objects, per process
 
 
 def runtime_objects() -> list[str]:
     """Paths of TVM's web runtime objects (wasm_runtime, tvmjs_support, webgpu_runtime), compiled
     by emcc on first use and cached (a cold build takes about 2 minutes on 2 cores)."""
+    memo_key = (_emcc(), str(cache_dir()))
+    if memo_key in _RESOLVED and all(o.is_file() for o in _RESOLVED[memo_key]):
+        return [str(o) for o in _RESOLVED[memo_key]]
     version = emcc_version()
     sources = _wheel_sources()
     out_dir = cache_dir() / f"web-runtime-{_runtime_key(sources, version)}"
     objects = [out_dir / f"{unit}.o" for unit in _RUNTIME_UNITS]
+    _RESOLVED[memo_key] = objects
     if all(o.is_file() for o in objects):
         return [str(o) for o in objects]
     out_dir.parent.mkdir(parents=True, exist_ok=True)

@@ -58,7 +58,7 @@ class Base64InStream : public Stream {
     }
     return n;
   }
-  size_t Write(const void* ptr, size_t size) final {
+  size_t Write(const void*, size_t) final {
     TVM_FFI_THROW(InternalError) << "Base64InStream is read-only";
     return 0;
   }
@@ -135,7 +135,7 @@ class Base64OutStream : public Stream {
     }
     return size;
   }
-  size_t Read(void* ptr, size_t size) final {
+  size_t Read(void*, size_t) final {
     TVM_FFI_THROW(InternalError) << "Base64OutStream is write-only";
     return 0;
   }

@@ -37,7 +37,7 @@ class BytesInStream : public Stream {
     pos_ += n;
     return n;
   }
-  size_t Write(const void* ptr, size_t size) final {
+  size_t Write(const void*, size_t) final {
     TVM_FFI_THROW(InternalError) << "BytesInStream is read-only";
     return 0;
   }
@@ -59,7 +59,7 @@ class BytesOutStream : public Stream {
 
   explicit BytesOutStream(std::string* out) : out_(out) {}
 
-  size_t Read(void* ptr, size_t size) final {
+  size_t Read(void*, size_t) final {
     TVM_FFI_THROW(InternalError) << "BytesOutStream is write-only";
     return 0;
   }

@@ -1,0 +1,1 @@
+"""Executors that run generated kernels on devices reachable from this machine."""

@@ -1,0 +1,492 @@
+"""Run TVM-generated WebGPU (WGSL) kernels on this machine: wgpu-py on Vulkan (lavapipe, the CPU).
+
+`run_primfunc(func, target, args)` compiles an already scheduled (thread-bound) PrimFunc for the
+webgpu target and launches its kernels the way TVM's web runtime does in the browser
+(tvm/web/src/webgpu.ts, `createShadeInternal` and the host code calling it):
+
+* the kernels and their order come from the host function: the TIR just before MakePackedAPI
+  holds one `T.call_ffi_kernel(name, buffers..., pod args..., launch extents...)` per launch,
+  interpreted here with the argument shapes (symbolic extents evaluated, host-side let bindings,
+  loops and branches followed);
+* each kernel's WGSL and function info are what the artifact ships: the serialized "webgpu"
+  module (`{name: FunctionInfo}`, `{name: WGSL}`), the function info also being
+  `inspect_source("func_info")`;
+* bindings 0..n-1 are the buffer arguments in order ("storage" where `paramWriteAccess` says the
+  kernel writes, else "read-only-storage"); binding n is a uniform `PODArgs` struct of the scalar
+  arguments (i32/u32/f32 by their arg_types) followed by `packGridDimX` (u32);
+* the grid is blockIdx.{x,y} from the launch extents; blockIdx.z is reserved: an x extent of
+  2^16 or more is folded into z (halving x, rounding up) and `packGridDimX` carries the real x
+  extent so the kernel recomputes `blockIdx.z * gridDim.x + blockIdx.x` and returns past it.
+
+TVM bug worked around here (TVM 0.27, WebGPU codegen): the early return of a packed grid is
+`if (blockIdx.z * gridDim.x + blockIdx.x > podArgs.packGridDimX) { return; }` -- `>` where `>=`
+is needed. When the x extent is >= 65536 and halving it rounds up (x not a power-of-two multiple
+that fits), one extra workgroup with index == packGridDimX runs past the end of the grid and
+reads/writes one block beyond the kernel's range (in a browser, into whatever the buffer holds
+there; with robust buffer access an exactly-sized buffer just drops the writes). Grids under
+65536 workgroups in x are unaffected. The runner patches the comparison to `>=` in the WGSL it
+compiles (PATCH_PACK_GRID_CHECK); the artifact's kernels.wgsl / lib.wasm keep TVM's code.
+
+The wgpu adapter and device are created once per process (with "shader-f16" when the adapter has
+it, and the adapter's buffer-size limits); compiled kernels and pipelines are cached per process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import struct
+import tempfile
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import tvm
+
+# Workaround for TVM's `> packGridDimX` (see the module docstring).
+PATCH_PACK_GRID_CHECK = True
+_PACK_CHECK = re.compile(r"(blockIdx\.z \* gridDim\.x \+ blockIdx\.x\)?) > (podArgs\.packGridDimX)")
+# Same build configuration as pipeline.build uses for GPU targets (TIR CSE off).
+_PASS_CONFIG = {"tirx.disable_cse_tir": True}
+_MAX_GRID_X = 1 << 16  # tvmjs folds x extents from this size on into blockIdx.z
+
+_STATE: dict[str, Any] = {}
+_COMPILED: dict[str, "_Compiled"] = {}
+_PIPELINES: dict[tuple[str, str, tuple], Any] = {}
+
+
+# ---- device ------------------------------------------------------------------------------------
+
+
+def _wgpu():
+    try:
+        import wgpu
+    except ImportError:
+        raise RuntimeError("the wgpu Python package is missing: pip install wgpu (runs WebGPU kernels on lavapipe)") from None
+    return wgpu
+
+
+def get_device():
+    """The process-wide wgpu device (created on first use)."""
+    if "device" in _STATE:
+        return _STATE["device"]
+    wgpu = _wgpu()
+    if not os.environ.get("XDG_RUNTIME_DIR"):  # Mesa's WSI complains on stderr without one
+        runtime_dir = os.path.join(tempfile.gettempdir(), f"mlcpipe-xdg-{os.getuid()}")
+        os.makedirs(runtime_dir, mode=0o700, exist_ok=True)
+        os.environ["XDG_RUNTIME_DIR"] = runtime_dir
+    try:
+        adapter = wgpu.gpu.request_adapter_sync(power_preference="high-performance")
+    except Exception as exc:  # wgpu raises its own error types when no Vulkan ICD is present
+        adapter = None
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    else:
+        reason = "no adapter returned"
+    if adapter is None:
+        raise RuntimeError(
+            f"no WebGPU adapter found by wgpu ({reason}): install mesa-vulkan-drivers (lavapipe), "
+            "e.g. with scripts/setup-debian.sh"
+        )
+    features = [f for f in ("shader-f16",) if f in adapter.features]
+    wanted = ("max-storage-buffer-binding-size", "max-buffer-size", "max-compute-workgroup-storage-size",
+              "max-compute-invocations-per-workgroup", "max-compute-workgroup-size-x",
+              "max-compute-workgroup-size-y", "max-compute-workgroup-size-z", "max-storage-buffers-per-shader-stage")  # fmt: skip
+    limits = {k: adapter.limits[k] for k in wanted if k in adapter.limits}
+    device = adapter.request_device_sync(required_features=features, required_limits=limits)
+    _STATE.update(adapter=adapter, device=device, features=set(features))
+    return device
+
+
+def adapter_info() -> dict[str, Any]:
+    get_device()
+    return dict(_STATE["adapter"].info)
+
+
+# ---- compile -----------------------------------------------------------------------------------
+
+
+@dataclass
+class _Launch:
+    kernel: str
+    args: list[Any]  # ("buffer", slot) for buffers, numbers for scalars
+    extents: list[int]
+
+
+@dataclass
+class _Compiled:
+    host: tvm.tirx.PrimFunc  # host function before MakePackedAPI
+    func_info: dict[str, dict[str, Any]]
+    shaders: dict[str, str]
+    source: str = ""  # all kernels, as inspect_source gives them
+
+
+def _read_webgpu_blob(runtime_module) -> dict[str, str]:
+    """{kernel: WGSL} from the serialized "webgpu" module, as the artifact packs it."""
+    pack = tvm.get_global_func("runtime.ModulePackImportsToTensor")
+    blob = pack(runtime_module).numpy().tobytes()
+    pos = 0
+
+    def u64() -> int:
+        nonlocal pos
+        (value,) = struct.unpack_from("<Q", blob, pos)
+        pos += 8
+        return value
+
+    def string() -> bytes:
+        nonlocal pos
+        size = u64()
+        value = blob[pos : pos + size]
+        pos += size
+        return value
+
+    u64()  # total size
+    for _ in range(2):  # import tree: indptr, child indices
+        count = u64()
+        pos += 8 * count
+    while pos < len(blob):
+        kind = string()
+        if kind == b"_lib":
+            continue
+        data = string()
+        if kind != b"webgpu":
+            continue
+        # {name: FunctionInfo} then {name: WGSL}; skip the first, read the second
+        inner = 0
+
+        def iu64() -> int:
+            nonlocal inner
+            (value,) = struct.unpack_from("<Q", data, inner)
+            inner += 8
+            return value
+
+        def istr() -> str:
+            nonlocal inner
+            size = iu64()
+            value = data[inner : inner + size].decode()
+            inner += size
+            return value
+
+        for _ in range(iu64()):
+            istr()  # key
+            istr()  # FunctionInfo.name
+            count = iu64()
+            inner += 4 * count  # arg_types (DLDataType)
+            for _ in range(iu64()):
+                istr()  # launch_param_tags
+            count = iu64()
+            inner += 4 * count  # arg_extra_tags (int32 enum)
+        return {istr(): istr() for _ in range(iu64())}
+    raise RuntimeError("the compiled module has no webgpu device module (is the function thread-bound?)")
+
+
+def _compile(func: tvm.tirx.PrimFunc, target: tvm.target.Target) -> _Compiled:
+    key = hashlib.sha256((func.script() + "\0" + json.dumps(target.export(), sort_keys=True, default=str)).encode()).hexdigest()
+    if key in _COMPILED:
+        return _COMPILED[key]
+    if target.kind.name != "webgpu":
+        raise ValueError(f"run_primfunc needs a webgpu target, got {target.kind.name!r}")
+    captured: dict[str, tvm.IRModule] = {}
+
+    @tvm.instrument.pass_instrument
+    class _CaptureHost:
+        def run_before_pass(self, mod, info):
+            if info.name.endswith("MakePackedAPI"):
+                captured["mod"] = mod
+
+    mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
+    with tvm.transform.PassContext(config=_PASS_CONFIG, instruments=[_CaptureHost()]):
+        runtime_module = tvm.tirx.build(mod, target=target)
+    devices = [m for m in runtime_module.imports if m.kind == "webgpu"]
+    if not devices or "mod" not in captured:
+        raise RuntimeError("no WebGPU kernel was generated: the PrimFunc must be scheduled (thread-bound) for webgpu")
+    host = captured["mod"]["main"]
+    compiled = _Compiled(
+        host=host,
+        func_info=json.loads(devices[0].inspect_source("func_info")),
+        shaders=_read_webgpu_blob(runtime_module),
+        source=devices[0].inspect_source(""),
+    )
+    _COMPILED[key] = compiled
+    return compiled
+
+
+# ---- host-side interpretation ------------------------------------------------------------------
+
+
+class _Host:
+    """Follows the host function's statements with concrete values; records the kernel launches."""
+
+    def __init__(self, func: tvm.tirx.PrimFunc, args: list[Any]):
+        self.env: dict[Any, Any] = {}  # Var -> python number
+        self.slots: dict[Any, int] = {}  # buffer Var -> buffer slot (arg index, or temp >= len(args))
+        self.temps: list[tuple[int, str]] = []  # (nbytes, dtype) of host-allocated device buffers
+        self.launches: list[_Launch] = []
+        self.nargs = len(args)
+        for index, (param, value) in enumerate(zip(func.params, args)):
+            shape = _param_shape(param)
+            if shape is None:
+                self.env[param] = value.item() if isinstance(value, np.generic | np.ndarray) else value
+                continue
+            self.slots[param] = index
+            for dim, size in zip(shape, value.shape):
+                if isinstance(dim, tvm.tirx.Var) and dim not in self.env:
+                    self.env[dim] = int(size)
+            # each array is its own GPU buffer, contiguous, starting at element 0
+            offset = getattr(param, "elem_offset", None)
+            if isinstance(offset, tvm.tirx.Var):
+                self.env[offset] = 0
+            strides = list(getattr(param, "strides", None) or [])
+            contiguous = [int(np.prod(value.shape[i + 1 :], dtype=np.int64)) for i in range(value.ndim)]
+            for stride, size in zip(strides, contiguous):
+                if isinstance(stride, tvm.tirx.Var):
+                    self.env[stride] = size
+
+    def eval(self, expr) -> Any:
+        if isinstance(expr, int | float):
+            return expr
+        if isinstance(expr, tvm.tirx.IntImm | tvm.tirx.FloatImm):
+            return expr.value
+        if isinstance(expr, tvm.tirx.Var) and expr in self.env:
+            return self.env[expr]
+        from tvm.sym.analyzer import Analyzer
+
+        analyzer = Analyzer()
+        for var in tvm.tirx.analysis.undefined_vars(expr):
+            if var not in self.env:
+                raise RuntimeError(f"host code of the kernel uses {var.name}, which has no value here")
+            value = self.env[var]
+            const = tvm.tirx.const(value, str(var.dtype)) if hasattr(var, "dtype") else tvm.tirx.const(value)
+            analyzer.bind(var, const)
+        result = analyzer.simplify(expr)
+        if isinstance(result, tvm.tirx.IntImm | tvm.tirx.FloatImm):
+            return result.value
+        raise RuntimeError(f"cannot evaluate host expression {expr} (got {result})")
+
+    def slot(self, expr) -> int:
+        """The buffer slot a kernel's handle argument refers to."""
+        if isinstance(expr, tvm.ir.expr.Call) and expr.op.name == "tirx.buffer_data":
+            expr = expr.args[0]
+        if expr in self.slots:
+            return self.slots[expr]
+        raise RuntimeError(f"kernel argument {expr} is not a buffer of the function")
+
+    def run(self, stmt) -> None:
+        t = tvm.tirx
+        if isinstance(stmt, t.SeqStmt):
+            for s in stmt.seq:
+                self.run(s)
+        elif isinstance(stmt, t.Bind | t.LetStmt):
+            self.env[stmt.var] = self.eval(stmt.value)
+        elif isinstance(stmt, t.DeclBuffer):
+            if stmt.data is not None:  # a view of a parameter's (or workspace's) data
+                self.slots[stmt.buffer] = self.slot(stmt.data)
+        elif isinstance(stmt, t.AllocBuffer):
+            buffer = stmt.buffer
+            count = 1
+            for dim in buffer.shape:
+                count *= int(self.eval(dim))
+            self.slots[buffer] = self.nargs + len(self.temps)
+            self.temps.append((count * np.dtype(_np_dtype(str(buffer.dtype))).itemsize, str(buffer.dtype)))
+        elif isinstance(stmt, t.AttrStmt):
+            self.run(stmt.body)
+        elif isinstance(stmt, t.AssertStmt):
+            if not self.eval(stmt.condition):
+                raise RuntimeError(f"host assertion failed: {' '.join(str(p) for p in stmt.message_parts)}")
+        elif isinstance(stmt, t.IfThenElse):
+            if self.eval(stmt.condition):
+                self.run(stmt.then_case)
+            elif stmt.else_case is not None:
+                self.run(stmt.else_case)
+        elif isinstance(stmt, t.For):
+            start, extent = self.eval(stmt.min), self.eval(stmt.extent)
+            step = self.eval(stmt.step) if stmt.step is not None else 1
+            for i in range(start, start + extent, step):
+                self.env[stmt.loop_var] = i
+                self.run(stmt.body)
+        elif isinstance(stmt, t.Evaluate):
+            self.call(stmt.value)
+        else:
+            raise RuntimeError(f"host statement {type(stmt).__name__} is not supported by the WebGPU runner")
+
+    def call(self, expr) -> None:
+        if not isinstance(expr, tvm.ir.expr.Call):
+            return
+        if expr.op.name != "tirx.call_ffi_kernel":
+            raise RuntimeError(f"host code calls {expr.op.name}, which the WebGPU runner does not model")
+        name = expr.args[0].value
+        launch_params = list(expr.attrs.launch_params)
+        rest = list(expr.args[1:])
+        count = len(rest) - len(launch_params)
+        values: list[Any] = []
+        for arg in rest[:count]:
+            if "handle" in str(getattr(arg, "dtype", "")) or (isinstance(arg, tvm.ir.expr.Call) and arg.op.name == "tirx.buffer_data"):
+                values.append(("buffer", self.slot(arg)))
+            else:
+                values.append(self.eval(arg))
+        self.launches.append(_Launch(name, values, [int(self.eval(e)) for e in rest[count:]]))
+
+
+def _param_shape(param):
+    try:
+        return list(param.shape)
+    except AttributeError:
+        return None
+
+
+def _np_dtype(dtype: str):
+    if dtype == "bool":
+        return np.bool_
+    return np.dtype(dtype)
+
+
+# ---- dispatch ----------------------------------------------------------------------------------
+
+
+def _pipeline(device, compiled: _Compiled, kernel: str, layout_key: tuple):
+    wgpu = _wgpu()
+    code = compiled.shaders[kernel]
+    if PATCH_PACK_GRID_CHECK:
+        code = _PACK_CHECK.sub(r"\1 >= \2", code)
+    key = (hashlib.sha256(code.encode()).hexdigest(), kernel, layout_key)
+    if key in _PIPELINES:
+        return _PIPELINES[key]
+    if re.search(r"^\s*enable\s+f16\s*;", code, re.M) and "shader-f16" not in _STATE["features"]:
+        raise RuntimeError(f"{kernel}: the WGSL enables f16 but this WebGPU adapter lacks the shader-f16 feature")
+    writes, _ = layout_key
+    entries = [
+        {"binding": i, "visibility": wgpu.ShaderStage.COMPUTE,
+         "buffer": {"type": wgpu.BufferBindingType.storage if w else wgpu.BufferBindingType.read_only_storage}}
+        for i, w in enumerate(writes)
+    ]  # fmt: skip
+    entries.append({"binding": len(writes), "visibility": wgpu.ShaderStage.COMPUTE, "buffer": {"type": wgpu.BufferBindingType.uniform}})
+    bind_layout = device.create_bind_group_layout(entries=entries)
+    layout = device.create_pipeline_layout(bind_group_layouts=[bind_layout])
+    module = device.create_shader_module(code=code)
+    pipeline = device.create_compute_pipeline(layout=layout, compute={"module": module, "entry_point": kernel})
+    _PIPELINES[key] = (pipeline, bind_layout)
+    return _PIPELINES[key]
+
+
+def _launch_layout(finfo: dict[str, Any]) -> tuple[list[int], list[int]]:
+    """(work dim of each launch extent: 0-2 blockIdx.xyz, 3-5 threadIdx.xyz; write flag of each
+    buffer argument), read from the launch tags as webgpu.ts reads them."""
+    dims: list[int] = []
+    writes: list[int] = []
+    for tag in finfo["launch_param_tags"]:
+        if tag.startswith("blockIdx."):
+            dims.append("xyz".index(tag[-1]))
+        elif tag.startswith("threadIdx."):
+            dims.append(3 + "xyz".index(tag[-1]))
+        elif tag.startswith("paramWriteAccess:"):
+            writes = json.loads(tag[len("paramWriteAccess:") :])
+        else:
+            raise RuntimeError(f"{finfo['name']}: launch parameter {tag!r} is not supported by WebGPU")
+    return dims, writes
+
+
+def run_primfunc(func: tvm.tirx.PrimFunc, target: tvm.target.Target, args: list[Any]) -> list[Any]:
+    """Run a scheduled PrimFunc's WebGPU kernels on wgpu; returns the arguments after the run.
+
+    `args` follow `func.params`: numpy arrays for buffers (shapes bind the symbolic dims), Python
+    or numpy scalars for scalar parameters. Every buffer is read back (outputs filled, inputs
+    unchanged unless the kernel writes them); scalars are returned as given.
+    """
+    wgpu = _wgpu()
+    target = tvm.target.Target(target) if not isinstance(target, tvm.target.Target) else target
+    if len(args) != len(func.params):
+        raise ValueError(f"{len(args)} arguments for a PrimFunc with {len(func.params)} parameters")
+    for param, value in zip(func.params, args):
+        shape = _param_shape(param)
+        if shape is None:
+            continue
+        if not isinstance(value, np.ndarray):
+            raise TypeError(f"parameter {param.name}: expected a numpy array, got {type(value).__name__}")
+        if value.ndim != len(shape) or str(value.dtype) != str(param.dtype):
+            raise ValueError(f"parameter {param.name}: expected {str(param.dtype)} of rank {len(shape)}, got {value.dtype} {value.shape}")
+        for dim, size in zip(shape, value.shape):
+            if isinstance(dim, tvm.tirx.IntImm) and int(dim) != size:
+                raise ValueError(f"parameter {param.name}: expected shape {[str(d) for d in shape]}, got {value.shape}")
+    compiled = _compile(func, target)
+    host = _Host(compiled.host, args)
+    host.run(compiled.host.body)
+    device = get_device()
+
+    usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
+    buffers: dict[int, Any] = {}
+    for index, value in enumerate(args):
+        if isinstance(value, np.ndarray):
+            data = np.ascontiguousarray(value).tobytes()
+            size = max(4, -(-len(data) // 4) * 4)  # storage bindings are whole 4-byte words
+            buffers[index] = device.create_buffer_with_data(data=data + b"\0" * (size - len(data)), usage=usage)
+    for offset, (nbytes, _) in enumerate(host.temps):
+        buffers[len(args) + offset] = device.create_buffer(size=max(4, -(-nbytes // 4) * 4), usage=usage)
+
+    encoder = device.create_command_encoder()
+    uniforms = []
+    for launch in host.launches:
+        finfo = compiled.func_info[launch.kernel]
+        dims, writes = _launch_layout(finfo)
+        arg_types = finfo["arg_types"]
+        buffer_args = [i for i, t in enumerate(arg_types) if t == "handle"]
+        pod_args = [i for i, t in enumerate(arg_types) if t != "handle"]
+        if len(launch.args) != len(arg_types) or len(launch.extents) != len(dims) or len(writes) != len(buffer_args):
+            raise RuntimeError(f"{launch.kernel}: host launch does not match its function info {finfo}")
+        work = [1] * 6
+        for dim, extent in zip(dims, launch.extents):
+            work[dim] = extent
+        if work[2] != 1:
+            raise RuntimeError(f"{launch.kernel}: blockIdx.z is reserved for internal use by TVM's WebGPU runtime")
+        pack_x = work[0]
+        while work[0] >= _MAX_GRID_X:  # fold x into z, as webgpu.ts does
+            work[0] = work[0] // 2 if work[0] % 2 == 0 else (work[0] + 1) // 2
+            work[2] *= 2
+        pod = np.zeros(len(pod_args) + 1, np.int32)
+        for slot, i in enumerate(pod_args):
+            value, dtype = launch.args[i], arg_types[i]
+            if dtype.startswith("int"):
+                pod[slot] = np.int32(int(value))
+            elif dtype.startswith("uint"):
+                pod.view(np.uint32)[slot] = np.uint32(int(value))
+            elif dtype.startswith("float"):
+                pod.view(np.float32)[slot] = np.float32(value)
+            else:
+                raise RuntimeError(f"{launch.kernel}: cannot pass a {dtype} argument to a WebGPU kernel")
+        pod.view(np.uint32)[len(pod_args)] = np.uint32(pack_x)
+        pod_bytes = pod.tobytes() + b"\0" * (-pod.nbytes % 16)
+        uniform = device.create_buffer_with_data(data=pod_bytes, usage=wgpu.BufferUsage.UNIFORM)
+        uniforms.append(uniform)
+
+        pipeline, bind_layout = _pipeline(device, compiled, launch.kernel, (tuple(writes), len(pod_args)))
+        entries = []
+        for binding, i in enumerate(buffer_args):
+            kind, slot = launch.args[i]
+            buf = buffers[slot]
+            entries.append({"binding": binding, "resource": {"buffer": buf, "offset": 0, "size": buf.size}})
+        entries.append({"binding": len(buffer_args), "resource": {"buffer": uniform, "offset": 0, "size": pod.nbytes}})
+        bind_group = device.create_bind_group(layout=bind_layout, entries=entries)
+        compute = encoder.begin_compute_pass()
+        compute.set_pipeline(pipeline)
+        compute.set_bind_group(0, bind_group)
+        compute.dispatch_workgroups(work[0], work[1], work[2])
+        compute.end()
+    device.queue.submit([encoder.finish()])
+
+    results: list[Any] = []
+    for index, value in enumerate(args):
+        if not isinstance(value, np.ndarray):
+            results.append(value)
+            continue
+        raw = device.queue.read_buffer(buffers[index])
+        flat = np.frombuffer(bytes(raw), dtype=value.dtype, count=value.size)
+        results.append(flat.reshape(value.shape).copy())
+    return results
+
+
+def kernel_names(func: tvm.tirx.PrimFunc, target: tvm.target.Target, args: list[Any]) -> list[str]:
+    """The device kernels `func` launches for these arguments, in launch order."""
+    compiled = _compile(func, target)
+    host = _Host(compiled.host, args)
+    host.run(compiled.host.body)
+    return [launch.kernel for launch in host.launches]
