@@ -100,7 +100,7 @@ def _attention_counterparts(config: dict, dtype: str) -> dict[str, tvm.tirx.Prim
         "batch_prefill_paged_kv": kc._attention_prefill_cpu(h_kv, h_q, d, dtype, False, rope),
         "batch_decode_paged_kv": kc._attention_decode_cpu(h_kv, h_q, d, dtype, False, rope),
         "batch_prefill_ragged_kv": kc._attention_prefill_ragged_cpu(h_kv, h_q, d, d, dtype, rope),
-        "merge_state_inplace": kc._merge_state_inplace_cpu(dtype),
+        "tir_attention_merge_state": kc._merge_state_inplace_cpu(dtype),
         "batch_prefill_paged_kv_sliding_window": kc._attention_prefill_cpu(h_kv, h_q, d, dtype, True, rope),
         "batch_decode_paged_kv_sliding_window": kc._attention_decode_cpu(h_kv, h_q, d, dtype, True, rope),
     }

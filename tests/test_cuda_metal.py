@@ -229,3 +229,24 @@ def test_metal_artifact_is_an_arm64_dylib_tvm_can_load(builds):
 
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["library"] == "lib.dylib" and manifest["kernel_source"] == "kernels.metal"
+
+
+def test_check_says_cuda_did_not_execute_and_reports_ptxas(builds):
+    from pipeline.conformance import check_artifact
+
+    report = check_artifact(artifact(builds, "cuda"))
+    assert not report.executed and report.ok
+    assert "NOT EXECUTED" in report.summary
+    lib = [r for r in report.results if r.kernel == "<lib.so>"][0]
+    assert lib.status == "static" and "sm_80" in lib.note and "sm_90" in lib.note
+    fused = [r for r in report.results if r.kernel.startswith("fused_dequantize") and r.status == "compiled"]
+    assert fused and all("regs" in r.note and "sm_90" in r.note for r in fused)
+
+
+def test_check_says_metal_did_not_execute_and_checks_exports(builds):
+    from pipeline.conformance import check_artifact
+
+    report = check_artifact(artifact(builds, "metal"))
+    assert not report.executed and report.ok and "NOT EXECUTED" in report.summary
+    assert [r for r in report.results if r.kernel == "<lib.dylib>"][0].status == "static"
+    assert any(r.kernel.startswith("fused_dequantize") and r.note == "MSL kernel present" for r in report.results)

@@ -235,3 +235,17 @@ def test_link_failure_is_a_one_line_error(tmp_path):
         backend.emcc_link(str(tmp_path / "lib.wasm"), [str(bogus)])
     message = str(info.value)
     assert message.startswith("emcc failed to link lib.wasm") and "setup-debian.sh" in message and "\n" not in message
+
+
+def test_mlcpipe_check_passes_every_kernel_on_lavapipe(artifact):
+    """Kernel conformance of the whole tiny artifact: every kernel executed through wgpu."""
+    from pipeline.conformance import check_artifact
+
+    report = check_artifact(artifact)
+    failures = [r for r in report.results if r.status == "FAIL"]
+    assert report.executed and not failures, failures
+    passed = {r.kernel for r in report.results if r.status == "pass"}
+    roles = {r.role for r in report.results if r.status == "pass"}
+    assert {"qkv", "o_proj", "gate_up", "down", "lm_head", "attention", "norm", "rope", "swiglu", "embedding", "kv append"} <= roles
+    assert {"batch_prefill_paged_kv", "batch_decode_paged_kv", "batch_prefill_ragged_kv", "tir_attention_merge_state"} <= passed
+    assert report.summary.startswith("webgpu: executed")
