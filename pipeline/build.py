@@ -12,7 +12,7 @@ from tvm import relax
 
 from .artifact import MANIFEST, RUNTIME_CONFIG, atomic_directory, write_json
 from .backends import backend
-from .kernel_roles import kernel_roles, launch_config
+from .kernel_roles import kernel_roles, kv_cache_kernel_slots, launch_config
 from .config import REPO_ROOT, ModelConfig, check_quantization
 from .model import MODELS
 from .passes import run_pipeline
@@ -112,11 +112,13 @@ def build(
         log(f"[mlcpipe] exporting {config.name} ({quant}) for {target.name} {target.target}")
         mod, named_params = export_model(config, quant, tvm_target)
         fused: list[dict[str, Any]] = []
+        kv_slots: list = []
 
         (tmp / "tir").mkdir()
 
         def _record(phase: str, phase_mod: tvm.IRModule) -> None:
             if phase == "fuse-tir":
+                kv_slots.extend(kv_cache_kernel_slots(phase_mod))
                 roles = kernel_roles(phase_mod, [name for name, _ in named_params])
                 fused.extend({**k, "role": roles[k["name"]]} for k in _kernel_records(phase_mod))
             if phase in TIR_SNAPSHOTS:  # the kernels before/after scheduling, for `mlcpipe check`
@@ -153,6 +155,7 @@ def build(
                 "kernel_source": target_backend.SOURCE_FILE,
                 "functions": sorted(gv.name_hint for gv, f in mod.functions_items() if isinstance(f, relax.Function)),
                 "kernels": fused,
+                "kv_cache_kernels": kv_slots,
                 "parameters": [
                     {"name": name, "shape": [int(s) for s in param.shape], "dtype": param.dtype}
                     for name, param in named_params

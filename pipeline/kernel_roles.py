@@ -87,3 +87,34 @@ def launch_config(mod: tvm.IRModule) -> dict[str, dict[str, list[str]]]:
                 "block": [extents.get(f"threadIdx.{a}", "1") for a in "xyz"],
             }
     return out
+
+
+KV_CACHE_CREATE = "vm.builtin.paged_attention_kv_cache_create"
+
+
+def kv_cache_kernel_slots(mod: tvm.IRModule) -> list:
+    """Kernel names at each argument of the paged KV cache's create call (None where an argument
+    is no kernel, a list for tuples): the profiler wraps these to time kernels that run inside
+    the KV cache, invisible to the VM's instrument."""
+    slots: list = []
+
+    def visit(expr):
+        if (
+            not slots
+            and isinstance(expr, relax.Call)
+            and expr.args
+            and isinstance(expr.args[0], relax.ExternFunc)
+            and expr.args[0].global_symbol == KV_CACHE_CREATE
+        ):
+            for arg in expr.args[1:]:
+                if isinstance(arg, relax.GlobalVar):
+                    slots.append(arg.name_hint)
+                elif isinstance(arg, relax.Tuple):
+                    slots.append([f.name_hint if isinstance(f, relax.GlobalVar) else None for f in arg.fields])
+                else:
+                    slots.append(None)
+
+    for _, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            relax.analysis.post_order_visit(func.body, visit)
+    return slots

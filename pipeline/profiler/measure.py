@@ -1,0 +1,262 @@
+"""Run prefill + decode on an Engine and time every kernel call.
+
+Per-kernel mode: the Relax VM instrument times every kernel the VM launches; kernels that run
+inside the paged KV cache (attention, rope, kv append, state merge) are invisible to it, so the
+KV cache is re-created with each of its kernels wrapped in a timer (the kernel names come from
+the manifest's `kv_cache_kernels`). Low-overhead mode times whole forward steps only; both are
+run and the per-kernel mode's overhead is reported against it. The first run is warm-up: kept in
+the JSON, marked, and left out of the statistics.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import tvm
+
+from ..kernel_roles import KV_CACHE_CREATE
+from ..runtime import Engine
+
+from .schema import SCHEMA, VERSION
+
+
+def device_description(target_kind: str) -> str:
+    if target_kind == "llvm":
+        name = platform.processor() or platform.machine()
+        cpuinfo = Path("/proc/cpuinfo")
+        if cpuinfo.exists():
+            for line in cpuinfo.read_text().splitlines():
+                if line.startswith("model name"):
+                    name = line.split(":", 1)[1].strip()
+                    break
+        threads = tvm.get_global_func("runtime.NumThreads")()
+        return f"{name} ({threads} threads)"
+    return target_kind
+
+
+class _Recorder:
+    """Collects (kernel, parent, phase, step, start_ns, duration_ns) for every kernel call."""
+
+    def __init__(self, kernels: set[str], skip_params: dict[str, set[int]]):
+        self.kernels = kernels
+        self.skip_params = skip_params  # kernel -> arg positions not counted as moved bytes
+        self.samples: list[tuple] = []
+        self.bytes: dict[tuple[str, str], int] = {}
+        self.phase, self.step, self.run = "", 0, 0
+        self._t0 = 0
+
+    def _count_bytes(self, name: str, args) -> None:
+        key = (name, self.phase)
+        if key in self.bytes:
+            return
+        total = 0
+        for pos, arg in enumerate(args):
+            if isinstance(arg, tvm.runtime.Tensor) and pos not in self.skip_params.get(name, ()):
+                total += int(np.prod(arg.shape)) * tvm.runtime.DataType(str(arg.dtype)).bits // 8
+        self.bytes[key] = total
+
+    def instrument(self, func, name, before_run, ret, *args):
+        del func, ret
+        if name in self.kernels:
+            if before_run:
+                self._t0 = time.perf_counter_ns()
+            else:
+                end = time.perf_counter_ns()
+                self.samples.append((name, "vm", self.phase, self.step, self.run, self._t0, end - self._t0))
+                self._count_bytes(name, args)
+        return 0
+
+    def wrap(self, fn, name: str) -> Callable:
+        def timed(*args):
+            start = time.perf_counter_ns()
+            fn(*args)
+            end = time.perf_counter_ns()
+            self.samples.append((name, "kv_cache", self.phase, self.step, self.run, start, end - start))
+            self._count_bytes(name, args)
+
+        return timed
+
+
+def _wrapped_kv_cache_factory(engine: Engine, recorder: _Recorder) -> Callable[[], object]:
+    """A function creating the KV cache with every kernel in it wrapped by `recorder`."""
+    captured = {}
+
+    def capture(func, name, before_run, ret, *args):
+        del func, ret
+        if before_run and name == KV_CACHE_CREATE:
+            captured["args"] = list(args)
+        return 0
+
+    engine.vm.set_instrument(capture)
+    engine.reset()
+    slots = engine.manifest.get("kv_cache_kernels") or []
+    if "args" not in captured or len(slots) != len(captured["args"]):
+        raise RuntimeError("could not capture the KV cache's kernels (artifact built by an older mlcpipe? rebuild it)")
+    args = []
+    for arg, slot in zip(captured["args"], slots):
+        if isinstance(slot, str):
+            args.append(recorder.wrap(arg, slot))
+        elif isinstance(slot, list) and slot:
+            args.append([recorder.wrap(a, s) if s else a for a, s in zip(arg, slot)])
+        else:
+            args.append(arg)
+    create = tvm.get_global_func(KV_CACHE_CREATE)
+    add_sequence = tvm.get_global_func("vm.builtin.kv_state_add_sequence")
+
+    def make():
+        kv = create(*args)
+        add_sequence(kv, 0)
+        return kv
+
+    return make
+
+
+def _percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"mean": 0.0, "p50": 0.0, "p95": 0.0, "p99": 0.0, "min": 0.0, "max": 0.0}
+    arr = np.asarray(values)
+    return {
+        "mean": float(arr.mean()), "p50": float(np.percentile(arr, 50)), "p95": float(np.percentile(arr, 95)),
+        "p99": float(np.percentile(arr, 99)), "min": float(arr.min()), "max": float(arr.max()),
+    }
+
+
+def _run_once(engine: Engine, prompt: list[int], gen_len: int, recorder: _Recorder | None, make_kv, run: int, steps: list):
+    """One generation; appends step records to `steps`; returns the generated tokens."""
+    if make_kv is None:
+        engine.reset()
+    else:
+        engine.kv_cache = make_kv()
+    t_start = time.perf_counter_ns()
+    if recorder:
+        recorder.phase, recorder.step, recorder.run = "prefill", 0, run
+    t0 = time.perf_counter_ns()
+    logits = engine.prefill(prompt)
+    token = int(np.argmax(logits))
+    t1 = time.perf_counter_ns()
+    steps.append({"run": run, "phase": "prefill", "step": 0, "tokens": len(prompt), "start_ns": t0 - t_start, "ns": t1 - t0})
+    out = [token]
+    for i in range(1, gen_len):
+        if recorder:
+            recorder.phase, recorder.step = "decode", i
+        t0 = time.perf_counter_ns()
+        logits = engine.decode(token)
+        token = int(np.argmax(logits))
+        t1 = time.perf_counter_ns()
+        steps.append({"run": run, "phase": "decode", "step": i, "tokens": 1, "start_ns": t0 - t_start, "ns": t1 - t0})
+        out.append(token)
+    return out
+
+
+def _kernel_params(artifact: Path) -> dict[str, list[str]]:
+    """kernel -> its parameter names (from the artifact's scheduled TIR)."""
+    path = artifact / "tir" / "scheduled.json"
+    if not path.is_file():
+        return {}
+    mod = tvm.ir.load_json(path.read_text())
+    return {gv.name_hint: [p.name for p in f.params] for gv, f in mod.functions_items()}
+
+
+def profile(
+    engine: Engine,
+    prompt_len: int = 128,
+    gen_len: int = 32,
+    runs: int = 3,
+    warmup: int = 1,
+    seed: int = 0,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> dict:
+    """Profile `engine`; returns the profile as a JSON-ready dict (schema in `schema.py`)."""
+    manifest = engine.manifest
+    engine.check_tokens([0] * prompt_len, gen_len)
+    prompt = [int(t) for t in np.random.default_rng(seed).integers(0, engine.vocab_size, size=prompt_len)]
+    params = _kernel_params(engine.artifact)
+    kernels = {k["name"] for k in manifest["kernels"]}
+    skip = {k: {i for i, p in enumerate(names) if p == "pages"} for k, names in params.items()}
+    total = (warmup + runs) * 2
+    done = 0
+
+    def tick(label):
+        nonlocal done
+        done += 1
+        if progress:
+            progress(label, done, total)
+
+    # low-overhead mode: whole-step timing only
+    low_steps: list = []
+    for run in range(warmup + runs):
+        _run_once(engine, prompt, gen_len, None, None, run, low_steps)
+        tick("low-overhead")
+    # per-kernel mode
+    recorder = _Recorder(kernels, skip)
+    make_kv = _wrapped_kv_cache_factory(engine, recorder)
+    engine.vm.set_instrument(recorder.instrument)
+    steps: list = []
+    tokens = []
+    for run in range(warmup + runs):
+        tokens = _run_once(engine, prompt, gen_len, recorder, make_kv, run, steps)
+        tick("per-kernel")
+    engine.vm.set_instrument(lambda func, name, before_run, ret, *args: 0)
+
+    def measured(step_list, phase):
+        return [s["ns"] / 1e6 for s in step_list if s["run"] >= warmup and s["phase"] == phase]
+
+    prefill_ms = measured(steps, "prefill")
+    decode_ms = measured(steps, "decode")
+    low_prefill, low_decode = measured(low_steps, "prefill"), measured(low_steps, "decode")
+    per_kernel_total = sum(prefill_ms) + sum(decode_ms)
+    low_total = sum(low_prefill) + sum(low_decode)
+    weight_bytes = sum(int(np.prod(p.shape)) * tvm.runtime.DataType(str(p.dtype)).bits // 8 for p in engine.params)
+    roles = {k["name"]: k.get("role", "other") for k in manifest["kernels"]}
+    p50_decode_low = float(np.median(low_decode)) if low_decode else 0.0
+    return {
+        "schema": SCHEMA,
+        "version": VERSION,
+        "model": manifest["model"],
+        "display_name": manifest.get("display_name", manifest["model"]),
+        "quantization": manifest["quantization"],
+        "target": manifest["target"],
+        "target_name": manifest.get("target_name", manifest["target"]["kind"]),
+        "device": device_description(manifest["target"]["kind"]),
+        "num_layers": engine.config["model_config"]["num_hidden_layers"],
+        "config": {"prompt_len": prompt_len, "gen_len": gen_len, "runs": runs, "warmup_runs": warmup, "seed": seed,
+                   "threads": int(tvm.get_global_func("runtime.NumThreads")()) if manifest["target"]["kind"] == "llvm" else None},
+        "metrics": {
+            "load_ms": engine.load_seconds * 1e3,
+            "ttft_ms": float(np.median(low_prefill)),
+            "prefill_ms": float(np.median(low_prefill)),
+            "prefill_tok_s": prompt_len / (float(np.median(low_prefill)) / 1e3),
+            "decode_ms_per_token": _percentiles(low_decode),
+            "decode_tok_s": 1e3 / p50_decode_low if p50_decode_low else 0.0,
+            "warmup_prefill_ms": [s["ns"] / 1e6 for s in low_steps if s["run"] < warmup and s["phase"] == "prefill"],
+            "peak_host_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "weight_bytes": weight_bytes,
+            "overhead": {
+                "low_overhead_total_ms": low_total,
+                "per_kernel_total_ms": per_kernel_total,
+                "percent": 100.0 * (per_kernel_total - low_total) / low_total if low_total else 0.0,
+            },
+        },
+        "generated_tokens": tokens,
+        "kernels": {
+            name: {"role": roles.get(name, "other"), "bytes": {phase: b for (k, phase), b in recorder.bytes.items() if k == name}}
+            for name in sorted({s[0] for s in recorder.samples})
+        },
+        "steps": [
+            {"mode": mode, "run": s["run"], "warmup": s["run"] < warmup, "phase": s["phase"], "step": s["step"],
+             "tokens": s["tokens"], "start_ms": s["start_ns"] / 1e6, "ms": s["ns"] / 1e6}
+            for mode, step_list in (("low-overhead", low_steps), ("per-kernel", steps)) for s in step_list
+        ],
+        "samples": [
+            {"kernel": name, "parent": parent, "phase": phase, "step": step, "run": run, "warmup": run < warmup,
+             "start_ms": start / 1e6, "ms": dur / 1e6}
+            for name, parent, phase, step, run, start, dur in recorder.samples
+        ],
+        "environment": {"TVM_NUM_THREADS": os.environ.get("TVM_NUM_THREADS")},
+    }

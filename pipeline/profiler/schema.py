@@ -1,0 +1,87 @@
+"""The profile JSON (schema "mlcpipe-profile", version 1) and the statistics every report uses.
+
+Top-level keys:
+  schema, version                 "mlcpipe-profile", 1
+  model, display_name, quantization, target (TVM dict), target_name, device, num_layers
+  config      {prompt_len, gen_len, runs, warmup_runs, seed, threads}
+  metrics     {load_ms, ttft_ms, prefill_ms, prefill_tok_s, decode_ms_per_token {mean,p50,p95,p99,min,max},
+               decode_tok_s, warmup_prefill_ms [..], peak_host_memory_bytes, weight_bytes,
+               overhead {low_overhead_total_ms, per_kernel_total_ms, percent}}
+  generated_tokens [..]
+  kernels     {name: {role, bytes: {phase: bytes moved per call}}}
+  steps       [{mode: "low-overhead"|"per-kernel", run, warmup, phase: "prefill"|"decode", step, tokens, start_ms, ms}]
+  samples     [{kernel, parent: "vm"|"kv_cache", phase, step, run, warmup, start_ms, ms}]   (every kernel call)
+Statistics exclude warm-up samples (warmup: true), which stay in the file.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+SCHEMA = "mlcpipe-profile"
+VERSION = 1
+_REQUIRED = ("schema", "version", "model", "quantization", "target", "device", "config", "metrics", "kernels", "steps", "samples")
+
+
+class ProfileError(ValueError):
+    pass
+
+
+def load_profile(path: str | Path) -> dict:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ProfileError(f"{path}: file not found") from None
+    except json.JSONDecodeError as exc:
+        raise ProfileError(f"{path}: not JSON ({exc})") from None
+    validate(data, str(path))
+    return data
+
+
+def validate(data: dict, where: str = "profile") -> None:
+    if not isinstance(data, dict) or data.get("schema") != SCHEMA:
+        raise ProfileError(f"{where}: not an mlcpipe profile (field 'schema' must be {SCHEMA!r})")
+    if data.get("version") != VERSION:
+        raise ProfileError(f"{where}: field 'version': got {data.get('version')!r}; this mlcpipe reads version {VERSION}")
+    for key in _REQUIRED:
+        if key not in data:
+            raise ProfileError(f"{where}: field '{key}' is missing")
+
+
+def save_profile(data: dict, path: str | Path) -> None:
+    validate(data)
+    Path(path).write_text(json.dumps(data, indent=1) + "\n")
+
+
+def device_kernel_name(profile: dict, kernel: str) -> str:
+    """The kernel as the device sees it: GPU kernels carry TVM's `_kernel` suffix."""
+    return kernel if profile["target"]["kind"] == "llvm" else f"{kernel}_kernel"
+
+
+def measured_samples(profile: dict, phase: str | None = None) -> list[dict]:
+    return [s for s in profile["samples"] if not s["warmup"] and (phase is None or s["phase"] == phase)]
+
+
+def kernel_stats(profile: dict, phase: str | None = None) -> list[dict]:
+    """Per kernel: total_ms, iterations, avg_ms, peak_ms, pct, cum_pct; sorted by total time."""
+    groups: dict[str, list[float]] = {}
+    for sample in measured_samples(profile, phase):
+        groups.setdefault(sample["kernel"], []).append(sample["ms"])
+    grand = sum(sum(v) for v in groups.values()) or 1.0
+    rows, cumulative = [], 0.0
+    for name, times in sorted(groups.items(), key=lambda kv: (-sum(kv[1]), kv[0])):
+        total = sum(times)
+        cumulative += total
+        rows.append({
+            "kernel": name,
+            "role": profile["kernels"].get(name, {}).get("role", "other"),
+            "total_ms": total,
+            "iterations": len(times),
+            "avg_ms": total / len(times),
+            "peak_ms": max(times),
+            "pct": 100.0 * total / grand,
+            "cum_pct": 100.0 * cumulative / grand,
+        })
+    return rows
