@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from importlib import metadata
 from pathlib import Path
@@ -32,7 +33,9 @@ def primfuncs_only(mod: tvm.IRModule) -> tvm.IRModule:
 
 
 def default_output(config: ModelConfig, quant: str, target: TargetSpec) -> Path:
-    return REPO_ROOT / "artifacts" / f"{config.name}-{quant}-{target.name}"
+    """artifacts/<model>-<quant>-<target> ($MLCPIPE_ARTIFACTS overrides the artifacts dir)."""
+    root = Path(os.environ.get("MLCPIPE_ARTIFACTS", REPO_ROOT / "artifacts"))
+    return root / f"{config.name}-{quant}-{target.name}"
 
 
 def create_model(config: ModelConfig, quant: str, target: tvm.target.Target):

@@ -25,10 +25,11 @@ class _UserErrors(click.Group):
     def invoke(self, ctx):
         from .artifact import ArtifactError
         from .config import ConfigError
+        from .profiler.schema import ProfileError
 
         try:
             return super().invoke(ctx)
-        except (ConfigError, ArtifactError, ValueError) as exc:
+        except (ConfigError, ArtifactError, ProfileError, ValueError) as exc:
             _fail(exc)
 
 
@@ -132,6 +133,96 @@ def check(artifact, sizes, pattern, as_json):
     report = check_artifact(artifact, tuple(int(s) for s in _parse_tokens(sizes)), pattern, progress=progress)
     click.echo(report_json(report) if as_json else report.table() + "\n\n" + report.summary)
     sys.exit(0 if report.ok else 1)
+
+
+PROFILE_FORMATS = ["md", "text", "json", "csv", "trace", "html", "events", "phase"]
+
+
+@main.group(invoke_without_command=True)
+@click.option("--artifact", type=click.Path(path_type=Path), default=None, help="Artifact directory to profile.")
+@click.option("--model", default=DEFAULT_MODEL, show_default=True, help="With --quant/--target: config to build (cached) and profile.")
+@click.option("--quant", default=None, help="Build (or reuse) artifacts/<model>-<quant>-<target> and profile it.")
+@click.option("--target", "target_name", default="llvm", show_default=True)
+@click.option("--weights", default="synthetic", show_default=True, help="Weights dir from convert-weights, or 'synthetic'.")
+@click.option("--prompt-len", default=128, show_default=True, type=click.IntRange(min=1))
+@click.option("--gen-len", default=32, show_default=True, type=click.IntRange(min=1))
+@click.option("--runs", default=3, show_default=True, type=click.IntRange(min=1))
+@click.option("--warmup", default=1, show_default=True, type=click.IntRange(min=0))
+@click.option("--format", "fmt", type=click.Choice(PROFILE_FORMATS), default="md", show_default=True)
+@click.option("--peak-gbps", type=float, default=None, help="Peak memory bandwidth for the bandwidth columns (default: target preset).")
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None, help="Write the report here (default: stdout).")
+@click.option("--save-json", type=click.Path(path_type=Path), default=None, help="Also keep the raw profile JSON here.")
+@click.pass_context
+def profile(ctx, artifact, model, quant, target_name, weights, prompt_len, gen_len, runs, warmup, fmt, peak_gbps, output, save_json):  # noqa: PLR0913
+    """Profile a model run: kernel statistics tables (see also `profile compare`)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    from .profiler.measure import profile as run_profile
+    from .profiler.reports import render
+    from .profiler.schema import save_profile
+    from .runtime import Engine
+
+    if (artifact is None) == (quant is None):
+        raise click.UsageError("give --artifact DIR, or --quant (with --model/--target) to build and profile")
+    if artifact is None:
+        artifact = _cached_build(model, quant, target_name)
+    engine = Engine(artifact, weights)
+    total = (warmup + runs) * 2
+    with click.progressbar(length=total, label="profiling", file=sys.stderr, show_pos=True) as bar:
+        data = run_profile(engine, prompt_len, gen_len, runs, warmup, progress=lambda label, done, n: bar.update(1))
+    if peak_gbps is None:
+        from .targets import load_target
+
+        try:
+            peak_gbps = load_target(data["target_name"]).peak_gbps
+        except Exception:  # a preset removed since the build: no peak column
+            peak_gbps = None
+    data["peak_gbps"] = peak_gbps
+    if save_json:
+        save_profile(data, save_json)
+    text = render(data, fmt, peak_gbps=peak_gbps)
+    if output:
+        output.write_text(text)
+        click.echo(str(output), err=True)
+    else:
+        click.echo(text)
+
+
+def _cached_build(model: str, quant: str, target_name: str) -> Path:
+    """artifacts/<model>-<quant>-<target>, rebuilt only when its inputs changed."""
+    import json as _json
+
+    from .build import build as run_build
+    from .build import default_output
+    from .config import load_model_config
+    from .targets import load_target
+
+    config = load_model_config(model)
+    target = load_target(target_name)
+    path = default_output(config, quant, target)
+    manifest = path / "manifest.json"
+    if manifest.is_file():
+        old = _json.loads(manifest.read_text())
+        if old.get("config_hash") == config.config_hash() and old.get("target") == target.target and old.get("kv_cache_kernels"):
+            _log(f"[mlcpipe] reusing {path}")
+            return path
+    return run_build(config, quant, target, log=_log)
+
+
+@profile.command("compare")
+@click.argument("before", type=click.Path(path_type=Path, exists=True, dir_okay=False))
+@click.argument("after", type=click.Path(path_type=Path, exists=True, dir_okay=False))
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None)
+def profile_compare(before, after, output):
+    """A/B report of two profile JSON files (per-kernel Δ with a significance test)."""
+    from .profiler.compare import compare
+    from .profiler.schema import load_profile
+
+    text = compare(load_profile(before), load_profile(after), name_a=before.stem, name_b=after.stem)
+    if output:
+        output.write_text(text)
+    else:
+        click.echo(text)
 
 
 if __name__ == "__main__":

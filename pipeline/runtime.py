@@ -18,7 +18,10 @@ from .weights import TENSOR_CACHE
 def _device_for(target_kind: str) -> tvm.runtime.Device:
     if target_kind == "llvm":
         return tvm.cpu()
-    raise ArtifactError(f"artifact target '{target_kind}' cannot run on this machine (allowed here: llvm)")
+    if target_kind == "cuda" and tvm.cuda(0).exist:
+        return tvm.cuda(0)
+    runnable = ["llvm"] + (["cuda"] if tvm.cuda(0).exist else [])
+    raise ArtifactError(f"artifact target '{target_kind}' cannot run on this machine (runnable here: {', '.join(runnable)})")
 
 
 class Engine:

@@ -43,7 +43,9 @@ def device_description(target_kind: str) -> str:
 class _Recorder:
     """Collects (kernel, parent, phase, step, start_ns, duration_ns) for every kernel call."""
 
-    def __init__(self, kernels: set[str], skip_params: dict[str, set[int]]):
+    def __init__(self, kernels: set[str], skip_params: dict[str, set[int]], device: tvm.runtime.Device):
+        # GPU launches are asynchronous: synchronise around each kernel so its time is its own
+        self.sync = device.sync if device.dlpack_device_type() != tvm.cpu().dlpack_device_type() else (lambda: None)
         self.kernels = kernels
         self.skip_params = skip_params  # kernel -> arg positions not counted as moved bytes
         self.samples: list[tuple] = []
@@ -65,8 +67,10 @@ class _Recorder:
         del func, ret
         if name in self.kernels:
             if before_run:
+                self.sync()
                 self._t0 = time.perf_counter_ns()
             else:
+                self.sync()
                 end = time.perf_counter_ns()
                 self.samples.append((name, "vm", self.phase, self.step, self.run, self._t0, end - self._t0))
                 self._count_bytes(name, args)
@@ -74,8 +78,10 @@ class _Recorder:
 
     def wrap(self, fn, name: str) -> Callable:
         def timed(*args):
+            self.sync()
             start = time.perf_counter_ns()
             fn(*args)
+            self.sync()
             end = time.perf_counter_ns()
             self.samples.append((name, "kv_cache", self.phase, self.step, self.run, start, end - start))
             self._count_bytes(name, args)
@@ -95,6 +101,7 @@ def _wrapped_kv_cache_factory(engine: Engine, recorder: _Recorder) -> Callable[[
 
     engine.vm.set_instrument(capture)
     engine.reset()
+    engine.vm.set_instrument(None)
     slots = engine.manifest.get("kv_cache_kernels") or []
     if "args" not in captured or len(slots) != len(captured["args"]):
         raise RuntimeError("could not capture the KV cache's kernels (artifact built by an older mlcpipe? rebuild it)")
@@ -188,21 +195,22 @@ def profile(
         if progress:
             progress(label, done, total)
 
-    # low-overhead mode: whole-step timing only
-    low_steps: list = []
-    for run in range(warmup + runs):
-        _run_once(engine, prompt, gen_len, None, None, run, low_steps)
-        tick("low-overhead")
-    # per-kernel mode
-    recorder = _Recorder(kernels, skip)
+    # The two modes alternate run by run, so drift in machine load hits both alike.
+    recorder = _Recorder(kernels, skip, engine.device)
     make_kv = _wrapped_kv_cache_factory(engine, recorder)
-    engine.vm.set_instrument(recorder.instrument)
+    low_steps: list = []
     steps: list = []
     tokens = []
-    for run in range(warmup + runs):
-        tokens = _run_once(engine, prompt, gen_len, recorder, make_kv, run, steps)
-        tick("per-kernel")
-    engine.vm.set_instrument(lambda func, name, before_run, ret, *args: 0)
+    try:
+        for run in range(warmup + runs):
+            engine.vm.set_instrument(None)  # low-overhead mode: whole-step timing only
+            _run_once(engine, prompt, gen_len, None, None, run, low_steps)
+            tick("low-overhead")
+            engine.vm.set_instrument(recorder.instrument)  # per-kernel mode
+            tokens = _run_once(engine, prompt, gen_len, recorder, make_kv, run, steps)
+            tick("per-kernel")
+    finally:
+        engine.vm.set_instrument(None)
 
     def measured(step_list, phase):
         return [s["ns"] / 1e6 for s in step_list if s["run"] >= warmup and s["phase"] == phase]
