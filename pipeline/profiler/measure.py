@@ -50,6 +50,7 @@ class _Recorder:
         self.skip_params = skip_params  # kernel -> arg positions not counted as moved bytes
         self.samples: list[tuple] = []
         self.bytes: dict[tuple[str, str], int] = {}
+        self.shapes: dict[tuple[str, str], list] = {}
         self.phase, self.step, self.run = "", 0, 0
         self._t0 = 0
 
@@ -57,6 +58,7 @@ class _Recorder:
         key = (name, self.phase)
         if key in self.bytes:
             return
+        self.shapes[key] = [[int(d) for d in a.shape] if isinstance(a, tvm.runtime.Tensor) else None for a in args]
         total = 0
         for pos, arg in enumerate(args):
             if isinstance(arg, tvm.runtime.Tensor) and pos not in self.skip_params.get(name, ()):
@@ -252,9 +254,13 @@ def profile(
             },
         },
         "generated_tokens": tokens,
-        "kernels": {
-            name: {"role": roles.get(name, "other"), "bytes": {phase: b for (k, phase), b in recorder.bytes.items() if k == name}}
-            for name in sorted({s[0] for s in recorder.samples})
+        "kernels": {  # every kernel of the artifact; ones never called have empty bytes/arg_shapes
+            name: {
+                "role": roles.get(name, "other"),
+                "bytes": {phase: b for (k, phase), b in recorder.bytes.items() if k == name},
+                "arg_shapes": {phase: sh for (k, phase), sh in recorder.shapes.items() if k == name},
+            }
+            for name in sorted(kernels)
         },
         "steps": [
             {"mode": mode, "run": s["run"], "warmup": s["run"] < warmup, "phase": s["phase"], "step": s["step"],

@@ -56,7 +56,9 @@ def render_events(profile: dict, peak_gbps: float | None = None) -> str:
     out += _section("Kernel calls by parent", group_by(samples, lambda s: s["parent"]), ["vm", "kv_cache"])
     out += _section("Kernel calls by parent/op", group_by(samples, lambda s: f"{s['parent']} :: {name(s['kernel'])}"))
     out += _section("Kernel calls by phase/op", group_by(samples, lambda s: f"{s['phase']} :: {name(s['kernel'])}"))
-    out += _section("Kernel aggregate (all parents)", group_by(samples, lambda s: name(s["kernel"])))
+    # every kernel the profile lists; one never called (outside warm-up) shows `no samples`
+    out += _section("Kernel aggregate (all parents)", group_by(samples, lambda s: name(s["kernel"])),
+                    [name(k) for k in profile.get("kernels", {})])
     # roles: every role a kernel can have; those never called (in this model / phase) show `no samples`
     role_of = {k: v.get("role", "other") for k, v in profile.get("kernels", {}).items()}
     roles = list(ROLES) + sorted(set(role_of.values()) - set(ROLES))

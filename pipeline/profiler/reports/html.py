@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from html import escape
 
-from ..schema import device_kernel_name, kernel_stats
+from ..schema import kernel_stats
 from ._common import fmt_bytes, fmt_opt, measured_runs, phase_rows, phases_of, role_totals
 
 ROLE_COLORS = {
@@ -34,13 +34,13 @@ h3{font-size:14px;margin:16px 0 6px;color:#444}.sub{color:#666;margin:0 0 16px}
 .sw{display:inline-block;width:10px;height:10px;margin-right:4px;border-radius:2px;vertical-align:-1px}
 table{border-collapse:collapse;width:100%;font-size:12px;margin-top:8px}
 th,td{text-align:left;padding:2px 6px;border-bottom:1px solid #eee;white-space:nowrap}td.n{text-align:right;font-variant-numeric:tabular-nums}
-code{font-size:12px}svg text{font:11px system-ui,sans-serif;fill:#fff}
+code{font-size:12px}svg text{font:11px system-ui,sans-serif;fill:#111}
 """
 
 
-def _stacked_bar(parts: list[tuple[str, float, str]], unit_total: float | None = None) -> str:
+def _stacked_bar(parts: list[tuple[str, float, str]]) -> str:
     """One horizontal bar of segments (label, ms, color), widths proportional to ms."""
-    total = unit_total if unit_total else sum(ms for _, ms, _ in parts) or 1.0
+    total = sum(ms for _, ms, _ in parts) or 1.0
     x, rects = 0.0, []
     for label, ms, color in parts:
         w = BAR_W * ms / total

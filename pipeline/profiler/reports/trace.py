@@ -40,7 +40,22 @@ def _step_event(step: dict, pid: int, ts_us: float) -> dict:
 def render_trace(profile: dict, peak_gbps: float | None = None) -> str:
     del peak_gbps
     samples = profile["samples"]
-    origin = min((s["start_ms"] for s in samples), default=0.0)
+    steps = profile.get("steps", [])
+    # per-kernel steps: per run, the offset (absolute ms - relative ms) that keeps every step's
+    # start at or before its first kernel call
+    first_call: dict[tuple, float] = {}
+    for s in samples:
+        key = (s["run"], s["phase"], s["step"])
+        first_call[key] = min(first_call.get(key, s["start_ms"]), s["start_ms"])
+    offsets: dict[int, float] = {}
+    for st in steps:
+        key = (st["run"], st["phase"], st["step"])
+        if st["mode"] == "per-kernel" and key in first_call:
+            gap = first_call[key] - st["start_ms"]
+            offsets[st["run"]] = min(offsets.get(st["run"], gap), gap)
+    per_kernel_steps = [(st, st["start_ms"] + offsets.get(st["run"], 0.0)) for st in steps if st["mode"] == "per-kernel"]
+    origin = min([s["start_ms"] for s in samples] + [t for _, t in per_kernel_steps], default=0.0)
+
     tids = dict(PARENT_TIDS)
     for s in samples:
         tids.setdefault(s["parent"], len(tids) + 2)
@@ -61,29 +76,15 @@ def render_trace(profile: dict, peak_gbps: float | None = None) -> str:
             "args": {"kernel": s["kernel"], "phase": s["phase"], "step": s["step"], "run": s["run"],
                      "warmup": s["warmup"], "bytes": info.get("bytes", {}).get(s["phase"])},
         })
-    # per-kernel steps: per run, the offset (absolute ms - relative ms) that keeps every step's
-    # start at or before its first kernel call
-    first_call: dict[tuple, float] = {}
-    for s in samples:
-        key = (s["run"], s["phase"], s["step"])
-        first_call[key] = min(first_call.get(key, s["start_ms"]), s["start_ms"])
-    steps = profile.get("steps", [])
-    offsets: dict[int, float] = {}
-    for st in steps:
-        key = (st["run"], st["phase"], st["step"])
-        if st["mode"] == "per-kernel" and key in first_call:
-            gap = first_call[key] - st["start_ms"]
-            offsets[st["run"]] = min(offsets.get(st["run"], gap), gap)
+    events += [_step_event(st, PER_KERNEL_PID, (start - origin) * 1e3) for st, start in per_kernel_steps]
     low_origin, low_run, low_end = 0.0, None, 0.0
     for st in steps:
         if st["mode"] == "per-kernel":
-            offset = offsets.get(st["run"], origin)
-            events.append(_step_event(st, PER_KERNEL_PID, (st["start_ms"] + offset - origin) * 1e3))
-        else:
-            if st["run"] != low_run:
-                low_origin, low_run = (low_end + 1.0 if low_run is not None else 0.0), st["run"]
-            low_end = max(low_end, low_origin + st["start_ms"] + st["ms"])
-            events.append(_step_event(st, LOW_OVERHEAD_PID, (low_origin + st["start_ms"]) * 1e3))
+            continue
+        if st["run"] != low_run:
+            low_origin, low_run = (low_end + 1.0 if low_run is not None else 0.0), st["run"]
+        low_end = max(low_end, low_origin + st["start_ms"] + st["ms"])
+        events.append(_step_event(st, LOW_OVERHEAD_PID, (low_origin + st["start_ms"]) * 1e3))
     return json.dumps({
         "traceEvents": events,
         "displayTimeUnit": "ms",
