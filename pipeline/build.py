@@ -13,7 +13,7 @@ from tvm import relax
 
 from .artifact import MANIFEST, RUNTIME_CONFIG, atomic_directory, write_json
 from .backends import backend
-from .kernel_roles import kernel_roles, kv_cache_kernel_slots, launch_config
+from .kernel_info import kernel_roles, kv_cache_kernel_slots, launch_config
 from .config import REPO_ROOT, ModelConfig, check_quantization
 from .model import MODELS
 from .passes import run_pipeline

@@ -363,7 +363,7 @@ def test_events_no_samples_rows(prof):
 
 
 def test_kernel_roles_vocabulary_is_complete():
-    from pipeline import kernel_roles
+    from pipeline import kernel_info as kernel_roles
 
     known = {role for _, role in kernel_roles._BY_PARAM} | {role for _, role in kernel_roles._BY_NAME} | {"other"}
     assert known <= set(ROLES)

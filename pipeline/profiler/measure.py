@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import tvm
 
-from ..kernel_roles import KV_CACHE_CREATE
+from ..kernel_info import KV_CACHE_CREATE
 from ..runtime import Engine
 
 from .schema import SCHEMA, VERSION

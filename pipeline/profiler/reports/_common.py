@@ -13,7 +13,7 @@ from ..schema import device_kernel_name, kernel_stats, measured_samples
 
 PHASES = ("prefill", "decode")
 
-# Every role `pipeline.kernel_roles` can give a kernel (weight roles first, then by-name roles).
+# Every role `pipeline.kernel_info` can give a kernel (weight roles first, then by-name roles).
 ROLES = ("qkv", "o_proj", "gate_up", "down", "lm_head", "attention", "kv append", "norm", "rope", "swiglu",
          "embedding", "other")
 

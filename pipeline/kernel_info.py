@@ -1,4 +1,5 @@
-"""Which role each kernel plays in the model (qkv, o_proj, gate_up, down, lm_head, ...).
+"""Kernel metadata read from the IR: the role each kernel plays (qkv, o_proj, gate_up, down,
+lm_head, attention, ...), its launch grid/block, and which kernels the paged KV cache carries.
 
 Weight-consuming kernels are identified from the Relax graph: the parameter a call_tir reads
 tells the role exactly. The rest are classified by their (TVM-given) names.
