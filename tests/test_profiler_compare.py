@@ -209,10 +209,11 @@ def test_self_comparison_is_unchanged(prof_a):
 
 # ---- (b) a synthetic x3 regression ------------------------------------------------------------------
 
-def _stable_target(profile: dict) -> str:
-    """A decode kernel for a synthetic regression: >= 20 calls, a median call of >= 2x the timing
-    resolution (so x3 is a clear per-call change), steady timings (log-MAD <= 0.1; else the
-    steadiest); among those the one taking the most time by its typical call (median x calls)."""
+def _stable_target(profile: dict) -> tuple[str, bool]:
+    """A decode kernel for a synthetic regression, and whether its timings are steady: >= 20 calls,
+    a median call of >= 2x the timing resolution (so x3 is a clear per-call change), steady timings
+    (log-MAD <= 0.1; else the steadiest); among those the one taking the most time by its typical
+    call (median x calls)."""
     calls: dict[str, list[float]] = {}
     for s in measured_samples(profile, "decode"):
         calls.setdefault(s["kernel"], []).append(s["ms"])
@@ -220,8 +221,8 @@ def _stable_target(profile: dict) -> str:
     sizable = [k for k, v in many.items() if np.median(v) >= 2 * cmp.MIN_DELTA_MS] or list(many)
     steady = [k for k in sizable if log_mad(many[k]) <= 0.1]
     if not steady:
-        return min(sizable, key=lambda k: log_mad(many[k]))
-    return max(steady, key=lambda k: float(np.median(many[k])) * len(many[k]))
+        return min(sizable, key=lambda k: log_mad(many[k])), False
+    return max(steady, key=lambda k: float(np.median(many[k])) * len(many[k])), True
 
 
 def _scaled(profile: dict, kernel: str, factor: float) -> dict:
@@ -232,10 +233,18 @@ def _scaled(profile: dict, kernel: str, factor: float) -> dict:
     return out
 
 
-def test_synthetic_regression_is_flagged(prof_a):
-    target = _stable_target(prof_a)
-    slow = _scaled(prof_a, target, 3.0)
-    rows = kernel_rows(prof_a, slow)
+def test_synthetic_regression_is_flagged(artifact, prof_a):
+    base = prof_a
+    target, steady = _stable_target(base)
+    for _ in range(3):
+        if steady:
+            break
+        # every decode kernel's calls scattered widely (CPU contention while profiling): a x3 slowdown is
+        # not beyond such a baseline's own noise, so measure a clean baseline
+        base = _profile(artifact)
+        target, steady = _stable_target(base)
+    slow = _scaled(base, target, 3.0)
+    rows = kernel_rows(base, slow)
     top = rows[0]
     assert (top["kernel"], top["phase"]) == (target, "decode"), [(r["kernel"], r["phase"], r["suspicion"]) for r in rows[:3]]
     assert top["verdict"] == "regression", {k: top[k] for k in ("calls_a", "median_a", "p", "floor_pct", "change_pct")}
@@ -245,7 +254,7 @@ def test_synthetic_regression_is_flagged(prof_a):
     for r in rows:
         if r["kernel"] != target:  # untouched kernels: identical samples
             assert r["verdict"] == "unchanged" and r["p"] == 1.0, r
-    report = compare(prof_a, slow, "before", "after")
+    report = compare(base, slow, "before", "after")
     section = _section(report, 3)
     assert f"driven by changes in **`{target}`** (decode)" in section
     first = section.split("### Key Findings:")[1].split("\n- ")[1]
@@ -255,7 +264,7 @@ def test_synthetic_regression_is_flagged(prof_a):
     table = _parse(_tables(section)[0])[1]
     assert (table[0]["Kernel"], table[0]["Phase"], table[0]["Verdict"]) == (target, "decode", "regression")
     # the other way round it is an improvement
-    back = kernel_rows(slow, prof_a)
+    back = kernel_rows(slow, base)
     assert (back[0]["kernel"], back[0]["verdict"]) == (target, "improvement")
 
 
@@ -402,7 +411,7 @@ def test_kernel_table_arithmetic(prof_a, prof_b):
 
 def test_new_and_removed_kernels(prof_a):
     renamed = copy.deepcopy(prof_a)
-    victim = _stable_target(prof_a)
+    victim = _stable_target(prof_a)[0]
     for s in renamed["samples"]:
         if s["kernel"] == victim:
             s["kernel"] = victim + "_v2"

@@ -12,13 +12,28 @@ Statistics (no SciPy):
   * Z(log μ): Welch z of the log per-call duration between A and B.
   * Suspicion Score = |Δβ| · (|Z(β)| + |Z(log μ)|), Δβ in percentage points.
 
-Verdict (the noise rule): a kernel is a "regression" / "improvement" only when the U test is
-significant (p < alpha) AND its average call time moved by at least the noise floor, where the
-floor is the larger of `noise_floor_pct` (default 10 %) and 3x the run-to-run variation of the
-kernel inside the two profiles (relative spread of its per-run mean call time). Per-call samples of
-one run are not independent (they share the machine's state), so the U test alone calls a few-
-percent shift between two runs of the same build "significant"; the floor is what keeps that
-noise from being reported as a regression.
+Verdict (the noise rule). Per-call samples of one profile are not independent (they share the
+machine's state), so a significant U test alone calls run-to-run noise a regression: in 338 pairs of
+back-to-back profiles of one llama-tiny artifact on a loaded 2-core machine (TVM_NUM_THREADS 1 and
+2, same or fresh Engine, with and without two busy processes), µs-scale kernels moved by up to
++200 % between profiles and parallel kernels by up to 1000x under thread-pool contention, with
+p ~ 0; no fixed percentage separates that from a x3 regression. A (kernel, phase) row is a
+"regression" / "improvement" only when ALL of:
+  1. U-test p < alpha / m, m = the number of rows with calls in both profiles (Bonferroni);
+  2. its mean AND its median call time moved in the same direction by at least the row's noise
+     floor (B/A >= 1 + floor, or A/B >= 1 + floor); the floor, in log scale, is the largest of
+       - log(1 + noise_floor_pct / 100) (10 %),
+       - DRIFT_FACTOR (4) x the common-mode drift: the 75th percentile of |log(median_B / median_A)|
+         over the other rows (a shift a quarter of the kernels share is a change of machine state),
+       - SPREAD_FACTOR (2) x the larger median absolute deviation of log(call time) in A or B (a
+         kernel whose calls scatter widely within one profile needs a larger shift);
+  3. both moved by at least MIN_DELTA_MS (2 µs) per call, the timing resolution of per-kernel mode;
+  4. each side has at least MIN_CALLS (10) calls.
+Otherwise "unchanged" when mean and median moved less than `noise_floor_pct`, else "noise". With
+this rule none of the 338 same-artifact pairs got a regression/improvement verdict (the closest
+row reached 0.74 of its thresholds), and a x3 slowdown of a steady decode kernel was flagged in all
+350 profiles (with >= 3.3x margin). The price: a shift that a quarter of the kernels share (e.g. a
+schedule change slowing every matmul alike) is reported as "noise" plus a common-mode warning.
 """
 
 from __future__ import annotations
@@ -31,8 +46,12 @@ import numpy as np
 
 from .schema import load_profile, measured_samples
 
-NOISE_FLOOR_PCT = 10.0  # minimal |Change %| of the average call time for a regression/improvement
-RUN_SPREAD_FACTOR = 3.0  # the floor is also at least this times the run-to-run variation
+NOISE_FLOOR_PCT = 10.0  # minimal change of the mean and median call time for a regression/improvement
+DRIFT_FACTOR = 4.0  # the floor (log scale) is also this times the common-mode drift
+DRIFT_QUANTILE = 75.0  # common-mode drift: this percentile of |log median ratio| over the other rows
+SPREAD_FACTOR = 2.0  # the floor (log scale) is also this times the larger log-MAD of the call times
+MIN_DELTA_MS = 0.002  # per-call change below this (2 µs) is under the timing resolution
+MIN_CALLS = 10  # fewer calls on a side: no regression/improvement verdict
 Z_CAP = 1000.0  # |Z| when the standard error is zero but the means differ
 TOP_FINDINGS = 3
 
@@ -162,81 +181,112 @@ def step_pairs(a: dict, b: dict) -> list[dict]:
     return rows
 
 
-def _groups(profile: dict) -> tuple[dict, dict, dict, dict]:
-    """Per (kernel, phase): per-call durations, per-run durations, per-step totals; step totals."""
+def _groups(profile: dict) -> tuple[dict, dict, dict]:
+    """Per (kernel, phase): per-call durations and per-step totals; per phase: step totals."""
     calls: dict[tuple[str, str], list[float]] = {}
-    per_run: dict[tuple[str, str], dict[int, list[float]]] = {}
     per_step: dict[tuple[str, str], dict[tuple[int, int], float]] = {}
     step_total: dict[str, dict[tuple[int, int], float]] = {}
     for s in measured_samples(profile):
         key = (s["kernel"], s["phase"])
         calls.setdefault(key, []).append(s["ms"])
-        per_run.setdefault(key, {}).setdefault(s["run"], []).append(s["ms"])
         step = (s["run"], s["step"])
-        per_step.setdefault(key, {})
-        per_step[key][step] = per_step[key].get(step, 0.0) + s["ms"]
+        mine = per_step.setdefault(key, {})
+        mine[step] = mine.get(step, 0.0) + s["ms"]
         totals = step_total.setdefault(s["phase"], {})
         totals[step] = totals.get(step, 0.0) + s["ms"]
-    return calls, per_run, per_step, step_total
+    return calls, per_step, step_total
 
 
-def _run_spread_pct(per_run: dict[int, list[float]] | None) -> float:
-    """Relative spread (max - min) / mean of the per-run mean call time, in percent."""
-    if not per_run or len(per_run) < 2:
+def _log_ratio(new: float, old: float) -> float:
+    return math.log(max(new, 1e-12) / max(old, 1e-12))
+
+
+def log_mad(values: Sequence[float]) -> float:
+    """Median absolute deviation of log(values): their spread, scale-free and robust to stalls
+    (a minority of calls delayed by preemption or thread-pool waits)."""
+    logs = np.log(np.maximum(np.asarray(values, dtype=float), 1e-12))
+    return float(np.median(np.abs(logs - np.median(logs))))
+
+
+def common_mode_drift(log_ratios: Sequence[float]) -> float:
+    """The DRIFT_QUANTILE percentile of |log ratio| (0 with fewer than 4 values)."""
+    if len(log_ratios) < 4:
         return 0.0
-    means = [sum(v) / len(v) for v in per_run.values()]
-    centre = sum(means) / len(means)
-    return 100.0 * (max(means) - min(means)) / centre if centre else 0.0
+    return float(np.percentile(np.abs(np.asarray(log_ratios, dtype=float)), DRIFT_QUANTILE))
+
+
+def verdict(row: dict, alpha: float, noise_floor_pct: float) -> str:
+    """The noise rule (module docstring) for a row of `kernel_rows` with `floor_log` set."""
+    if not row["calls_a"] or not row["calls_b"]:
+        return "new" if row["calls_b"] else "removed"
+    base = math.log1p(noise_floor_pct / 100.0)
+    lr_mean = _log_ratio(row["avg_b"], row["avg_a"])
+    lr_med = _log_ratio(row["median_b"], row["median_a"])
+    d_mean, d_med = row["avg_b"] - row["avg_a"], row["median_b"] - row["median_a"]
+    enough = min(row["calls_a"], row["calls_b"]) >= MIN_CALLS and row["p"] < alpha
+    floor = row["floor_log"]
+    if enough and min(lr_mean, lr_med) >= floor and min(d_mean, d_med) >= MIN_DELTA_MS:
+        return "regression"
+    if enough and max(lr_mean, lr_med) <= -floor and max(d_mean, d_med) <= -MIN_DELTA_MS:
+        return "improvement"
+    if abs(lr_mean) < base and abs(lr_med) < base:
+        return "unchanged"
+    return "noise"
 
 
 def kernel_rows(a: dict, b: dict, alpha: float = 0.05, noise_floor_pct: float = NOISE_FLOOR_PCT) -> list[dict]:
     """Section 3: one row per (kernel, phase) in A or B, sorted by suspicion score (descending)."""
-    ca, ra, sa, ta = _groups(a)
-    cb, rb, sb, tb = _groups(b)
+    ca, sa, ta = _groups(a)
+    cb, sb, tb = _groups(b)
     grand_a = sum(sum(v) for v in ca.values())
     grand_b = sum(sum(v) for v in cb.values())
     rows = []
-    for key in set(ca) | set(cb):
+    for key in sorted(set(ca) | set(cb)):
         kernel, phase = key
         xa, xb = ca.get(key, []), cb.get(key, [])
         total_a, total_b = sum(xa), sum(xb)
-        avg_a = total_a / len(xa) if xa else None
-        avg_b = total_b / len(xb) if xb else None
         beta_a = 100.0 * total_a / grand_a if grand_a else 0.0
         beta_b = 100.0 * total_b / grand_b if grand_b else 0.0
-        # per-step share of the step's kernel time (0 in steps of the phase where the kernel did not run)
+        # per-step share of the step's kernel time (0 in the phase's steps where the kernel did not run)
         steps_a = [100.0 * sa.get(key, {}).get(st, 0.0) / tot for st, tot in ta.get(phase, {}).items() if tot]
         steps_b = [100.0 * sb.get(key, {}).get(st, 0.0) / tot for st, tot in tb.get(phase, {}).items() if tot]
-        z_beta = welch_z(steps_a, steps_b)
-        if xa and xb:
-            z_mu = welch_z(np.log(np.maximum(xa, 1e-12)), np.log(np.maximum(xb, 1e-12)))
-            _, p = mann_whitney_u(xa, xb)
-            delta_avg = avg_b - avg_a
-            change = _pct(delta_avg, avg_a)
-            spread = max(_run_spread_pct(ra.get(key)), _run_spread_pct(rb.get(key)))
-            floor = max(noise_floor_pct, RUN_SPREAD_FACTOR * spread)
-            if p < alpha and change is not None and abs(change) >= floor:
-                verdict = "regression" if change > 0 else "improvement"
-            elif change is None or abs(change) < floor:
-                verdict = "unchanged"
-            else:
-                verdict = "noise"
-        else:
-            z_mu, p, delta_avg, change, floor = 0.0, None, None, None, None
-            verdict = "new" if xb else "removed"
-        delta_beta = beta_b - beta_a
-        rows.append({
+        row = {
             "kernel": kernel, "phase": phase,
             "role": (b if xb else a)["kernels"].get(kernel, {}).get("role", "other"),
             "calls_a": len(xa), "calls_b": len(xb),
             "total_a": total_a if xa else None, "total_b": total_b if xb else None,
-            "avg_a": avg_a, "avg_b": avg_b, "delta_avg": delta_avg, "change_pct": change,
-            "beta_a": beta_a, "beta_b": beta_b, "delta_beta": delta_beta,
-            "z_beta": z_beta, "z_log_mu": z_mu, "p": p, "floor_pct": floor, "verdict": verdict,
-            "suspicion": abs(delta_beta) * (abs(z_beta) + abs(z_mu)),
-        })
+            "avg_a": total_a / len(xa) if xa else None, "avg_b": total_b / len(xb) if xb else None,
+            "median_a": float(np.median(xa)) if xa else None, "median_b": float(np.median(xb)) if xb else None,
+            "delta_avg": None, "change_pct": None, "median_change_pct": None, "p": None,
+            "beta_a": beta_a, "beta_b": beta_b, "delta_beta": beta_b - beta_a,
+            "z_beta": welch_z(steps_a, steps_b), "z_log_mu": 0.0, "spread_log": None, "floor_log": None, "floor_pct": None,
+        }
+        if xa and xb:
+            row["spread_log"] = max(log_mad(xa), log_mad(xb))
+            row["z_log_mu"] = welch_z(np.log(np.maximum(xa, 1e-12)), np.log(np.maximum(xb, 1e-12)))
+            row["p"] = mann_whitney_u(xa, xb)[1]
+            row["delta_avg"] = row["avg_b"] - row["avg_a"]
+            row["change_pct"] = _pct(row["delta_avg"], row["avg_a"])
+            row["median_change_pct"] = _pct(row["median_b"] - row["median_a"], row["median_a"])
+        row["suspicion"] = abs(row["delta_beta"]) * (abs(row["z_beta"]) + abs(row["z_log_mu"]))
+        rows.append(row)
+    both = [r for r in rows if r["calls_a"] and r["calls_b"]]
+    ratios = [_log_ratio(r["median_b"], r["median_a"]) for r in both]
+    base = math.log1p(noise_floor_pct / 100.0)
+    for i, r in enumerate(both):
+        drift = common_mode_drift(ratios[:i] + ratios[i + 1:])
+        r["floor_log"] = max(base, DRIFT_FACTOR * drift, SPREAD_FACTOR * r["spread_log"])
+        r["floor_pct"] = 100.0 * math.expm1(r["floor_log"])
+    for r in rows:  # Bonferroni: one test per row with calls on both sides
+        r["verdict"] = verdict(r, alpha / max(1, len(both)), noise_floor_pct)
     rows.sort(key=lambda r: (-r["suspicion"], -(r["total_a"] or 0.0) - (r["total_b"] or 0.0), r["kernel"], r["phase"]))
     return rows
+
+
+def drift_pct(rows: list[dict]) -> float:
+    """The common-mode drift of all rows of `kernel_rows`, as a percentage change of the median call time."""
+    ratios = [_log_ratio(r["median_b"], r["median_a"]) for r in rows if r["calls_a"] and r["calls_b"]]
+    return 100.0 * math.expm1(common_mode_drift(ratios))
 
 
 # ---- formatting ------------------------------------------------------------------------------------
@@ -281,7 +331,8 @@ def gfm_table(headers: Sequence[str], rows: Sequence[Sequence[str]], align: Sequ
     rows = [[str(c) for c in r] for r in rows]
     if align is None:
         align = ["r" if rows and all(_is_number(r[i]) for r in rows) else "l" for i in range(len(headers))]
-    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+    # like tabulate: a column is at least its header plus 2 wide (the seed's "| Change (%)   |")
+    widths = [max([len(h) + 2] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
 
     def line(cells):
         return "| " + " | ".join(c.rjust(w) if al == "r" else c.ljust(w) for c, w, al in zip(cells, widths, align)) + " |"
@@ -333,6 +384,9 @@ def compare(a: dict, b: dict, name_a: str = "A", name_b: str = "B", alpha: float
 
     # 3. kernels
     rows = kernel_rows(a, b, alpha, noise_floor_pct)
+    drift = drift_pct(rows)
+    m = sum(1 for r in rows if r["calls_a"] and r["calls_b"])
+    threshold = f"p < {alpha / max(1, m):.2g} = {alpha:g}/{m}"
     out.append("## 3. Per-Kernel Comparison")
     out.append("")
     out.append("### Overview")
@@ -343,11 +397,20 @@ def compare(a: dict, b: dict, name_a: str = "A", name_b: str = "B", alpha: float
         direction = "increase" if top["delta_beta"] > 0 else "decrease"
         out.append(f"The primary performance difference between `{name_a}` and `{name_b}` appears to be driven by changes in "
                    f"**`{top['kernel']}`** ({top['phase']}). The analysis indicates a notable {direction} in its contribution "
-                   f"to total kernel time ({top['verdict']}).")
+                   f"to total kernel time (verdict: **{top['verdict']}**).")
+        counts = {v: sum(1 for r in rows if r["verdict"] == v) for v in ("regression", "improvement", "new", "removed")}
+        out.append("")
+        out.append("Verdicts: " + ", ".join(f"{n} {v}" for v, n in counts.items() if n) + f" of {len(rows)} (kernel, phase) rows.")
     else:
         out.append(f"No kernel differs between `{name_a}` and `{name_b}` beyond run-to-run noise: no (kernel, phase) has "
-                   f"p < {alpha:g} together with an average call time change of at least its noise floor "
-                   f"(≥ {noise_floor_pct:g}%).")
+                   f"p < {alpha:g}/{m} together with a change of its mean and median call time of at least its noise "
+                   "floor (see the Legend).")
+    if DRIFT_FACTOR * math.log1p(drift / 100.0) > math.log1p(noise_floor_pct / 100.0):  # the drift raises floors
+        out.append("")
+        out.append(f"**Common-mode drift:** a quarter of the (kernel, phase) rows moved their median call time by "
+                   f"{drift:.1f}% or more. A shift shared by that many kernels usually means the machine's state changed "
+                   "between the two profiles (CPU frequency, thread-pool contention, other processes), so the noise floors "
+                   "are raised; re-profile both on a quiet machine to confirm a shift of many kernels at once.")
     out.append("")
     out.append("### Key Findings:")
     tops = [r for r in rows if r["suspicion"] > 0][:TOP_FINDINGS]
@@ -357,29 +420,34 @@ def compare(a: dict, b: dict, name_a: str = "A", name_b: str = "B", alpha: float
         out.append(f"- **`{r['kernel']}` in phase `{r['phase']}`:**")
         change = "increased" if r["delta_beta"] > 0 else "decreased"
         if r["p"] is None:
-            sig = f"it is {'only in ' + name_b if r['verdict'] == 'new' else 'only in ' + name_a} (verdict: **{r['verdict']}**)"
+            sig = f"as it runs only in `{name_b if r['verdict'] == 'new' else name_a}` (verdict: **{r['verdict']}**)"
         elif r["p"] < alpha:
             sig = f"which is statistically significant (p-value: {_p_str(r['p'])})"
         else:
             sig = f"though this change may not be statistically significant (p-value: {_p_str(r['p'])})"
         out.append(f"  - Its contribution to total kernel time (β) **{change}** from **{r['beta_a']:.2f}%** to "
                    f"**{r['beta_b']:.2f}%** ({r['delta_beta']:+.2f} ppt), {sig}.")
-        if r["avg_a"] is not None and r["avg_b"] is not None:
-            dd = _decimals([r["avg_a"], r["avg_b"]])
-            moved = "increased" if r["delta_avg"] > 0 else "decreased" if r["delta_avg"] < 0 else "unchanged"
+        if r["p"] is not None:
+            dd = _decimals([r["avg_a"], r["avg_b"], r["median_a"], r["median_b"]])
             out.append("  - This change in kernel time contribution correlates with changes in its per-call duration (μ):")
-            out.append(f"    - **`avg call time (ms)`**: {moved} from {_num(r['avg_a'], dd)} to {_num(r['avg_b'], dd)} "
-                       f"({r['change_pct']:+.2f}%, noise floor {r['floor_pct']:.1f}%; verdict: **{r['verdict']}**).")
+            for label, va, vb, pct in (("avg call time (ms)", r["avg_a"], r["avg_b"], r["change_pct"]),
+                                       ("median call time (ms)", r["median_a"], r["median_b"], r["median_change_pct"])):
+                if vb == va:
+                    out.append(f"    - **`{label}`**: unchanged at {_num(va, dd)}.")
+                else:
+                    moved = "increased" if vb > va else "decreased"
+                    out.append(f"    - **`{label}`**: {moved} from {_num(va, dd)} to {_num(vb, dd)} ({pct:+.2f}%).")
             if r["calls_a"] != r["calls_b"]:
-                out.append(f"    - **`calls`**: {r['calls_a']:,} in {name_a}, {r['calls_b']:,} in {name_b}.")
+                out.append(f"    - **`calls`**: {r['calls_a']:,} in `{name_a}`, {r['calls_b']:,} in `{name_b}`.")
+            out.append(f"  - Verdict: **{r['verdict']}** (noise floor {r['floor_pct']:.1f}%; significance needs {threshold}).")
     out.append("")
     out.append("*Note: β sums to 100% over all rows; a kernel has one row per phase (prefill, decode), since its shapes "
                "and timings differ between them.*")
     out.append("")
     out.append("**Recommendation:** Focus investigation on the kernels listed above, starting with the one with the highest "
                "**Suspicion Score**. Examine the interplay between its share of total kernel time (β) and its per-call "
-               "duration (μ) changes to understand the root cause; kernels marked `noise` or `unchanged` moved no more "
-               "than run-to-run variation.")
+               "duration (μ) changes to understand the root cause; a kernel marked `noise` or `unchanged` did not move "
+               "beyond run-to-run variation.")
     out.append("### Detailed comparison table")
     out.append("This table aggregates the performance of each (kernel, phase) pair across both runs, sorted by "
                "**Suspicion Score** in descending order.")
@@ -388,14 +456,18 @@ def compare(a: dict, b: dict, name_a: str = "A", name_b: str = "B", alpha: float
     d_avg = _decimals([v for r in rows for v in (r["avg_a"], r["avg_b"])])
     headers = ["Kernel", "Phase", "Suspicion Score", f"Calls {name_a}", f"Calls {name_b}",
                f"Total {name_a} (ms)", f"Total {name_b} (ms)", f"Avg {name_a} (ms)", f"Avg {name_b} (ms)",
-               "Δ avg (ms)", "Change (%)", f"β_{name_a}(%)", f"β_{name_b}(%)", "Δβ(%)",
-               "Z-Score(β)", "Z-Score(log_μ)", "U-test p", "Verdict"]
+               "Δ avg (ms)", "Change (%)", "Median Change (%)", "Floor (%)", f"β_{name_a}(%)", f"β_{name_b}(%)",
+               "Δβ(%)", "Z-Score(β)", "Z-Score(log_μ)", "U-test p", "Verdict"]
+
+    def fixed(value, fmt=".2f"):
+        return "-" if value is None else format(value, fmt)
+
     body = []
     for r in rows:
         body.append([
-            r["kernel"], r["phase"], f"{r['suspicion']:,.3f}", _num(r["calls_a"]), _num(r["calls_b"]),
+            r["kernel"], r["phase"], f"{r['suspicion']:.3f}", _num(r["calls_a"]), _num(r["calls_b"]),
             _num(r["total_a"], d_tot), _num(r["total_b"], d_tot), _num(r["avg_a"], d_avg), _num(r["avg_b"], d_avg),
-            _num(r["delta_avg"], d_avg), "-" if r["change_pct"] is None else f"{r['change_pct']:.2f}",
+            _num(r["delta_avg"], d_avg), fixed(r["change_pct"]), fixed(r["median_change_pct"]), fixed(r["floor_pct"], ".1f"),
             f"{r['beta_a']:.2f}", f"{r['beta_b']:.2f}", f"{r['delta_beta']:.2f}",
             f"{r['z_beta']:.2f}", f"{r['z_log_mu']:.2f}", _p_str(r["p"]), r["verdict"],
         ])
@@ -411,26 +483,32 @@ def compare(a: dict, b: dict, name_a: str = "A", name_b: str = "B", alpha: float
                "every Δ is B - A and every Change (%) is Δ / A · 100.")
     out.append("- **Summary**: TTFT, prefill, decode percentiles and tok/s come from the low-overhead mode (whole-step "
                "timing); Total kernel time is the sum of all measured per-kernel samples. Forward steps and kernel "
-               "calls are counts of measured (non-warm-up) steps and kernel calls; warm-up runs are excluded everywhere.")
+               "calls count measured steps (low-overhead mode) and kernel calls; warm-up runs are excluded everywhere.")
     out.append("- **Time Rank**: each profile's measured decode step times (low-overhead mode), sorted in descending "
                "order and paired by rank; `-` where one profile has fewer steps.")
     out.append("- **β (Beta)**: The percentage of total kernel time (all measured kernel calls) consumed by this kernel "
                "in this phase; Δβ is in percentage points.")
-    out.append("- **μ (Mu)**: The per-call duration of the kernel (ms); Avg is its mean.")
+    out.append("- **μ (Mu)**: The per-call duration of the kernel (ms); Avg is its mean; Change (%) and Median "
+               "Change (%) compare the mean and the median call time.")
     out.append("- **Z-Score(β)**: Welch z of the kernel's per-step share of the step's kernel time, "
                "(mean_B - mean_A) / sqrt(s²_A/n_A + s²_B/n_B), over the measured steps of the phase.")
     out.append("- **Z-Score(log_μ)**: the same Welch z on the logarithm of the per-call durations "
                f"(|Z| is capped at {Z_CAP:g} when both samples are constant).")
     out.append("- **U-test p**: two-sided Mann-Whitney U test on the per-call durations (non-warm-up samples): average "
                "ranks for ties, normal approximation with tie correction and continuity correction (not the exact "
-               "distribution); p = 1 when a side has fewer than 2 calls. Lower values (e.g., < 0.05) suggest the "
-               "difference is statistically significant.")
-    out.append(f"- **Verdict**: `regression` / `improvement` when p < {alpha:g} AND |Change %| ≥ the noise floor, "
-               f"the larger of {noise_floor_pct:g}% and {RUN_SPREAD_FACTOR:g}× the run-to-run spread (max - min over "
-               "mean of the per-run mean call time) inside either profile; `unchanged` when |Change %| is below the "
-               "floor; `noise` when it is above the floor but not significant; `new` / `removed` when the kernel "
-               "runs in only one profile. Calls of one run share the machine's state, so a significant p alone is "
-               "not a regression.")
+               "distribution); p = 1 when a side has fewer than 2 calls or all durations are equal. Lower values "
+               "(e.g., < 0.05) suggest the difference is statistically significant.")
+    out.append(f"- **Floor (%)**: the noise floor of the row, the largest of (in log scale): {noise_floor_pct:g}%; the "
+               f"common-mode drift, {DRIFT_FACTOR:g}× the {DRIFT_QUANTILE:g}th percentile of |log(median_B / median_A)| "
+               f"over the other rows (a shift many kernels share is a change of machine state); and {SPREAD_FACTOR:g}× "
+               "the larger median absolute deviation of log(call time) in either profile (the kernel's own scatter).")
+    out.append(f"- **Verdict**: `regression` / `improvement` only when p < {alpha:g}/m (Bonferroni over the m rows "
+               "with calls in both profiles), the mean AND the median call "
+               "time both moved by at least the floor in the same direction (B/A ≥ 1 + floor, or A/B ≥ 1 + floor), "
+               f"by at least {MIN_DELTA_MS * 1e3:g} µs per call (the timing resolution of per-kernel mode), with at "
+               f"least {MIN_CALLS} calls on each side; `unchanged` when mean and median moved less than "
+               f"{noise_floor_pct:g}%; `noise` otherwise; `new` / `removed` when the kernel runs in only one profile. "
+               "Calls of one profile share the machine's state, so a small p alone is not a regression.")
     out.append("- **Suspicion Score**: A composite score `|Δβ| * (|Z-Score(β)| + |Z-Score(log_μ)|)` to rank potential "
                "issues. **Focus on items with the highest score first.**")
     return "\n".join(out) + "\n"

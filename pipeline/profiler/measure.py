@@ -272,5 +272,5 @@ def profile(
              "start_ms": start / 1e6, "ms": dur / 1e6}
             for name, parent, phase, step, run, start, dur in recorder.samples
         ],
-        "environment": {"TVM_NUM_THREADS": os.environ.get("TVM_NUM_THREADS")},
+        "environment": {"TVM_NUM_THREADS": os.environ.get("TVM_NUM_THREADS"), "load_average": list(os.getloadavg())},
     }
