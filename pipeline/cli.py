@@ -209,6 +209,24 @@ def _cached_build(model: str, quant: str, target_name: str) -> Path:
     return run_build(config, quant, target, log=_log)
 
 
+@profile.command("render")
+@click.argument("profile_json", type=click.Path(path_type=Path, exists=True, dir_okay=False))
+@click.option("--format", "fmt", type=click.Choice(PROFILE_FORMATS), default="md", show_default=True)
+@click.option("--peak-gbps", type=float, default=None)
+@click.option("-o", "--output", type=click.Path(path_type=Path), default=None)
+def profile_render(profile_json, fmt, peak_gbps, output):
+    """Render a saved profile JSON in another format."""
+    from .profiler.reports import render
+    from .profiler.schema import load_profile
+
+    data = load_profile(profile_json)
+    text = render(data, fmt, peak_gbps=peak_gbps if peak_gbps is not None else data.get("peak_gbps"))
+    if output:
+        output.write_text(text)
+    else:
+        click.echo(text)
+
+
 @profile.command("compare")
 @click.argument("before", type=click.Path(path_type=Path, exists=True, dir_okay=False))
 @click.argument("after", type=click.Path(path_type=Path, exists=True, dir_okay=False))
