@@ -78,3 +78,9 @@ def test_cli_profile_builds_once_then_reuses(tmp_path, monkeypatch):
     assert second.returncode == 0 and "reusing" in second.stderr
     data = json.loads((tmp_path / "b.json").read_text())
     assert data["schema"] == "mlcpipe-profile" and data["quantization"] == "q4f32_1"
+    rendered = mlcpipe("profile", "render", str(tmp_path / "b.json"), "--format", "text")
+    assert rendered.returncode == 0, rendered.stderr
+    assert rendered.stdout.startswith("## Profiling Analysis: Llama Tiny q4f32_1 on ")
+    assert "Total_Time_ms" in rendered.stdout
+    bad = mlcpipe("profile", "render", str(tmp_path / "artifacts" / "llama-tiny-q4f32_1-llvm" / "manifest.json"))
+    assert bad.returncode == 2 and "not an mlcpipe profile" in bad.stderr
