@@ -70,22 +70,26 @@ def _load_tir(artifact: Path, name: str) -> tvm.IRModule:
     return tvm.ir.load_json(path.read_text())
 
 
-_LLVM_CACHE: dict[str, tvm.runtime.Module] = {}
+_COMPILED: dict[str, tvm.runtime.Module] = {}
+
+
+def run_compiled(func: tvm.tirx.PrimFunc, target: tvm.target.Target, device, args: list, key: str | None = None) -> list:
+    """Compile `func` for `target` (cached under `key`), run it on `device`, return every arg."""
+    lib = _COMPILED.get(key) if key else None
+    if lib is None:
+        lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=target)
+        if key:
+            _COMPILED[key] = lib
+    tensors = [tvm.runtime.tensor(a, device) if isinstance(a, np.ndarray) else a for a in args]
+    lib["main"](*tensors)
+    device.sync()
+    return [t.numpy() if isinstance(t, tvm.runtime.Tensor) else t for t in tensors]
 
 
 def run_on_llvm(func: tvm.tirx.PrimFunc, args: list, key: str | None = None) -> list:
-    lib = _LLVM_CACHE.get(key) if key else None
-    if lib is None:
-        from .targets import load_target
+    from .targets import load_target
 
-        mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
-        lib = tvm.compile(mod, target=load_target("llvm").tvm_target())
-        if key:
-            _LLVM_CACHE[key] = lib
-    dev = tvm.cpu()
-    tensors = [tvm.runtime.tensor(a, dev) if isinstance(a, np.ndarray) else a for a in args]
-    lib["main"](*tensors)
-    return [t.numpy() if isinstance(t, tvm.runtime.Tensor) else t for t in tensors]
+    return run_compiled(func, load_target("llvm").tvm_target(), tvm.cpu(), args, key=f"llvm:{key}" if key else None)
 
 
 def _attention_counterparts(config: dict, dtype: str) -> dict[str, tvm.tirx.PrimFunc]:
@@ -169,15 +173,7 @@ def _executor(kind: str) -> Callable | None:
 
         return run_primfunc
     if kind == "cuda" and tvm.cuda(0).exist:
-        def run_cuda(func, target, args):
-            lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=target)
-            dev = tvm.cuda(0)
-            tensors = [tvm.runtime.tensor(a, dev) for a in args]
-            lib["main"](*tensors)
-            dev.sync()
-            return [t.numpy() for t in tensors]
-
-        return run_cuda
+        return lambda func, target, args: run_compiled(func, target, tvm.cuda(0), args)
     return None
 
 

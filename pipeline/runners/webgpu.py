@@ -122,62 +122,56 @@ class _Compiled:
     source: str = ""  # all kernels, as inspect_source gives them
 
 
+class _Reader:
+    """Sequential reader of TVM's little-endian serialization (u64 counts, u64-sized strings)."""
+
+    def __init__(self, data: bytes):
+        self.data, self.pos = data, 0
+
+    def u64(self) -> int:
+        (value,) = struct.unpack_from("<Q", self.data, self.pos)
+        self.pos += 8
+        return value
+
+    def bytes(self) -> bytes:
+        size = self.u64()
+        value = self.data[self.pos : self.pos + size]
+        self.pos += size
+        return value
+
+    def str(self) -> str:
+        return self.bytes().decode()
+
+    def skip(self, nbytes: int) -> None:
+        self.pos += nbytes
+
+    def done(self) -> bool:
+        return self.pos >= len(self.data)
+
+
 def _read_webgpu_blob(runtime_module) -> dict[str, str]:
     """{kernel: WGSL} from the serialized "webgpu" module, as the artifact packs it."""
     pack = tvm.get_global_func("runtime.ModulePackImportsToTensor")
-    blob = pack(runtime_module).numpy().tobytes()
-    pos = 0
-
-    def u64() -> int:
-        nonlocal pos
-        (value,) = struct.unpack_from("<Q", blob, pos)
-        pos += 8
-        return value
-
-    def string() -> bytes:
-        nonlocal pos
-        size = u64()
-        value = blob[pos : pos + size]
-        pos += size
-        return value
-
-    u64()  # total size
+    blob = _Reader(pack(runtime_module).numpy().tobytes())
+    blob.u64()  # total size
     for _ in range(2):  # import tree: indptr, child indices
-        count = u64()
-        pos += 8 * count
-    while pos < len(blob):
-        kind = string()
+        blob.skip(8 * blob.u64())
+    while not blob.done():
+        kind = blob.bytes()
         if kind == b"_lib":
             continue
-        data = string()
+        data = _Reader(blob.bytes())
         if kind != b"webgpu":
             continue
         # {name: FunctionInfo} then {name: WGSL}; skip the first, read the second
-        inner = 0
-
-        def iu64() -> int:
-            nonlocal inner
-            (value,) = struct.unpack_from("<Q", data, inner)
-            inner += 8
-            return value
-
-        def istr() -> str:
-            nonlocal inner
-            size = iu64()
-            value = data[inner : inner + size].decode()
-            inner += size
-            return value
-
-        for _ in range(iu64()):
-            istr()  # key
-            istr()  # FunctionInfo.name
-            count = iu64()
-            inner += 4 * count  # arg_types (DLDataType)
-            for _ in range(iu64()):
-                istr()  # launch_param_tags
-            count = iu64()
-            inner += 4 * count  # arg_extra_tags (int32 enum)
-        return {istr(): istr() for _ in range(iu64())}
+        for _ in range(data.u64()):
+            data.str()  # key
+            data.str()  # FunctionInfo.name
+            data.skip(4 * data.u64())  # arg_types (DLDataType)
+            for _ in range(data.u64()):
+                data.str()  # launch_param_tags
+            data.skip(4 * data.u64())  # arg_extra_tags (int32 enum)
+        return {data.str(): data.str() for _ in range(data.u64())}
     raise RuntimeError("the compiled module has no webgpu device module (is the function thread-bound?)")
 
 
