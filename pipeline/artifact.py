@@ -1,9 +1,11 @@
-"""Artifact directories: atomic creation (temp dir + rename) and manifest reading."""
+"""Artifact directories: atomic creation (temp dir + rename), file checksums, manifest reading."""
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
+import os
 import shutil
 import tempfile
 from collections.abc import Iterator
@@ -51,3 +53,32 @@ def read_manifest(artifact: Path) -> dict[str, Any]:
         return json.loads(path.read_text())
     except json.JSONDecodeError as exc:
         raise ArtifactError(f"{path}: corrupt manifest: {exc}") from None
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def file_digests(root: Path, exclude: tuple[str, ...] = (MANIFEST,), skip_dirs: tuple[str, ...] = (),
+                 skip_hidden: bool = False) -> dict[str, dict[str, Any]]:
+    """{relative path: {"sha256", "bytes"}} of every regular file under `root`, sorted by path
+    (`exclude`: relative paths left out, e.g. the manifest that holds this map; `skip_dirs`:
+    relative folders left out; `skip_hidden`: leave out names starting with a dot)."""
+    root = Path(root)
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel_dir = Path(dirpath).relative_to(root)
+        dirnames[:] = sorted(d for d in dirnames if (rel_dir / d).as_posix() not in skip_dirs
+                             and not (skip_hidden and d.startswith(".")))
+        filenames = [f for f in filenames if not (skip_hidden and f.startswith("."))]
+        for name in sorted(filenames):
+            path = Path(dirpath) / name
+            rel = path.relative_to(root).as_posix()
+            if rel in exclude or path.is_symlink() or not path.is_file():
+                continue
+            out[rel] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
+    return dict(sorted(out.items()))

@@ -11,12 +11,13 @@ from typing import Any
 import tvm
 from tvm import relax
 
-from .artifact import MANIFEST, RUNTIME_CONFIG, atomic_directory, write_json
+from .artifact import MANIFEST, RUNTIME_CONFIG, atomic_directory, file_digests, write_json
 from .backends import backend
 from .kernel_info import kernel_roles, kv_cache_kernel_slots, launch_config
 from .config import REPO_ROOT, ModelConfig, check_quantization
 from .model import MODELS
 from .passes import run_pipeline
+from .tuning import TuningDB, default_db_path
 from .quantization import QUANTIZATIONS
 from .targets import TargetSpec
 
@@ -101,15 +102,24 @@ def build(
     dump_ir: bool = False,
     weights: str | None = None,
     log=print,
+    manifest_extra: dict[str, Any] | None = None,
+    tuning_db: Path | None = None,
 ) -> Path:
     """Compile `config` at `quant` for `target` into an artifact directory; return its path.
 
     With `weights` (a Hugging Face directory or "synthetic") the converted weights are written
-    to `<artifact>/params/` as well. Nothing is left behind if any step fails.
+    to `<artifact>/params/` as well. Nothing is left behind if any step fails. The manifest's
+    `files` maps every other file of the artifact to its SHA-256 and size (`mlcpipe verify`);
+    `manifest_extra` adds keys to the manifest (e.g. the nightly cache key). Schedules take
+    their knobs from the tuning database (`tuning_db`, default artifacts/tuning/<target>.json
+    when it exists); the manifest records each kernel's rule, knobs and their source.
     """
     check_quantization(config, quant)
     output = Path(output) if output else default_output(config, quant, target)
     tvm_target = target.tvm_target()
+    db = TuningDB.load(tuning_db or default_db_path(target.name))
+    tuning = db.table(target.target)
+    schedules: dict[str, Any] = {}
     started = time.perf_counter()
     with atomic_directory(output) as tmp:
         log(f"[mlcpipe] exporting {config.name} ({quant}) for {target.name} {target.target}")
@@ -128,7 +138,12 @@ def build(
                 (tmp / "tir" / TIR_SNAPSHOTS[phase]).write_text(tvm.ir.save_json(primfuncs_only(phase_mod)))
 
         log("[mlcpipe] running passes: " + " -> ".join(("fuse-high-level", "lower", "fuse-tir", "schedule", "finalize")))
-        mod = run_pipeline(mod, tvm_target, dump_dir=tmp / "ir" if dump_ir else None, on_phase=_record)
+        if tuning:
+            log(f"[mlcpipe] tuning database {db.path}: {len(tuning)} tuned kernels for this target")
+        mod = run_pipeline(
+            mod, tvm_target, dump_dir=tmp / "ir" if dump_ir else None, on_phase=_record,
+            tuning=tuning, on_kernel=schedules.__setitem__,
+        )
         log("[mlcpipe] generating code")
         target_backend = backend(target.kind)
         with tvm_target, target_backend.compile_context(target), tvm.transform.PassContext(config=TIR_CONFIG.get(target.kind, {})):
@@ -139,9 +154,14 @@ def build(
         launch = launch_config(mod)
         for kernel in fused:
             kernel["launch"] = launch.get(kernel["name"])
+            kernel["schedule"] = schedules.get(kernel["name"])
         build_seconds = time.perf_counter() - started
 
         write_json(tmp / RUNTIME_CONFIG, runtime_config(config, quant))
+        if weights is not None:
+            from .weights import convert_weights
+
+            convert_weights(config, quant, weights, tmp / "params", log=log)
         write_json(
             tmp / MANIFEST,
             {
@@ -159,16 +179,16 @@ def build(
                 "functions": sorted(gv.name_hint for gv, f in mod.functions_items() if isinstance(f, relax.Function)),
                 "kernels": fused,
                 "kv_cache_kernels": kv_slots,
+                "tuning_db": {"path": str(db.path), "sha256": db.digest(), "tuned_kernels": sum(
+                    1 for r in schedules.values() if r and r["source"] == "tuning")} if tuning else None,
                 "parameters": [
                     {"name": name, "shape": [int(s) for s in param.shape], "dtype": param.dtype}
                     for name, param in named_params
                 ],
                 "build_seconds": round(build_seconds, 2),
+                **(manifest_extra or {}),
+                "files": file_digests(tmp),
             },
         )
-        if weights is not None:
-            from .weights import convert_weights
-
-            convert_weights(config, quant, weights, tmp / "params", log=log)
     log(f"[mlcpipe] built {output} in {build_seconds:.1f}s")
     return output

@@ -55,7 +55,9 @@ def _target_overrides(mcpu: str | None, arch: str | None = None, fatbin_archs: s
 @click.option("--output", type=click.Path(path_type=Path), default=None, help="Artifact directory (default artifacts/<model>-<quant>-<target>/).")
 @click.option("--weights", default=None, help="Also convert weights into <artifact>/params: a HF checkpoint dir or 'synthetic'.")
 @click.option("--dump-ir", is_flag=True, help="Write the IR after each pipeline phase into <artifact>/ir/.")
-def build(model, quant, target_name, mcpu, arch, fatbin_archs, output, weights, dump_ir):  # noqa: PLR0913
+@click.option("--tuning-db", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Tuning database from `mlcpipe tune` (default artifacts/tuning/<target>.json when present).")
+def build(model, quant, target_name, mcpu, arch, fatbin_archs, output, weights, dump_ir, tuning_db):  # noqa: PLR0913
     """Compile a model into an artifact directory (library + manifest + runtime config)."""
     from .build import build as run_build
     from .config import load_model_config
@@ -63,8 +65,37 @@ def build(model, quant, target_name, mcpu, arch, fatbin_archs, output, weights, 
 
     config = load_model_config(model)
     target = load_target(target_name, _target_overrides(mcpu, arch, fatbin_archs))
-    path = run_build(config, quant, target, output=output, dump_ir=dump_ir, weights=weights, log=_log)
+    if tuning_db is not None and not tuning_db.is_file():
+        raise click.BadParameter(f"{tuning_db}: no such file", param_hint="--tuning-db")
+    path = run_build(config, quant, target, output=output, dump_ir=dump_ir, weights=weights, log=_log, tuning_db=tuning_db)
     click.echo(str(path))
+
+
+@main.command()
+@click.option("--model", default=DEFAULT_MODEL, show_default=True, help="Config name in configs/models/ or a YAML path.")
+@click.option("--quant", required=True, help="q0f16, q0f32, q4f16_1 or q4f32_1.")
+@click.option("--target", "target_name", default="llvm", show_default=True, help="Target preset (timed: llvm here, cuda on a GPU machine).")
+@click.option("--mcpu", default=None, help="llvm: override the detected host CPU.")
+@click.option("--arch", default=None, help="cuda: the arch to tune for (e.g. sm_90).")
+@click.option("--db", "db_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="Tuning database to update (default artifacts/tuning/<target>.json).")
+@click.option("--kernels", "pattern", default=None, help="Only kernels whose name matches this regex.")
+@click.option("--budget", default=8, show_default=True, type=click.IntRange(min=1), help="Knob candidates timed per kernel (defaults included).")
+@click.option("--tokens", default=128, show_default=True, type=click.IntRange(min=1), help="Token count bound to prefill kernels' symbolic dim.")
+def tune(model, quant, target_name, mcpu, arch, db_path, pattern, budget, tokens):  # noqa: PLR0913
+    """Time schedule knob candidates for every kernel; store the winners for `mlcpipe build`."""
+    from .config import check_quantization, load_model_config
+    from .targets import load_target
+    from .tune import report, tune as run_tune
+    from .tuning import TuningDB, default_db_path
+
+    config = load_model_config(model)
+    check_quantization(config, quant)
+    target = load_target(target_name, _target_overrides(mcpu, arch))
+    db = TuningDB.load(db_path or default_db_path(target.name))
+    results = run_tune(config, quant, target, db, pattern=pattern, budget=budget, tokens=tokens, log=_log)
+    click.echo(report(results))
+    click.echo(f"\n{len(results)} kernels tuned; database: {db.path}")
 
 
 @main.command("convert-weights")
@@ -144,9 +175,9 @@ PROFILE_FORMATS = ["md", "text", "json", "csv", "trace", "html", "events", "phas
 @click.option("--quant", default=None, help="Build (or reuse) artifacts/<model>-<quant>-<target> and profile it.")
 @click.option("--target", "target_name", default="llvm", show_default=True)
 @click.option("--weights", default="synthetic", show_default=True, help="Weights dir from convert-weights, or 'synthetic'.")
-@click.option("--prompt-len", default=128, show_default=True, type=click.IntRange(min=1))
-@click.option("--gen-len", default=32, show_default=True, type=click.IntRange(min=1))
-@click.option("--runs", default=3, show_default=True, type=click.IntRange(min=1))
+@click.option("--prompt-len", default=None, show_default="128; webgpu 32", type=click.IntRange(min=1))
+@click.option("--gen-len", default=None, show_default="32; webgpu 8", type=click.IntRange(min=1))
+@click.option("--runs", default=None, show_default="3; webgpu 2", type=click.IntRange(min=1))
 @click.option("--warmup", default=1, show_default=True, type=click.IntRange(min=0))
 @click.option("--format", "fmt", type=click.Choice(PROFILE_FORMATS), default="md", show_default=True)
 @click.option("--peak-gbps", type=float, default=None, help="Peak memory bandwidth for the bandwidth columns (default: target preset).")
@@ -157,6 +188,7 @@ def profile(ctx, artifact, model, quant, target_name, weights, prompt_len, gen_l
     """Profile a model run: kernel statistics tables (see also `profile compare`)."""
     if ctx.invoked_subcommand is not None:
         return
+    from .artifact import read_manifest
     from .profiler.measure import profile as run_profile
     from .profiler.reports import render
     from .profiler.schema import save_profile
@@ -166,10 +198,21 @@ def profile(ctx, artifact, model, quant, target_name, weights, prompt_len, gen_l
         raise click.UsageError("give --artifact DIR, or --quant (with --model/--target) to build and profile")
     if artifact is None:
         artifact = _cached_build(model, quant, target_name)
-    engine = Engine(artifact, weights)
+    manifest = read_manifest(artifact)
+    replay = manifest["target"]["kind"] == "webgpu"  # kernel replay on wgpu (lavapipe here): slow, smaller defaults
+    prompt_len, gen_len, runs = (v if v is not None else d for v, d in zip((prompt_len, gen_len, runs), (32, 8, 2) if replay else (128, 32, 3)))
     total = (warmup + runs) * 2
-    with click.progressbar(length=total, label="profiling", file=sys.stderr, show_pos=True) as bar:
-        data = run_profile(engine, prompt_len, gen_len, runs, warmup, progress=lambda label, done, n: bar.update(1))
+    if replay:
+        from .profiler.replay import model_config_of, profile_replay
+
+        llvm_artifact = _cached_build(model_config_of(artifact), manifest["quantization"], "llvm")
+        with click.progressbar(length=total, label="replaying on webgpu", file=sys.stderr, show_pos=True) as bar:
+            data = profile_replay(artifact, llvm_artifact, prompt_len, gen_len, runs, warmup, weights=weights,
+                                  progress=lambda label, done, n: bar.update(1))
+    else:
+        engine = Engine(artifact, weights)
+        with click.progressbar(length=total, label="profiling", file=sys.stderr, show_pos=True) as bar:
+            data = run_profile(engine, prompt_len, gen_len, runs, warmup, progress=lambda label, done, n: bar.update(1))
     if peak_gbps is None:
         from .targets import load_target
 
@@ -188,16 +231,17 @@ def profile(ctx, artifact, model, quant, target_name, weights, prompt_len, gen_l
         click.echo(text)
 
 
-def _cached_build(model: str, quant: str, target_name: str) -> Path:
-    """artifacts/<model>-<quant>-<target>, rebuilt only when its inputs changed."""
+def _cached_build(model, quant: str, target_name: str) -> Path:
+    """artifacts/<model>-<quant>-<target>, rebuilt only when its inputs changed (`model`: a config
+    name / YAML path, or a ModelConfig)."""
     import json as _json
 
     from .build import build as run_build
     from .build import default_output
-    from .config import load_model_config
+    from .config import ModelConfig, load_model_config
     from .targets import load_target
 
-    config = load_model_config(model)
+    config = model if isinstance(model, ModelConfig) else load_model_config(model)
     target = load_target(target_name)
     path = default_output(config, quant, target)
     manifest = path / "manifest.json"
@@ -241,6 +285,47 @@ def profile_compare(before, after, output):
         output.write_text(text)
     else:
         click.echo(text)
+
+
+@main.command()
+@click.option("--matrix", "matrix_path", type=click.Path(path_type=Path), default=None, help="Nightly matrix YAML (default configs/nightly.yaml).")
+@click.option("--out", type=click.Path(path_type=Path), default=None, help="Output directory, e.g. artifacts/nightly/2026-11-21 (required unless --list-cells).")
+@click.option("--jobs", type=click.IntRange(min=1), default=None, help="Cells built at once, each in its own processes (default: cores / 2).")
+@click.option("--previous", type=click.Path(path_type=Path, file_okay=False), default=None, help="Last nightly's directory: add the regression table.")
+@click.option("--cell", "cells", multiple=True, help="Only this cell (repeatable or comma-separated), e.g. one CI job per cell.")
+@click.option("--cache", "cache_dir", type=click.Path(path_type=Path, file_okay=False), default=None, help="Content-addressed cell cache (default <out>/../.cache).")
+@click.option("--report-only", is_flag=True, help="Build nothing: merge the cell directories in --out into index.json/SUMMARY.md.")
+@click.option("--list-cells", is_flag=True, help="Print the matrix's cell ids as a JSON list (for a CI matrix) and exit.")
+def nightly(matrix_path, out, jobs, previous, cells, cache_dir, report_only, list_cells):  # noqa: PLR0913
+    """Build every model x quant x target cell of a matrix (cached, checked, verified) with a report."""
+    import json as _json
+
+    from .nightly import list_cells as matrix_cells
+    from .nightly import run_nightly
+
+    if list_cells:
+        click.echo(_json.dumps(matrix_cells(matrix_path)))
+        return
+    if out is None:
+        raise click.UsageError("--out DIR is required")
+    wanted = [c.strip() for value in cells for c in value.split(",") if c.strip()]
+    sys.exit(run_nightly(matrix_path, out, jobs=jobs, previous=previous, cells=wanted, cache_dir=cache_dir,
+                         report_only=report_only, echo=_log))
+
+
+@main.command()
+@click.argument("directory", type=click.Path(path_type=Path))
+def verify(directory):
+    """Re-check the SHA-256 of every file of a nightly directory or a single artifact."""
+    from .nightly.verify import verify as run_verify
+
+    result = run_verify(directory)
+    for problem in result.problems:
+        click.echo(f"error: {problem}", err=True)
+    if not result.ok:
+        click.echo(f"{directory}: {len(result.problems)} problem(s) in {result.kind} ({result.files} files listed)", err=True)
+        sys.exit(1)
+    click.echo(f"ok: {directory}: {result.kind}, {result.files} files match their SHA-256")
 
 
 if __name__ == "__main__":

@@ -1,24 +1,104 @@
 """Schedule rules per target family, applied in order (first rule that returns a Schedule wins).
 
 Each rule follows TVM dlight's contract: `apply(func, target, tunable) -> Schedule | None`, None
-meaning "not mine" so the next rule (or no schedule) is used.
+meaning "not mine" so the next rule (or no schedule) is used. Rules are dataclasses whose fields
+are their tuning knobs; `knob_space(func, target)` lists the candidates valid for one kernel.
+A tuning table (pipeline/tuning.py: kernel signature -> rule name + knobs) overrides the
+defaults kernel by kernel.
 """
 
 from __future__ import annotations
 
-from tvm.s_tir import dlight as dl
+import dataclasses
+from collections.abc import Callable, Mapping
 
-from .gpu import GPU_RULES
+import tvm
+from tvm import tirx
+
+from .gpu import CUDA_RULES, METAL_RULES, WEBGPU_RULES
 from .llvm import LLVM_RULES
+from .signature import kernel_signature
 
 RULES = {
     "llvm": LLVM_RULES,
-    "cuda": GPU_RULES,
-    "metal": GPU_RULES,
-    "webgpu": GPU_RULES,
+    "cuda": CUDA_RULES,
+    "metal": METAL_RULES,
+    "webgpu": WEBGPU_RULES,
 }
 
 
-def schedule_pass(target_kind: str):
-    """The IRModule pass that schedules every unscheduled PrimFunc for `target_kind`."""
-    return dl.ApplyDefaultSchedule(*RULES[target_kind])
+def rule_by_name(target_kind: str, name: str):
+    for rule in RULES[target_kind]:
+        if type(rule).__name__ == name:
+            return rule
+    return None
+
+
+def with_knobs(rule, knobs: Mapping):
+    """`rule` with some knobs replaced (a copy: the registry's defaults stay as they are)."""
+    return dataclasses.replace(rule, **knobs) if knobs else rule
+
+
+def schedule_func(func: tirx.PrimFunc, target: tvm.target.Target, tuned: Mapping | None = None):
+    """(scheduled func, record) for one PrimFunc; record names the rule, its knobs and where the
+    knobs came from ("tuning" or "default"); (func, None) when no rule applies."""
+    rules = RULES[target.kind.name]
+    if tuned:
+        rule = rule_by_name(target.kind.name, tuned["rule"])
+        if rule is not None:
+            tuned_rule = with_knobs(rule, tuned.get("knobs", {}))
+            sch = _one(tuned_rule.apply(func, target, False))
+            if sch is not None:
+                return sch.mod["main"], _record(tuned_rule, "tuning")
+    for rule in rules:
+        sch = _one(rule.apply(func, target, False))
+        if sch is not None:
+            return sch.mod["main"], _record(rule, "default")
+    return func, None
+
+
+def _one(space):
+    """dlight rules may return a list of schedules (a design space): take the first."""
+    if isinstance(space, (list, tuple)):
+        return space[0] if space else None
+    return space
+
+
+def _record(rule, source: str) -> dict:
+    knobs = dataclasses.asdict(rule) if dataclasses.is_dataclass(rule) else {}
+    return {"rule": type(rule).__name__, "knobs": knobs, "source": source}
+
+
+def schedule_pass(target_kind: str, tuning: Mapping | None = None, on_kernel: Callable[[str, dict | None], None] | None = None):
+    """The IRModule pass that schedules every unscheduled PrimFunc for `target_kind`.
+
+    `tuning` maps kernel signatures (schedules.signature) to {"rule", "knobs"}; `on_kernel(name,
+    record)` is told which rule and knobs each kernel got.
+    """
+
+    @tvm.transform.module_pass(opt_level=0, name="mlcpipe.Schedule")
+    def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
+        current = tvm.target.Target.current(allow_none=False)
+        updates = {}
+        for gvar, func in mod.functions_items():
+            if not isinstance(func, tirx.PrimFunc) or _is_scheduled(func):
+                continue
+            target = func.attrs["target"] if func.attrs is not None and "target" in func.attrs else current
+            if target.kind.name != target_kind:
+                continue
+            tuned = tuning.get(kernel_signature(func)) if tuning else None
+            new, record = schedule_func(func, target, tuned)
+            if on_kernel is not None:
+                on_kernel(gvar.name_hint, record)
+            if record is not None:
+                updates[gvar] = new.with_attr("tirx.is_scheduled", True)
+        for gvar, func in updates.items():
+            mod[gvar] = func
+        return mod
+
+    return _pass
+
+
+def _is_scheduled(func: tirx.PrimFunc) -> bool:
+    attrs = func.attrs
+    return attrs is not None and "tirx.is_scheduled" in attrs and int(attrs["tirx.is_scheduled"]) == 1

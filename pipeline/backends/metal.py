@@ -21,6 +21,7 @@ dlsym names are C names; Mach-O stores them with one extra leading underscore, w
 from __future__ import annotations
 
 import contextlib
+import os
 import re
 import shutil
 import struct
@@ -28,6 +29,8 @@ import subprocess
 import tarfile
 import tempfile
 from pathlib import Path
+
+from .reproducible import fix_macho_uuid, normalize_tar
 
 LIBRARY = "lib.dylib"
 SOURCE_FILE = "kernels.metal"
@@ -74,8 +77,13 @@ def _min_version(target_spec) -> str:
 
 
 def link_dylib(objects: list[str], output, min_version: str = "13.0") -> None:
-    """Link arm64 macOS objects into a dylib; TVM runtime symbols stay dynamic_lookup."""
+    """Link arm64 macOS objects into a dylib; TVM runtime symbols stay dynamic_lookup.
+
+    The output depends on the objects' contents only (see `reproducible.py`): object paths are
+    stripped from the debug map, their mtimes zeroed (ZERO_AR_DATE) and the UUID made a hash.
+    """
     ld = find_ld64()
+    obj_dir = str(Path(objects[0]).parent) + "/" if objects else ""
     cmd = [
         ld,
         "-dylib",
@@ -83,13 +91,15 @@ def link_dylib(objects: list[str], output, min_version: str = "13.0") -> None:
         "-platform_version", "macos", min_version, min_version,
         "-undefined", "dynamic_lookup",
         "-install_name", f"@rpath/{Path(output).name}",
+        *(["-oso_prefix", obj_dir] if obj_dir else []),
         "-o", str(output),
         *objects,
     ]  # fmt: skip
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "ZERO_AR_DATE": "1"})
     if proc.returncode != 0:
         lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
         raise RuntimeError(f"{Path(ld).name} failed (exit {proc.returncode}): " + " | ".join(lines[:6]))
+    fix_macho_uuid(output)
 
 
 def export(executable, target_spec, out_dir) -> list[str]:
@@ -97,6 +107,7 @@ def export(executable, target_spec, out_dir) -> list[str]:
     out_dir = Path(out_dir)
     tar_path = out_dir / TARBALL
     executable.export_library(str(tar_path))
+    normalize_tar(tar_path)
     with tempfile.TemporaryDirectory(prefix="mlcpipe-metal-") as tmp:
         objects = _extract_objects(tar_path, Path(tmp))
         link_dylib(objects, out_dir / LIBRARY, _min_version(target_spec))

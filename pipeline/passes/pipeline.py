@@ -19,7 +19,7 @@ from tvm import relax
 from .fuse_dequantize_matmul import FuseDequantizeMatmul
 
 
-def _phases(target_kind: str) -> list[tuple[str, list[tvm.transform.Pass]]]:
+def _phases(target_kind: str, tuning=None, on_kernel=None) -> list[tuple[str, list[tvm.transform.Pass]]]:
     from schedules import schedule_pass
 
     return [
@@ -37,7 +37,7 @@ def _phases(target_kind: str) -> list[tuple[str, list[tvm.transform.Pass]]]:
             ],
         ),
         ("fuse-tir", [FuseDequantizeMatmul(), relax.transform.DeadCodeElimination()]),
-        ("schedule", [schedule_pass(target_kind)]),
+        ("schedule", [schedule_pass(target_kind, tuning, on_kernel)]),
         (
             "finalize",
             [
@@ -65,16 +65,20 @@ def run_pipeline(
     target: tvm.target.Target,
     dump_dir: Path | None = None,
     on_phase: Callable[[str, tvm.IRModule], None] | None = None,
+    tuning: dict | None = None,
+    on_kernel: Callable[[str, dict | None], None] | None = None,
 ) -> tvm.IRModule:
     """Run every phase under `target`; dump `NN-<phase>.py` TVMScript into `dump_dir` if given.
 
     `on_phase(name, mod)` sees the module after each phase (used to record the fused kernels
-    before scheduling hides their structure).
+    before scheduling hides their structure). `tuning` (kernel signature -> rule + knobs, from
+    pipeline/tuning.py) overrides rule defaults; `on_kernel(name, record)` hears which rule and
+    knobs each kernel got.
     """
     if dump_dir is not None:
         dump_dir.mkdir(parents=True, exist_ok=True)
         (dump_dir / "00-input.py").write_text(mod.script(show_meta=False))
-    phases = _phases(target.kind.name)
+    phases = _phases(target.kind.name, tuning, on_kernel)
     assert tuple(name for name, _ in phases) == PHASES
     with target:
         for index, (name, passes) in enumerate(phases, start=1):

@@ -15,6 +15,7 @@ import platform
 import resource
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -40,10 +41,30 @@ def device_description(target_kind: str) -> str:
     return target_kind
 
 
-class _Recorder:
-    """Collects (kernel, parent, phase, step, start_ns, duration_ns) for every kernel call."""
+@dataclass
+class RecordedTensor:
+    shape: tuple[int, ...]
+    dtype: str
+    data: np.ndarray  # int32 (positions, page tables, token ids): this call's; else the first call's
+                      # contents at this kernel / position / shape, shared between calls
 
-    def __init__(self, kernels: set[str], skip_params: dict[str, set[int]], device: tvm.runtime.Device):
+
+@dataclass
+class RecordedCall:
+    """One kernel call of a run: its arguments as they were just before the kernel ran."""
+
+    kernel: str
+    parent: str  # "vm" or "kv_cache"
+    phase: str
+    step: int
+    args: list  # RecordedTensor for tensors, the value for scalars
+
+
+class _Recorder:
+    """Collects (kernel, parent, phase, step, start_ns, duration_ns) for every kernel call; with
+    `record_calls`, also every call's arguments (`calls`, untimed: taken before the timer starts)."""
+
+    def __init__(self, kernels: set[str], skip_params: dict[str, set[int]], device: tvm.runtime.Device, record_calls: bool = False):
         # GPU launches are asynchronous: synchronise around each kernel so its time is its own
         self.sync = device.sync if device.dlpack_device_type() != tvm.cpu().dlpack_device_type() else (lambda: None)
         self.kernels = kernels
@@ -53,6 +74,29 @@ class _Recorder:
         self.shapes: dict[tuple[str, str], list] = {}
         self.phase, self.step, self.run = "", 0, 0
         self._t0 = 0
+        self.calls: list[RecordedCall] | None = [] if record_calls else None
+        self._contents: dict[tuple, np.ndarray] = {}
+
+    def _record_call(self, name: str, parent: str, args) -> None:
+        if self.calls is None:
+            return
+        recorded: list = []
+        for pos, arg in enumerate(args):
+            if isinstance(arg, tvm.runtime.Tensor):
+                shape, dtype = tuple(int(d) for d in arg.shape), str(arg.dtype)
+                key = (name, pos, shape, dtype)
+                if dtype == "int32":
+                    data = arg.numpy()
+                else:
+                    data = self._contents.get(key)
+                    if data is None:
+                        data = self._contents[key] = arg.numpy()
+                recorded.append(RecordedTensor(shape, dtype, data))
+            elif isinstance(arg, bool | int | float):
+                recorded.append(arg)
+            else:
+                raise RuntimeError(f"{name}: cannot record an argument of type {type(arg).__name__}")
+        self.calls.append(RecordedCall(name, parent, self.phase, self.step, recorded))
 
     def _count_bytes(self, name: str, args) -> None:
         key = (name, self.phase)
@@ -69,6 +113,7 @@ class _Recorder:
         del func, ret
         if name in self.kernels:
             if before_run:
+                self._record_call(name, "vm", args)
                 self.sync()
                 self._t0 = time.perf_counter_ns()
             else:
@@ -80,6 +125,7 @@ class _Recorder:
 
     def wrap(self, fn, name: str) -> Callable:
         def timed(*args):
+            self._record_call(name, "kv_cache", args)
             self.sync()
             start = time.perf_counter_ns()
             fn(*args)
@@ -172,6 +218,24 @@ def _kernel_params(artifact: Path) -> dict[str, list[str]]:
     return {gv.name_hint: [p.name for p in f.params] for gv, f in mod.functions_items()}
 
 
+def _prompt(engine: Engine, prompt_len: int, gen_len: int, seed: int) -> list[int]:
+    engine.check_tokens([0] * prompt_len, gen_len)
+    return [int(t) for t in np.random.default_rng(seed).integers(0, engine.vocab_size, size=prompt_len)]
+
+
+def record_calls(engine: Engine, prompt_len: int, gen_len: int, seed: int = 0) -> list[RecordedCall]:
+    """One generation as `profile` runs it (same prompt for the same seed), every kernel call
+    recorded in call order with its arguments: the call sequence a kernel replay runs."""
+    recorder = _Recorder({k["name"] for k in engine.manifest["kernels"]}, {}, engine.device, record_calls=True)
+    make_kv = _wrapped_kv_cache_factory(engine, recorder)
+    engine.vm.set_instrument(recorder.instrument)
+    try:
+        _run_once(engine, _prompt(engine, prompt_len, gen_len, seed), gen_len, recorder, make_kv, 0, [])
+    finally:
+        engine.vm.set_instrument(None)
+    return recorder.calls
+
+
 def profile(
     engine: Engine,
     prompt_len: int = 128,
@@ -183,8 +247,7 @@ def profile(
 ) -> dict:
     """Profile `engine`; returns the profile as a JSON-ready dict (schema in `schema.py`)."""
     manifest = engine.manifest
-    engine.check_tokens([0] * prompt_len, gen_len)
-    prompt = [int(t) for t in np.random.default_rng(seed).integers(0, engine.vocab_size, size=prompt_len)]
+    prompt = _prompt(engine, prompt_len, gen_len, seed)
     params = _kernel_params(engine.artifact)
     kernels = {k["name"] for k in manifest["kernels"]}
     skip = {k: {i for i, p in enumerate(names) if p == "pages"} for k, names in params.items()}

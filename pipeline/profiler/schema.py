@@ -11,6 +11,8 @@ Top-level keys:
   kernels     {name: {role, bytes: {phase: bytes moved per call}}}
   steps       [{mode: "low-overhead"|"per-kernel", run, warmup, phase: "prefill"|"decode", step, tokens, start_ms, ms}]
   samples     [{kernel, parent: "vm"|"kv_cache", phase, step, run, warmup, start_ms, ms}]   (every kernel call)
+  method      (optional; webgpu kernel replay) {kind: "kernel replay", timer: "timestamp-query"|"wall",
+               call_sequence, kernel_map {llvm name: webgpu name}, metrics, load_ms}
 Statistics exclude warm-up samples (warmup: true), which stay in the file.
 """
 

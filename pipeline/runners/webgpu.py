@@ -28,7 +28,13 @@ there; with robust buffer access an exactly-sized buffer just drops the writes).
 compiles (PATCH_PACK_GRID_CHECK); the artifact's kernels.wgsl / lib.wasm keep TVM's code.
 
 The wgpu adapter and device are created once per process (with "shader-f16" when the adapter has
-it, and the adapter's buffer-size limits); compiled kernels and pipelines are cached per process.
+it and "timestamp-query", and the adapter's buffer-size limits); compiled kernels and pipelines
+are cached per process.
+
+Repeated and timed calls (the profiler's kernel replay): `prepare(func, target, args)` uploads
+the arrays (or takes `DeviceArray`s from `upload`, shared between calls) and builds everything a
+call needs once; `time_calls(calls)` dispatches prepared calls back to back and times them
+(`timer_kind()`: WebGPU timestamp queries where the adapter has them, else synchronised wall time).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ import os
 import re
 import struct
 import tempfile
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +54,8 @@ import tvm
 
 # Workaround for TVM's `> packGridDimX` (see the module docstring).
 PATCH_PACK_GRID_CHECK = True
+# Time kernels with WebGPU timestamp queries where the adapter has them (time_calls).
+USE_TIMESTAMP_QUERY = True
 _PACK_CHECK = re.compile(r"(blockIdx\.z \* gridDim\.x \+ blockIdx\.x\)?) > (podArgs\.packGridDimX)")
 # Same build configuration as pipeline.build uses for GPU targets (TIR CSE off).
 _PASS_CONFIG = {"tirx.disable_cse_tir": True}
@@ -89,7 +98,7 @@ def get_device():
             f"no WebGPU adapter found by wgpu ({reason}): install mesa-vulkan-drivers (lavapipe), "
             "e.g. with scripts/setup-debian.sh"
         )
-    features = [f for f in ("shader-f16",) if f in adapter.features]
+    features = [f for f in ("shader-f16", "timestamp-query") if f in adapter.features]
     wanted = ("max-storage-buffer-binding-size", "max-buffer-size", "max-compute-workgroup-storage-size",
               "max-compute-invocations-per-workgroup", "max-compute-workgroup-size-x",
               "max-compute-workgroup-size-y", "max-compute-workgroup-size-z", "max-storage-buffers-per-shader-stage")  # fmt: skip
@@ -380,45 +389,86 @@ def _launch_layout(finfo: dict[str, Any]) -> tuple[list[int], list[int]]:
     return dims, writes
 
 
-def run_primfunc(func: tvm.tirx.PrimFunc, target: tvm.target.Target, args: list[Any]) -> list[Any]:
-    """Run a scheduled PrimFunc's WebGPU kernels on wgpu; returns the arguments after the run.
+@dataclass
+class DeviceArray:
+    """An array uploaded once to the wgpu device (a storage buffer), reusable by any kernel call."""
 
-    `args` follow `func.params`: numpy arrays for buffers (shapes bind the symbolic dims), Python
-    or numpy scalars for scalar parameters. Every buffer is read back (outputs filled, inputs
-    unchanged unless the kernel writes them); scalars are returned as given.
-    """
+    buffer: Any
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+
+def upload(array: np.ndarray) -> DeviceArray:
+    """Copy `array` into a new device storage buffer."""
     wgpu = _wgpu()
-    target = tvm.target.Target(target) if not isinstance(target, tvm.target.Target) else target
+    data = np.ascontiguousarray(array).tobytes()
+    size = max(4, -(-len(data) // 4) * 4)  # storage bindings are whole 4-byte words
+    usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
+    buffer = get_device().create_buffer_with_data(data=data + b"\0" * (size - len(data)), usage=usage)
+    return DeviceArray(buffer, tuple(int(d) for d in array.shape), array.dtype)
+
+
+@dataclass
+class PreparedCall:
+    """One PrimFunc call made ready on the device: arrays uploaded, uniforms written, pipelines
+    and bind groups created; `dispatches` are its kernel launches in host order."""
+
+    args: list[Any]  # DeviceArray for buffers, scalars as given
+    dispatches: list[tuple[Any, Any, tuple[int, int, int]]]  # (pipeline, bind group, workgroups)
+    keep: list[Any]  # uniforms and host-allocated temporaries the bind groups use
+
+    def read(self) -> list[Any]:
+        """Every argument read back: numpy arrays for buffers, scalars as given."""
+        queue = get_device().queue
+        out: list[Any] = []
+        for value in self.args:
+            if isinstance(value, DeviceArray):
+                flat = np.frombuffer(bytes(queue.read_buffer(value.buffer)), dtype=value.dtype, count=int(np.prod(value.shape)))
+                out.append(flat.reshape(value.shape).copy())
+            else:
+                out.append(value)
+        return out
+
+
+def _check_args(func: tvm.tirx.PrimFunc, args: list[Any]) -> None:
     if len(args) != len(func.params):
         raise ValueError(f"{len(args)} arguments for a PrimFunc with {len(func.params)} parameters")
     for param, value in zip(func.params, args):
         shape = _param_shape(param)
         if shape is None:
             continue
-        if not isinstance(value, np.ndarray):
+        if not isinstance(value, np.ndarray | DeviceArray):
             raise TypeError(f"parameter {param.name}: expected a numpy array, got {type(value).__name__}")
         if value.ndim != len(shape) or str(value.dtype) != str(param.dtype):
             raise ValueError(f"parameter {param.name}: expected {str(param.dtype)} of rank {len(shape)}, got {value.dtype} {value.shape}")
         for dim, size in zip(shape, value.shape):
             if isinstance(dim, tvm.tirx.IntImm) and int(dim) != size:
                 raise ValueError(f"parameter {param.name}: expected shape {[str(d) for d in shape]}, got {value.shape}")
+
+
+def prepare(func: tvm.tirx.PrimFunc, target: tvm.target.Target, args: list[Any]) -> PreparedCall:
+    """Compile `func` (cached) and set up one call of it with `args` (as for run_primfunc; a
+    DeviceArray is used as it is, a numpy array is uploaded into a new buffer)."""
+    wgpu = _wgpu()
+    target = tvm.target.Target(target) if not isinstance(target, tvm.target.Target) else target
+    _check_args(func, args)
     compiled = _compile(func, target)
     host = _Host(compiled.host, args)
     host.run(compiled.host.body)
     device = get_device()
 
+    args = [upload(a) if isinstance(a, np.ndarray) else a for a in args]
+    buffers = {i: a.buffer for i, a in enumerate(args) if isinstance(a, DeviceArray)}
     usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC | wgpu.BufferUsage.COPY_DST
-    buffers: dict[int, Any] = {}
-    for index, value in enumerate(args):
-        if isinstance(value, np.ndarray):
-            data = np.ascontiguousarray(value).tobytes()
-            size = max(4, -(-len(data) // 4) * 4)  # storage bindings are whole 4-byte words
-            buffers[index] = device.create_buffer_with_data(data=data + b"\0" * (size - len(data)), usage=usage)
     for offset, (nbytes, _) in enumerate(host.temps):
         buffers[len(args) + offset] = device.create_buffer(size=max(4, -(-nbytes // 4) * 4), usage=usage)
 
-    encoder = device.create_command_encoder()
-    uniforms = []
+    keep: list[Any] = [b for slot, b in buffers.items() if slot >= len(args)]
+    dispatches = []
     for launch in host.launches:
         finfo = compiled.func_info[launch.kernel]
         dims, writes = _launch_layout(finfo)
@@ -450,7 +500,7 @@ def run_primfunc(func: tvm.tirx.PrimFunc, target: tvm.target.Target, args: list[
         pod.view(np.uint32)[len(pod_args)] = np.uint32(pack_x)
         pod_bytes = pod.tobytes() + b"\0" * (-pod.nbytes % 16)
         uniform = device.create_buffer_with_data(data=pod_bytes, usage=wgpu.BufferUsage.UNIFORM)
-        uniforms.append(uniform)
+        keep.append(uniform)
 
         pipeline, bind_layout = _pipeline(device, compiled, launch.kernel, (tuple(writes), len(pod_args)))
         entries = []
@@ -460,22 +510,91 @@ def run_primfunc(func: tvm.tirx.PrimFunc, target: tvm.target.Target, args: list[
             entries.append({"binding": binding, "resource": {"buffer": buf, "offset": 0, "size": buf.size}})
         entries.append({"binding": len(buffer_args), "resource": {"buffer": uniform, "offset": 0, "size": pod.nbytes}})
         bind_group = device.create_bind_group(layout=bind_layout, entries=entries)
-        compute = encoder.begin_compute_pass()
+        dispatches.append((pipeline, bind_group, (work[0], work[1], work[2])))
+    return PreparedCall(args, dispatches, keep)
+
+
+def _encode(calls: list[PreparedCall], query_set=None):
+    """A command buffer dispatching every launch of `calls` in order, one compute pass each (the
+    pass boundary orders each launch after the previous); with `query_set`, timestamps 0 and 1
+    at the beginning of the first pass and the end of the last."""
+    device = get_device()
+    encoder = device.create_command_encoder()
+    dispatches = [d for call in calls for d in call.dispatches]
+    for index, (pipeline, bind_group, work) in enumerate(dispatches):
+        writes = {}
+        if query_set is not None and index == 0:
+            writes["beginning_of_pass_write_index"] = 0
+        if query_set is not None and index == len(dispatches) - 1:
+            writes["end_of_pass_write_index"] = 1
+        compute = encoder.begin_compute_pass(timestamp_writes={"query_set": query_set, **writes} if writes else None)
         compute.set_pipeline(pipeline)
         compute.set_bind_group(0, bind_group)
-        compute.dispatch_workgroups(work[0], work[1], work[2])
+        compute.dispatch_workgroups(*work)
         compute.end()
-    device.queue.submit([encoder.finish()])
+    return encoder, len(dispatches)
 
-    results: list[Any] = []
-    for index, value in enumerate(args):
-        if not isinstance(value, np.ndarray):
-            results.append(value)
-            continue
-        raw = device.queue.read_buffer(buffers[index])
-        flat = np.frombuffer(bytes(raw), dtype=value.dtype, count=value.size)
-        results.append(flat.reshape(value.shape).copy())
-    return results
+
+def timer_kind() -> str:
+    """"timestamp-query" when the adapter has it (and USE_TIMESTAMP_QUERY), else "wall"."""
+    get_device()
+    return "timestamp-query" if USE_TIMESTAMP_QUERY and "timestamp-query" in _STATE["features"] else "wall"
+
+
+def time_calls(calls: list[PreparedCall]) -> tuple[int, int]:
+    """Run `calls` back to back in one command buffer and wait for them; returns (start_ns,
+    duration_ns).
+
+    What is timed: only the dispatch of the already prepared launches (arrays, uniforms,
+    pipelines and bind groups are made by `prepare`, nothing is compiled or uploaded here).
+    With "timestamp-query" (timer_kind()): the device's timestamps at the beginning of the first
+    compute pass and at the end of the last, i.e. the kernels plus the barriers between them;
+    start_ns is on the device's clock. Otherwise: host wall time (perf_counter_ns) from the
+    submit until a 4-byte read-back queued behind the work has returned, after earlier work
+    (uploads) has drained; this also counts the submission and that read-back.
+    """
+    wgpu = _wgpu()
+    device = get_device()
+    if timer_kind() == "timestamp-query":
+        query_set = device.create_query_set(type=wgpu.QueryType.timestamp, count=2)
+        encoder, count = _encode(calls, query_set)
+        if not count:
+            raise RuntimeError("nothing to time: the calls launch no kernel")
+        resolved = device.create_buffer(size=16, usage=wgpu.BufferUsage.QUERY_RESOLVE | wgpu.BufferUsage.COPY_SRC)
+        encoder.resolve_query_set(query_set, 0, 2, resolved, 0)
+        device.queue.submit([encoder.finish()])
+        begin, end = np.frombuffer(bytes(device.queue.read_buffer(resolved)), dtype=np.uint64)
+        return int(begin), int(end - begin)
+    encoder, count = _encode(calls)
+    if not count:
+        raise RuntimeError("nothing to time: the calls launch no kernel")
+    command_buffer = encoder.finish()
+    _wait_for_queue()
+    start = time.perf_counter_ns()
+    device.queue.submit([command_buffer])
+    _wait_for_queue()
+    return start, time.perf_counter_ns() - start
+
+
+def _wait_for_queue() -> None:
+    """Block until everything submitted so far has run: read back a 4-byte buffer (the copy is
+    queued after that work; wgpu 0.32's on_submitted_work_done_sync fails on its callback type)."""
+    if "fence" not in _STATE:
+        _STATE["fence"] = get_device().create_buffer(size=4, usage=_wgpu().BufferUsage.COPY_SRC)
+    get_device().queue.read_buffer(_STATE["fence"])
+
+
+def run_primfunc(func: tvm.tirx.PrimFunc, target: tvm.target.Target, args: list[Any]) -> list[Any]:
+    """Run a scheduled PrimFunc's WebGPU kernels on wgpu; returns the arguments after the run.
+
+    `args` follow `func.params`: numpy arrays for buffers (shapes bind the symbolic dims), Python
+    or numpy scalars for scalar parameters. Every buffer is read back (outputs filled, inputs
+    unchanged unless the kernel writes them); scalars are returned as given.
+    """
+    call = prepare(func, target, args)
+    encoder, _ = _encode([call])
+    get_device().queue.submit([encoder.finish()])
+    return call.read()
 
 
 def kernel_names(func: tvm.tirx.PrimFunc, target: tvm.target.Target, args: list[Any]) -> list[str]:

@@ -1,17 +1,46 @@
-"""GPU (CUDA, Metal, WebGPU) schedule rules.
+"""GPU (CUDA, Metal, WebGPU) schedule rules, per target.
 
-Until our own GPU rules land (issue 5), every GPU kernel gets TVM dlight's GPU rules in the order
-MLC-LLM uses them: Matmul (prefill GEMM, tensor cores where available), GEMV (decode), LowBatchGEMV,
-Reduction, GeneralReduction (norms, softmax), Fallback (thread-binds anything else).
+Our own rules come first, then TVM dlight's GPU rules as fallbacks, in the order MLC-LLM uses
+them: Matmul (prefill GEMM, tensor cores where available), GEMV, LowBatchGEMV, Reduction,
+GeneralReduction (norms, softmax), Fallback (thread-binds anything else).
+
+- GEMVDequant (gemv_dequant.py): one-token decode GEMV with the int4 dequantize fused in
+  (`fused_dequantizeN_NT_matmulM[_cast][_add]`) and the unquantized f16/f32 NT_matmul.
+- Multi-token GEMV and rms_norm stay dlight's. Our model has no static 2-8 row GEMV: prefill
+  and any batched decode go through the symbolic `seq_len` kernels, which dlight's Matmul takes
+  (LowBatchGEMV stays in the list for static small batches). dlight's Reduction already gives
+  the rms_norm one block per row (1024 threads on CUDA, coalesced loads, two-level warp-shuffle
+  reduce, the normalisation fused after it): a 4 KB row is launch-latency bound either way.
+
+Each rule is a dataclass whose fields are its knobs; `Rule.for_target(kind)` gives the target's
+defaults and `rule.knob_space(func, target)` the candidate values for one kernel.
 """
 
 from tvm.s_tir import dlight as dl
 
-GPU_RULES = [
-    dl.gpu.Matmul(),
-    dl.gpu.GEMV(),
-    dl.gpu.LowBatchGEMV(),
-    dl.gpu.Reduction(),
-    dl.gpu.GeneralReduction(),
-    dl.gpu.Fallback(),
-]
+from .gemv_dequant import GEMVDequant
+
+
+def _dlight_rules() -> list:
+    return [
+        dl.gpu.Matmul(),
+        dl.gpu.GEMV(),
+        dl.gpu.LowBatchGEMV(),
+        dl.gpu.Reduction(),
+        dl.gpu.GeneralReduction(),
+        dl.gpu.Fallback(),
+    ]
+
+
+def rules_for(kind: str) -> list:
+    """Our rules with `kind`'s default knobs, then dlight's."""
+    return [GEMVDequant.for_target(kind), *_dlight_rules()]
+
+
+CUDA_RULES = rules_for("cuda")
+METAL_RULES = rules_for("metal")
+WEBGPU_RULES = rules_for("webgpu")
+# one list for callers that do not distinguish GPU targets (the CUDA defaults)
+GPU_RULES = CUDA_RULES
+
+__all__ = ["CUDA_RULES", "METAL_RULES", "WEBGPU_RULES", "GPU_RULES", "GEMVDequant", "rules_for"]

@@ -1,0 +1,173 @@
+"""Content-addressed cell cache.
+
+A cell's cache key is the SHA-256 of everything its build depends on: the model config file, the
+quantization, the resolved target (TVM target dict + mlcpipe options), the source of every file
+under pipeline/ and schedules/, the tuning database for the target if there is one
+($MLCPIPE_TUNING_DB, else artifacts/tuning/<target>.json), and the tvm, tvm-ffi and mlcpipe
+versions. Layout under the cache directory:
+
+    <key>/artifact/                  the artifact (its manifest holds `cache_key` and `files`)
+    <key>/checks-<checks key>/       conformance / profile results for that artifact and settings
+
+Both are created as a temp dir + rename, so a build killed mid-way leaves only `.<name>.tmp-*`
+dirs, which are never looked up; an entry is trusted only if its manifest names the key and every
+file matches its SHA-256 (`verify.verify_artifact`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from ..artifact import read_manifest, sha256_file
+from ..config import REPO_ROOT, ModelConfig
+from ..targets import TargetSpec
+from .verify import verify_artifact, verify_files
+
+CODE_DIRS = ("pipeline", "schedules")
+STALE_TMP_SECONDS = 24 * 3600  # temp dirs older than this are left-overs of killed runs
+
+
+def _versions() -> dict[str, str]:
+    out = {}
+    for dist in ("apache-tvm", "apache-tvm-ffi", "mlcpipe"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            out[dist] = "unknown"
+    return out
+
+
+def code_digest(root: Path = REPO_ROOT) -> str:
+    """SHA-256 over (path, content) of every file under pipeline/ and schedules/ (no bytecode)."""
+    digest = hashlib.sha256()
+    for top in CODE_DIRS:
+        for dirpath, dirnames, filenames in os.walk(root / top):
+            dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
+            for name in sorted(filenames):
+                if name.endswith((".pyc", ".pyo")):
+                    continue
+                path = Path(dirpath) / name
+                digest.update(path.relative_to(root).as_posix().encode() + b"\0")
+                digest.update(sha256_file(path).encode() + b"\n")
+    return digest.hexdigest()
+
+
+def tuning_db(target_name: str) -> Path:
+    """The tuning database a build for `target_name` reads (hashed only if it exists)."""
+    from ..tuning import default_db_path
+
+    return default_db_path(target_name)
+
+
+def cache_inputs(config: ModelConfig, quant: str, target: TargetSpec, code: str | None = None) -> dict[str, Any]:
+    """Everything a cell's build depends on (what the key hashes; kept in the manifest)."""
+    db = tuning_db(target.name)
+    return {
+        "model_config": {"file": Path(config.source).name, "sha256": sha256_file(Path(config.source))},
+        "quantization": quant,
+        "target": {"preset": target.name, "target": target.target, "options": target.options},
+        "code_sha256": code or code_digest(),
+        "tuning_db": {"file": str(db), "sha256": sha256_file(db)} if db.is_file() else None,
+        "versions": _versions(),
+    }
+
+
+def digest(data: Any) -> str:
+    return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def checks_key(key: str, checks: dict[str, Any]) -> str:
+    """Key of a cell's check results: its artifact key plus the check settings."""
+    return digest({"artifact": key, "checks": {k: v for k, v in checks.items() if k != "reproducibility"}})[:16]
+
+
+def artifact_entry(cache_dir: Path, key: str) -> Path:
+    return Path(cache_dir) / key / "artifact"
+
+
+def checks_entry(cache_dir: Path, key: str, ckey: str) -> Path:
+    return Path(cache_dir) / key / f"checks-{ckey}"
+
+
+def lookup_artifact(cache_dir: Path, key: str) -> Path | None:
+    """The cached artifact for `key` if it is complete and intact, else None."""
+    path = artifact_entry(cache_dir, key)
+    if not (path / "manifest.json").is_file():
+        return None
+    try:
+        if read_manifest(path).get("cache_key") != key:
+            return None
+    except ValueError:
+        return None
+    return None if verify_artifact(path) else path
+
+
+CHECKS_INDEX = "checks.json"  # in a checks entry: results + SHA-256 of each result file
+
+
+def lookup_checks(cache_dir: Path, key: str, ckey: str) -> Path | None:
+    """The cached check results for (`key`, `ckey`) if complete and intact, else None."""
+    path = checks_entry(cache_dir, key, ckey)
+    index = path / CHECKS_INDEX
+    if not index.is_file():
+        return None
+    try:
+        data = json.loads(index.read_text())
+    except json.JSONDecodeError:
+        return None
+    if data.get("checks_key") != ckey or verify_files(path, data.get("files", {}), exclude=(CHECKS_INDEX,)):
+        return None
+    return path
+
+
+class CacheLock:
+    """Held (shared) by every nightly run using a cache for as long as it runs; the OS drops it when
+    the process dies, even by SIGKILL. A run that finds no other holder removes the temp dirs that
+    killed runs left behind, since nobody can still be writing them."""
+
+    def __init__(self, cache_dir: Path) -> None:
+        self.path = Path(cache_dir) / ".lock"
+        self._file = None
+
+    def __enter__(self) -> "CacheLock":
+        import fcntl
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "a")  # noqa: SIM115 - held until __exit__
+        try:
+            fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            max_age = 0.0
+        except BlockingIOError:  # another run is using the cache: only old leftovers go
+            max_age = STALE_TMP_SECONDS
+        root = self.path.parent
+        for directory in [root, *(d for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))]:
+            remove_stale_temp_dirs(directory, max_age=max_age)  # entries, and check results inside them
+        fcntl.flock(self._file, fcntl.LOCK_SH)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+def remove_stale_temp_dirs(directory: Path, names: list[str] | None = None, max_age: float = STALE_TMP_SECONDS) -> None:
+    """Remove `.<name>.tmp-*` / `.<name>.old-*` left by killed runs: those of `names` at once,
+    any other once older than `max_age` seconds (a concurrent run may still be writing it)."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return
+    now = time.time()
+    for path in directory.iterdir():
+        if not path.name.startswith(".") or not (".tmp-" in path.name or ".old-" in path.name):
+            continue
+        owner = path.name[1:].rsplit(".tmp-", 1)[0].rsplit(".old-", 1)[0]
+        if (names is not None and owner in names) or now - path.stat().st_mtime > max_age:
+            shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,342 @@
+"""Run the cells of a nightly matrix: each cell's TVM work in worker processes (one target per
+process), `jobs` cells at a time, through the content-addressed cache (cache.py).
+
+A cell's output is `<out>/<cell>/` (artifact/, conformance and profile reports, result.json),
+created as a temp dir + rename; its log is `<out>/logs/<cell>.log`. A failing cell is recorded
+(result.json with the error and its log tail) and never stops the others. Profiles take the
+machine alone: a profile waits for running builds to finish and no build starts during it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..artifact import MANIFEST, atomic_directory, file_digests, read_manifest, sha256_file, write_json
+from ..config import ConfigError, load_model_config
+from ..targets import load_target
+from . import cache
+from .matrix import Cell
+from .reproduce import compare
+from .verify import verify_artifact
+
+RESULT = "result.json"
+LOG_TAIL_LINES = 20
+HEARTBEAT_SECONDS = 30.0
+CHECK_REPORTS = ("conformance.json", "conformance.txt", "profile.json", "profile.md")
+
+
+class CellError(RuntimeError):
+    """A cell that could not be built or checked (one line; details in its log)."""
+
+
+class _BuildsAndProfiles:
+    """Builds share the machine; a profile takes it alone (waits for builds, blocks new ones)."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._builds = 0
+        self._profiling = False
+        self._waiting = 0
+
+    @contextlib.contextmanager
+    def build(self):
+        with self._cond:
+            self._cond.wait_for(lambda: not self._profiling and not self._waiting)
+            self._builds += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._builds -= 1
+                self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def profile(self):
+        with self._cond:
+            self._waiting += 1
+            self._cond.wait_for(lambda: not self._profiling and self._builds == 0)
+            self._waiting -= 1
+            self._profiling = True
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._profiling = False
+                self._cond.notify_all()
+
+
+def log_tail(path: Path, lines: int = LOG_TAIL_LINES) -> list[str]:
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError:
+        return []
+    return [ln for ln in text.splitlines() if ln.strip()][-lines:]
+
+
+class Runner:
+    def __init__(self, cells: list[Cell], out: Path, cache_dir: Path, jobs: int = 1,
+                 echo: Callable[[str], None] = print) -> None:
+        self.cells = cells
+        self.out = Path(out)
+        self.cache_dir = Path(cache_dir)
+        self.jobs = max(1, jobs)
+        self.echo = echo
+        self.machine = _BuildsAndProfiles()
+        self._children: set[subprocess.Popen] = set()
+        self._children_lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._code = cache.code_digest()
+        self._started: dict[str, float] = {}
+
+    # ---- worker processes -------------------------------------------------------------------
+
+    def _env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.setdefault("TVM_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.jobs)))
+        return env
+
+    def _worker(self, cell: Cell, log, work: Path, **spec: Any) -> dict:
+        """Run `python -m pipeline.nightly.worker` for `cell` with `spec`; its output goes to the log."""
+        if self._stopping.is_set():
+            raise CellError("interrupted")
+        spec = {"model": cell.model_source, "quant": cell.quant, "preset": cell.target.preset,
+                "options": cell.target.options, "result": str(work / "worker-result.json"), **spec}
+        spec = {k: (str(v) if isinstance(v, Path) else v) for k, v in spec.items()}
+        spec_path = work / "worker-spec.json"
+        spec_path.write_text(json.dumps(spec, indent=2, default=str))
+        Path(spec["result"]).unlink(missing_ok=True)
+        cmd = [sys.executable, "-m", "pipeline.nightly.worker", str(spec_path)]
+        log.write(f"$ {' '.join(cmd)}  # {', '.join(k for k in ('build', 'conformance', 'profile') if spec.get(k))}\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self._env(), stdin=subprocess.DEVNULL)
+        with self._children_lock:
+            self._children.add(proc)
+        try:
+            code = proc.wait()
+        finally:
+            with self._children_lock:
+                self._children.discard(proc)
+        log.flush()
+        if code != 0:
+            tail = [ln for ln in log_tail(Path(log.name), 40) if not ln.startswith(("  File ", "    "))]
+            last = tail[-1] if tail else ""
+            what = f"killed by signal {-code}" if code < 0 else f"exit {code}"
+            raise CellError(f"{'build' if spec.get('build') else 'check'} failed ({what}): {last[:300]}")
+        return json.loads(Path(spec["result"]).read_text())
+
+    def stop(self) -> None:
+        """Terminate every running worker (Ctrl-C): their temp dirs are never trusted."""
+        self._stopping.set()
+        with self._children_lock:
+            children = list(self._children)
+        for proc in children:
+            with contextlib.suppress(ProcessLookupError):
+                proc.terminate()
+        for proc in children:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+    # ---- one cell ---------------------------------------------------------------------------
+
+    def _build_entry(self, cell: Cell, log, work: Path, key: str, inputs: dict, checks_out: Path) -> dict:
+        """Build the cell into the cache (temp dir + rename); conformance runs in the same worker."""
+        manifest_extra = {"nightly_cell": cell.id, "cache_key": key, "cache_inputs": inputs}
+        conformance = cell.checks.get("conformance")
+        with atomic_directory(self.cache_dir / key) as entry:
+            with self.machine.build():
+                result = self._worker(cell, log, work, build={"output": entry / "artifact", "manifest_extra": manifest_extra},
+                                      artifact=entry / "artifact", checks_out=checks_out,
+                                      conformance=_settings(conformance, ("sizes", "kernels")))
+            if "reproducibility" in cell.checks:
+                log.write("[nightly] reproducibility: building the cell again in a fresh process\n")
+                with self.machine.build():
+                    self._worker(cell, log, work, build={"output": entry / "rebuild", "manifest_extra": manifest_extra})
+                found = compare(entry / "artifact", entry / "rebuild")
+                log.write(f"[nightly] reproducibility: {json.dumps(found)}\n")
+                manifest = read_manifest(entry / "artifact")
+                manifest["reproducibility"] = {"rebuilt_in_fresh_process": True, **found}
+                write_json(entry / "artifact" / MANIFEST, manifest)
+                shutil.rmtree(entry / "rebuild")
+            problems = verify_artifact(entry / "artifact")
+            if problems:
+                raise CellError(f"built artifact does not verify: {problems[0]}")
+        return result
+
+    def _store_checks(self, key: str, ckey: str, stage: Path, results: dict) -> None:
+        with atomic_directory(cache.checks_entry(self.cache_dir, key, ckey)) as entry:
+            for name in CHECK_REPORTS:
+                if (stage / name).is_file():
+                    shutil.copy2(stage / name, entry / name)
+            files = file_digests(entry, exclude=(cache.CHECKS_INDEX,))
+            write_json(entry / cache.CHECKS_INDEX, {"checks_key": ckey, "results": results, "files": files})
+
+    def _run_cell(self, cell: Cell, log) -> dict:
+        target = load_target(cell.target.preset, cell.target.options)
+        config = load_model_config(cell.model_source)
+        inputs = cache.cache_inputs(config, cell.quant, target, code=self._code)
+        key = cache.digest(inputs)
+        ckey = cache.checks_key(key, cell.checks)
+        log.write(f"[nightly] cell {cell.id}: cache key {key}\n")
+        artifact = cache.lookup_artifact(self.cache_dir, key)
+        cached = artifact is not None
+        cached_checks = cache.lookup_checks(self.cache_dir, key, ckey) if cached else None
+        results: dict[str, Any] = {}
+        with tempfile.TemporaryDirectory(prefix=f".{cell.id}.tmp-work-", dir=self.out) as tmp, \
+                atomic_directory(self.out / cell.id) as stage:  # fmt: skip
+            work = Path(tmp)
+            if cached:
+                log.write(f"[nightly] cache hit: {artifact}\n")
+            else:
+                log.write(f"[nightly] cache miss: building into {self.cache_dir / key}\n")
+                results = self._build_entry(cell, log, work, key, inputs, stage)
+                artifact = cache.artifact_entry(self.cache_dir, key)
+            if cached_checks is not None:
+                log.write(f"[nightly] check results reused: {cached_checks}\n")
+                for name in CHECK_REPORTS:
+                    if (cached_checks / name).is_file():
+                        shutil.copy2(cached_checks / name, stage / name)
+                results = json.loads((cached_checks / cache.CHECKS_INDEX).read_text())["results"]
+            else:
+                if cached and "conformance" in cell.checks:
+                    with self.machine.build():
+                        results.update(self._worker(cell, log, work, artifact=artifact, checks_out=stage,
+                                                    conformance=_settings(cell.checks["conformance"], ("sizes", "kernels"))))
+                if "profile" in cell.checks:
+                    with self.machine.profile():
+                        results.update(self._worker(cell, log, work, artifact=artifact, checks_out=stage,
+                                                    profile=_settings(cell.checks["profile"], ("prompt_len", "gen_len", "runs", "warmup"))))
+                if results and all(r.get("status") != "failed" for r in results.values()):
+                    self._store_checks(key, ckey, stage, results)
+            shutil.copytree(artifact, stage / "artifact")
+            record = self._record(cell, stage, key, cached, cached_checks is not None, results)
+            write_json(stage / RESULT, record)
+        return record
+
+    def _record(self, cell: Cell, stage: Path, key: str, cached: bool, checks_cached: bool, results: dict) -> dict:
+        manifest = read_manifest(stage / "artifact")
+        files = manifest.get("files", {})
+        source = manifest.get("kernel_source")
+        repro = manifest.get("reproducibility")
+        failed = [name for name, r in results.items() if r.get("status") == "failed"]
+        return {
+            **_identity(cell),
+            "status": "failed" if failed else "passed",
+            "error": f"{', '.join(failed)} check failed" if failed else None,
+            "cached": cached,
+            "checks_cached": checks_cached,
+            "cache_key": key,
+            "build_seconds": manifest.get("build_seconds"),
+            "seconds": round(time.perf_counter() - self._started[cell.id], 2),
+            "artifact": f"{cell.id}/artifact",
+            "manifest_sha256": sha256_file(stage / "artifact" / MANIFEST),
+            "library": manifest.get("library"),
+            "sizes": {
+                "library": files.get(manifest.get("library"), {}).get("bytes"),
+                "kernel_source": files.get(source, {}).get("bytes") if source else None,
+                "total": sum(f["bytes"] for f in files.values()),
+            },
+            "kernels": len(manifest.get("kernels", [])),
+            "conformance": results.get("conformance"),
+            "profile": results.get("profile"),
+            "reproducibility": None if repro is None else {"identical": repro["identical"], "differs": repro["differs"]},
+            "log": f"logs/{cell.id}.log",
+        }
+
+    def run_cell(self, cell: Cell) -> dict:
+        """Build and check one cell; never raises (a failure is the returned record)."""
+        self._started[cell.id] = time.perf_counter()
+        log_path = self.out / "logs" / f"{cell.id}.log"
+        with open(log_path, "w") as log:
+            try:
+                return self._run_cell(cell, log)
+            except Exception as exc:  # noqa: BLE001 - any failure of a cell is reported, not raised
+                if not isinstance(exc, (CellError, ConfigError)):
+                    traceback.print_exc(file=log)
+                error = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+                log.write(f"[nightly] cell {cell.id} FAILED: {error}\n")
+        record = {
+            **_identity(cell), "status": "failed", "error": error,
+            "seconds": round(time.perf_counter() - self._started[cell.id], 2),
+            "log": f"logs/{cell.id}.log", "log_tail": log_tail(log_path),
+        }
+        with atomic_directory(self.out / cell.id) as stage:
+            write_json(stage / RESULT, record)
+        return record
+
+    # ---- all cells ---------------------------------------------------------------------------
+
+    def run(self) -> list[dict]:
+        self.out.mkdir(parents=True, exist_ok=True)
+        (self.out / "logs").mkdir(exist_ok=True)
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        cache.remove_stale_temp_dirs(self.out, [c.id for c in self.cells], max_age=float("inf"))
+        with cache.CacheLock(self.cache_dir):
+            return self._run_all()
+
+    def _run_all(self) -> list[dict]:
+        n = len(self.cells)
+        self.echo(f"[nightly] {n} cells, {self.jobs} jobs; out {self.out}; cache {self.cache_dir}")
+        records: dict[str, dict] = {}
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="cell")
+        futures = {pool.submit(self.run_cell, cell): cell for cell in self.cells}
+        try:
+            pending = set(futures)
+            while pending:
+                done, pending = concurrent.futures.wait(pending, timeout=HEARTBEAT_SECONDS,
+                                                        return_when=concurrent.futures.FIRST_COMPLETED)
+                for future in done:
+                    record = future.result()
+                    records[record["cell"]] = record
+                    self.echo(progress_line(len(records), n, record))
+                if pending and not done:
+                    now = time.perf_counter()
+                    running = [f"{c.id} ({now - self._started[c.id]:.0f} s)" for f, c in futures.items()
+                               if f in pending and c.id in self._started]
+                    self.echo(f"[nightly] {len(records)}/{n} done; running: {', '.join(running) or '-'}")
+        except KeyboardInterrupt:
+            self.echo("[nightly] interrupted: stopping workers (no partial cell is kept)")
+            self.stop()
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+        pool.shutdown(wait=True)
+        return [records[c.id] for c in self.cells]
+
+
+def _identity(cell: Cell) -> dict:
+    return {"cell": cell.id, "model": cell.model, "quantization": cell.quant, "target": cell.target.name,
+            "preset": cell.target.preset, "target_options": cell.target.options}
+
+
+def _settings(check: dict | None, keys: tuple[str, ...]) -> dict | None:
+    return None if check is None else {k: check[k] for k in keys}
+
+
+def progress_line(done: int, total: int, record: dict) -> str:
+    head = f"[nightly] [{done}/{total}] {'PASS' if record['status'] == 'passed' else 'FAIL'} {record['cell']} ({record.get('seconds', 0):.1f} s"
+    if record["status"] != "passed":
+        tail = record.get("log_tail") or []
+        lines = [f"{head}): {record.get('error')}; log: {record.get('log')}"]
+        return "\n".join(lines + [f"    | {ln}" for ln in tail[-8:]])
+    parts = ["cached" if record.get("cached") else f"built in {record.get('build_seconds')} s"]
+    if record.get("conformance"):
+        parts.append(f"conformance {record['conformance']['status']}")
+    if record.get("profile") and record["profile"].get("headline"):
+        parts.append(f"decode {record['profile']['headline']['decode_ms_per_token_p50']} ms/token")
+    if record.get("reproducibility") and not record["reproducibility"]["identical"]:
+        parts.append(f"NOT reproducible: {sorted(record['reproducibility']['differs'])}")
+    return f"{head}, {'; '.join(parts)})"

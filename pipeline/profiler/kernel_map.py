@@ -1,0 +1,67 @@
+"""Which kernel of one artifact does the work of a kernel of another artifact of the same model.
+
+Used to replay an llvm call sequence on a GPU artifact. A kernel maps to, in this order, the
+first candidate of the other artifact that has the same role and argument signature (dtypes and
+shapes, symbolic dims by name):
+  1. the same name (the Relax graph is the same, so the fused kernels usually keep their names);
+  2. the name without TVM's `_cpu` tag (the KV cache's CPU kernels: batch_decode_paged_kv_cpu,
+     batch_prefill_paged_kv_cpu_sliding_window, ...);
+  3. the kernel in the same slot of the KV cache's constructor (manifest `kv_cache_kernels`,
+     e.g. merge_state_inplace_cpu -> tir_attention_merge_state);
+  4. the only kernel with that role and signature (kernel numbering differs between targets).
+Anything else is a KernelMapError (one line).
+"""
+
+from __future__ import annotations
+
+import re
+
+
+class KernelMapError(ValueError):
+    pass
+
+
+def _signature(kernel: dict) -> tuple:
+    return tuple((str(a.get("dtype")), tuple(str(d) for d in a["shape"]) if a.get("shape") is not None else None) for a in kernel.get("args", []))
+
+
+def _kv_slots(manifest: dict) -> dict[tuple[int, int], str]:
+    """(slot, position in the slot's list or -1) -> kernel name."""
+    slots: dict[tuple[int, int], str] = {}
+    for i, slot in enumerate(manifest.get("kv_cache_kernels") or []):
+        if isinstance(slot, str):
+            slots[(i, -1)] = slot
+        elif isinstance(slot, list):
+            for j, name in enumerate(slot):
+                if isinstance(name, str):
+                    slots[(i, j)] = name
+    return slots
+
+
+def map_kernels(names: list[str], source: dict, dest: dict) -> dict[str, str]:
+    """{name in `source`'s manifest: the kernel of `dest`'s manifest doing its work}, for `names`."""
+    src = {k["name"]: k for k in source["kernels"]}
+    dst = {k["name"]: k for k in dest["kernels"]}
+    src_slot = {name: key for key, name in _kv_slots(source).items()}
+    dst_by_slot = _kv_slots(dest)
+    where = f"{dest['model']} {dest['quantization']} {dest['target']['kind']}"
+    mapping: dict[str, str] = {}
+    for name in names:
+        if name not in src:
+            raise KernelMapError(f"kernel {name} is not in the {source['target']['kind']} artifact's manifest")
+        role, signature = src[name].get("role", "other"), _signature(src[name])
+        candidates = [name, re.sub(r"_cpu(?=_|$)", "", name)]
+        if name in src_slot and src_slot[name] in dst_by_slot:
+            candidates.append(dst_by_slot[src_slot[name]])
+        match = next((c for c in candidates if c in dst and dst[c].get("role", "other") == role and _signature(dst[c]) == signature), None)
+        if match is None:
+            same = [k for k, v in dst.items() if v.get("role", "other") == role and _signature(v) == signature]
+            if len(same) != 1:
+                found = "none" if not same else "several: " + ", ".join(sorted(same))
+                raise KernelMapError(
+                    f"cannot map {source['target']['kind']} kernel {name} (role {role}) to a kernel of {where}: "
+                    f"no kernel of that name, and {found} with its role and argument signature"
+                )
+            match = same[0]
+        mapping[name] = match
+    return mapping

@@ -1,0 +1,190 @@
+"""`mlcpipe tune`: measure each kernel's knob candidates on the target, keep the fastest.
+
+For every kernel of the model (after fusion, before scheduling) the first schedule rule that
+takes it (schedules.RULES order) lists its candidates (`knob_space`); each candidate is
+compiled, run on seeded inputs of the kernel's real shapes (symbolic token dims bound to
+`tokens`: 1 for decode kernels has no symbolic dim anyway, prefill kernels get the prompt
+size), checked against the rule's default knobs, and timed with TVM's time_evaluator (best
+of `repeat`). Winners go into the tuning database (pipeline/tuning.py), which `mlcpipe build`
+applies. A candidate whose output differs is rejected and reported, never chosen.
+
+Timing needs the target's device: llvm runs here; cuda needs a GPU (the lent H100); WebGPU on
+lavapipe and Metal cannot rank GPU schedules on this machine and are refused.
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import tvm
+
+from .config import ModelConfig
+from .kernel_inputs import random_args, symbolic_dims
+from .targets import TargetSpec
+from .tuning import TuningDB
+
+TIMED_KINDS = ("llvm", "cuda")
+
+
+class TuneError(ValueError):
+    pass
+
+
+@dataclass
+class KernelTuning:
+    kernel: str
+    signature: str
+    rule: str
+    default: dict
+    best: dict
+    default_ms: float
+    best_ms: float
+    candidates: list = field(default_factory=list)  # {"knobs", "ms" | None, "error" | None}
+
+    @property
+    def speedup(self) -> float:
+        return self.default_ms / self.best_ms if self.best_ms else 0.0
+
+
+def _device(kind: str):
+    if kind == "llvm":
+        return tvm.cpu()
+    if kind == "cuda":
+        dev = tvm.cuda()
+        if not dev.exist:
+            raise TuneError("tune --target cuda: no CUDA device on this machine (run it where a GPU is, e.g. the lent H100)")
+        return dev
+    raise TuneError(
+        f"tune --target {kind}: cannot time {kind} kernels here (allowed: {', '.join(TIMED_KINDS)}); "
+        "lavapipe runs WebGPU on the CPU, so its timings do not rank GPU schedules: use `mlcpipe check` for numerics"
+    )
+
+
+def unscheduled_kernels(config: ModelConfig, quant: str, target: tvm.target.Target) -> dict[str, tvm.tirx.PrimFunc]:
+    """The model's PrimFuncs after fusion (dequantize fused into its matmul), before scheduling."""
+    from .build import export_model
+    from .passes.pipeline import _phases
+
+    mod, _ = export_model(config, quant, target)
+    phases = dict(_phases(target.kind.name))
+    with target:
+        for name in ("fuse-high-level", "lower", "fuse-tir"):
+            mod = tvm.transform.Sequential(phases[name])(mod)
+    return {gv.name_hint: f for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
+
+
+def _candidates(space: dict[str, list], default: dict, budget: int, seed: int) -> list[dict]:
+    names = sorted(space)
+    grid = [dict(zip(names, values)) for values in itertools.product(*(space[n] for n in names))]
+    base = {k: default[k] for k in names}
+    rest = [g for g in grid if g != base]
+    random.Random(seed).shuffle(rest)
+    return [base] + rest[: max(0, budget - 1)]
+
+
+def _run(lib, args, device):
+    tensors = [tvm.runtime.tensor(a, device) for a in args]
+    lib["main"](*tensors)
+    device.sync()
+    return tensors[-1].numpy().astype(np.float32)
+
+
+def _time_ms(lib, args, device, repeat: int) -> float:
+    tensors = [tvm.runtime.tensor(a, device) for a in args]
+    timer = lib.mod.time_evaluator("main", device, number=1, repeat=repeat, min_repeat_ms=50)
+    return float(min(timer(*tensors).results)) * 1e3
+
+
+def tune(
+    config: ModelConfig,
+    quant: str,
+    target: TargetSpec,
+    db: TuningDB,
+    pattern: str | None = None,
+    budget: int = 8,
+    tokens: int = 128,
+    repeat: int = 5,
+    seed: int = 0,
+    log: Callable[[str], None] = print,
+) -> list[KernelTuning]:
+    """Tune every kernel (or those matching `pattern`) and store the winners in `db` (saved)."""
+    from schedules import RULES, with_knobs
+    from schedules.signature import kernel_signature
+
+    device = _device(target.kind)
+    tvm_target = target.tvm_target()
+    kernels = unscheduled_kernels(config, quant, tvm_target)
+    regex = re.compile(pattern) if pattern else None
+    results: list[KernelTuning] = []
+    for name, func in sorted(kernels.items()):
+        if regex and not regex.search(name):
+            continue
+        rule = next((r for r in RULES[target.kind] if hasattr(r, "knob_space") and r.apply(func, tvm_target, False) is not None), None)
+        if rule is None:
+            continue
+        space = rule.knob_space(func, tvm_target)
+        if not space:
+            continue
+        import dataclasses
+
+        default = dataclasses.asdict(rule)
+        sizes = {d: tokens for d in symbolic_dims(func)}
+        args = random_args(func, sizes, seed=seed)
+        want = None
+        tried: list[dict] = []
+        started = time.perf_counter()
+        for knobs in _candidates(space, default, budget, seed):
+            entry: dict = {"knobs": knobs, "ms": None, "error": None}
+            tried.append(entry)
+            sch = with_knobs(rule, knobs).apply(func, tvm_target, False)
+            if sch is None:
+                entry["error"] = "rule declined these knobs"
+                continue
+            try:
+                with tvm_target:
+                    lib = tvm.compile(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), target=tvm_target)
+                got = _run(lib, [a.copy() for a in args], device)
+            except Exception as exc:  # noqa: BLE001 - a failing candidate is reported, never chosen
+                entry["error"] = str(exc).strip().splitlines()[-1][:200]
+                continue
+            if want is None:
+                want = got  # the default knobs come first: the reference for the others
+            scale = float(np.abs(want).max()) or 1.0
+            tol = 2e-2 if "16" in quant else 1e-4
+            if not np.allclose(got, want, rtol=tol, atol=tol * scale):
+                entry["error"] = f"output differs from the default knobs (max abs err {float(np.abs(got - want).max()):.3g})"
+                continue
+            entry["ms"] = _time_ms(lib, args, device, repeat)
+        timed = [c for c in tried if c["ms"] is not None]
+        if not timed:
+            log(f"[tune] {name}: no candidate ran ({tried[0]['error']})")
+            continue
+        best = min(timed, key=lambda c: c["ms"])
+        default_ms = tried[0]["ms"] if tried[0]["ms"] is not None else best["ms"]
+        result = KernelTuning(name, kernel_signature(func), type(rule).__name__, {k: default[k] for k in space}, best["knobs"],
+                              default_ms, best["ms"], tried)
+        results.append(result)
+        db.put(target.target, result.signature, {
+            "kernel": name, "rule": result.rule, "knobs": result.best, "ms": round(result.best_ms, 4),
+            "default_ms": round(result.default_ms, 4), "sizes": sizes,
+            "candidates": [{"knobs": c["knobs"], "ms": None if c["ms"] is None else round(c["ms"], 4), "error": c["error"]} for c in tried],
+        })
+        log(f"[tune] {name}: {result.rule} {result.best} {result.best_ms:.3f} ms (default {result.default_ms:.3f} ms, "
+            f"{len(timed)}/{len(tried)} candidates, {time.perf_counter() - started:.1f}s)")
+    db.save()
+    return results
+
+
+def report(results: list[KernelTuning]) -> str:
+    """Markdown table of the tuning run."""
+    lines = ["| Kernel | Rule | Default knobs | Default (ms) | Best knobs | Best (ms) | Speed-up |", "|---|---|---|---|---|---|---|"]
+    for r in results:
+        fmt = lambda k: " ".join(f"{a}={b}" for a, b in sorted(k.items()))  # noqa: E731
+        lines.append(f"| {r.kernel} | {r.rule} | {fmt(r.default)} | {r.default_ms:.3f} | {fmt(r.best)} | {r.best_ms:.3f} | {r.speedup:.2f}x |")
+    return "\n".join(lines)

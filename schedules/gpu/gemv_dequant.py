@@ -1,0 +1,186 @@
+"""Decode GEMV, C[1, 1, n] = sum_k A[1, 1, k] * W'[n, k], with the dequantize fused as a prologue.
+
+Covers `fused_dequantizeN_NT_matmulM[_cast][_add]` (MLC q4f16_1 / q4f32_1: W uint32 [N, K/8], 8
+little-endian nibbles per word, scale [N, K/32], w = (nibble - 7) * scale) and the unquantized
+f16/f32 `NT_matmul` (q0f16, q0f32), for one token: every spatial dim but n is 1 and static.
+
+Launch: a block of (threads, rows) threads computes `rows` output rows; the `threads` lanes of a
+row (threadIdx.x) split K between them. In each step a lane loads `vec` consecutive 32-bit words of
+its row of W into registers (one 16-byte load for vec=4), unpacks the nibbles there, loads the
+matching activations (vector loads: 16 bytes on CUDA, 4 lanes on Metal / WebGPU; served by L1/L2
+since every row of the block reads the same ones), and accumulates in float32. Neighbouring lanes read neighbouring words, so a warp reads
+a contiguous `threads * vec * 4` bytes of a row per step. At the end the lanes of a row combine
+their partial sums with one cross-thread reduction: TVM lowers it to warp / simdgroup shuffles on
+CUDA and Metal (threads <= warp size), and to a shared-memory tree on WebGPU, whose preset has
+thread_warp_size 1 (TVM 0.27's webgpu target has a `supports_subgroups` flag and its codegen knows
+subgroupShuffle*, but our preset and lavapipe runner do not enable subgroups: untried here). The
+cast / residual-add epilogue runs right after, written by lane 0 of each row.
+
+Knobs (dataclass fields; `knob_space` lists the values valid for a kernel):
+  threads  lanes per output row (threadIdx.x)
+  rows     output rows per block (threadIdx.y)
+  vec      32-bit words of W each lane loads per step (4 = 16-byte loads)
+  unroll   max auto-unroll of the K-step loop
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tvm import s_tir, tirx
+from tvm.s_tir import dlight as dl
+from tvm.target import Target
+
+from .common import NTMatmul, analyze_nt_matmul, const, is_gpu, max_threads, max_vector_lanes
+
+# Per-target defaults: (threads, rows, vec, unroll).
+DEFAULTS = {
+    "cuda": dict(threads=32, rows=4, vec=4, unroll=4),
+    "metal": dict(threads=32, rows=4, vec=4, unroll=4),
+    # no subgroups by default: the row reduction goes through shared memory, so fewer lanes per
+    # row (fewer barrier rounds) and more rows per workgroup
+    "webgpu": dict(threads=16, rows=8, vec=4, unroll=4),
+}
+
+
+@dataclasses.dataclass
+class GEMVDequant(dl.ScheduleRule):
+    threads: int = 32
+    rows: int = 4
+    vec: int = 4
+    unroll: int = 4
+
+    @classmethod
+    def for_target(cls, kind: str) -> "GEMVDequant":
+        return cls(**DEFAULTS[kind])
+
+    # ---- knob protocol -------------------------------------------------------------------
+    def knob_space(self, func: tirx.PrimFunc, target: Target) -> dict[str, list]:
+        info = self._match(func, target)
+        if info is None:
+            return {}
+        limit = max_threads(target)
+        space = {
+            "threads": [t for t in (4, 8, 16, 32, 64, 128) if info.words_per_row % t == 0 and t <= limit],
+            "rows": [r for r in (1, 2, 4, 8, 16) if info.n % r == 0],
+            "vec": [v for v in (1, 2, 4, 8) if info.words_per_row % v == 0],
+            "unroll": [1, 2, 4, 8, 16],
+        }
+        # only combinations with threads * vec dividing the row's words and threads * rows <= the
+        # target's thread limit are taken as given (others are shrunk): filter with `valid`
+        return space
+
+    def valid(self, func: tirx.PrimFunc, target: Target) -> bool:
+        """Whether this instance's knobs schedule `func` exactly as given (no clamping)."""
+        info = self._match(func, target)
+        return info is not None and self._fit(info, target) == (self.threads, self.rows, self.vec)
+
+    # ---- rule ----------------------------------------------------------------------------
+    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
+        del tunable
+        info = self._match(func, target)
+        if info is None:
+            return None
+        threads, rows, vec = self._fit(info, target)
+        try:
+            return _schedule(info, threads, rows, vec, self.unroll, target)
+        except (s_tir.ScheduleError, LookupError):
+            return None
+
+    def _match(self, func, target) -> NTMatmul | None:
+        if not isinstance(func, tirx.PrimFunc) or not is_gpu(target):
+            return None
+        info = analyze_nt_matmul(func)
+        if info is None:
+            return None
+        if any(not isinstance(b, int) or b != 1 for b in info.batch):
+            return None  # one token only: batches and symbolic lengths are LowBatchGEMV / Matmul
+        if str(info.vector.dtype) not in ("float16", "float32"):
+            return None
+        return info
+
+    def _fit(self, info: NTMatmul, target: Target) -> tuple[int, int, int]:
+        """The knobs, shrunk where the kernel's shape or the target does not allow them."""
+        limit = max_threads(target)
+        vec = self.vec
+        while vec > 1 and info.words_per_row % vec:
+            vec //= 2
+        threads = self.threads
+        while threads > 1 and (info.words_per_row % (threads * vec) or threads > limit):
+            threads //= 2
+        rows = self.rows
+        while rows > 1 and (info.n % rows or threads * rows > limit):
+            rows //= 2
+        return threads, rows, vec
+
+
+def _schedule(info: NTMatmul, threads: int, rows: int, vec: int, unroll: int, target: Target) -> s_tir.Schedule:
+    sch, block = info.sch, info.block
+    epw = info.elems_per_word
+    *batch_loops, n_loop, k_loop = sch.get_loops(block)
+    bx, ty = sch.split(n_loop, factors=[None, rows])
+    ko, tx, kv, ke = sch.split(k_loop, factors=[None, threads, vec, epw])
+    sch.reorder(bx, ty, tx, *batch_loops, ko, kv, ke)
+    # partial sums per lane (rf), then the cross-lane reduction (the original block)
+    rf = sch.rfactor(tx, factor_axis=len(info.batch) + 1)
+    # rfactor leaves the original loops to the write-back block: the rf block has fresh ones
+    bx, ty, tx, *_, ko, kv, ke = sch.get_loops(rf)
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(ty, "threadIdx.y")
+    sch.bind(tx, "threadIdx.x")
+    sch.set_scope(rf, 0, "local")
+    sch.reverse_compute_at(block, ty, preserve_unit_loops=True)
+    # its loops follow its iters: the lanes (reduced) first, then unit spatial loops; a
+    # cross-thread reduction wants the reduced loop innermost
+    red_tx, *units = sch.get_loops(block)[2:]
+    if units:
+        sch.reorder(*units, red_tx)
+    sch.bind(red_tx, "threadIdx.x")
+    if info.epilogue is not None:
+        sch.set_scope(block, 0, "local")
+        sch.reverse_compute_at(info.epilogue, ty, preserve_unit_loops=True)
+
+    # registers: this step's words of W, its scales and activations, vector-loaded
+    param_names = {p.name for p in info.sch.mod["main"].params}
+    for name, dtype in _param_reads(sch, rf, param_names):
+        local = sch.cache_read(rf, _read_index(sch, rf, name), "local")
+        sch.compute_at(local, ko, preserve_unit_loops=True)
+        _vector_load(sch, local, max_vector_lanes(target, dtype))
+
+    sch.unroll(kv)
+    sch.unroll(ke)
+    sch.annotate(ko, "pragma_auto_unroll_max_step", unroll)
+    sch.annotate(ko, "pragma_unroll_explicit", 1)
+    sch.decompose_reduction(rf, ko)
+    return sch
+
+
+def _param_reads(sch: s_tir.Schedule, block, param_names: set) -> list[tuple[str, str]]:
+    return [(r.source.name, str(r.source.dtype)) for r in sch.get(block).reads if r.source.name in param_names]
+
+
+def _read_index(sch: s_tir.Schedule, block, name: str) -> int:
+    for index, region in enumerate(sch.get(block).reads):
+        if region.source.name == name:
+            return index
+    raise LookupError(f"block reads no buffer {name}")
+
+
+def _vector_load(sch: s_tir.Schedule, block, lanes: int) -> None:
+    """Fuse the copy loops compute_at made for a register cache (one per buffer dim, innermost)
+    and split them into `lanes`-wide vector loads (fewer where the extent does not divide)."""
+    depth = len(sch.get(block).iter_vars)
+    copy = sch.get_loops(block)[-depth:]
+    fused = sch.fuse(*copy) if len(copy) > 1 else copy[0]
+    extent = const(sch.get(fused).extent)
+    if extent is None:
+        return
+    lanes = min(lanes, extent)
+    while extent % lanes:
+        lanes //= 2
+    if lanes > 1:
+        outer, inner = sch.split(fused, factors=[None, lanes])
+        sch.vectorize(inner)
+        sch.unroll(outer)
+    else:
+        sch.unroll(fused)

@@ -1,0 +1,142 @@
+"""CPU decode GEMV with MLC q4 weights: y[n] = sum_k x[k] * (q[n, k] - 7) * s[n, k // G].
+
+The straightforward fused kernel decodes every weight element ((q - 7) * scale, converted) before
+its multiply-add: ~6-7 vector ops per 16 elements, compute-bound far below memory bandwidth.
+This rule computes the same sum with the group scale factored out:
+
+    y[n] = sum_g s[n, g] * (sum_{k in g} q[n, k] * x[k]  -  7 * sum_{k in g} x[k])
+
+and lays the activation out to match how nibbles sit in the packed words, so the inner loop is,
+per 16 words (128 weights) of a row: one vector load, then for each of the 8 nibble positions a
+shift, a mask, an int->float convert and an FMA against a pre-permuted activation vector
+(xp[c, j, l] = x[8 * (L*c + l) + j]); the "- 7 * sum x" term rides along as a ninth plane
+(xp[c, 8, l] = -7 * sum_j x[8 * (L*c + l) + j], multiplied by 1). Group scales are applied once
+per group. The permuted activation (K + K/8 floats) is built once per call, before the parallel
+loop. Rows are processed `rows` at a time so their independent FMA chains overlap and the
+activation vectors loaded for one row serve the others.
+
+Numerics: the unscheduled kernel rounds (q - 7) * s to the model dtype per element (f16 for
+q4f16_1); this one keeps f32 throughout, so it is at least as accurate.
+
+Handles: static N, K with K % (8 * lanes) == 0, lanes a multiple of G / 8, one activation row
+(decode). Anything else: None.
+
+Knobs: lanes (packed words per vector: 16 = one 512-bit vector of floats), rows (rows per
+parallel task, interleaved).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tvm import s_tir, te, tirx
+from tvm.s_tir import dlight as dl
+from tvm.target import Target
+
+from .dequant_matmul import match, rows_extent
+
+
+@dataclasses.dataclass
+class DecodeGEMVQ4(dl.ScheduleRule):
+    lanes: int = 16
+    rows: int = 4
+
+    def knob_space(self, func: tirx.PrimFunc, target: Target) -> dict[str, list]:
+        info = _applicable(func, target)
+        if info is None:
+            return {}
+        words = info.k // 8
+        lanes = [v for v in (8, 16, 32) if words % v == 0 and v % (info.group_size // 8) == 0]
+        rows = [v for v in (1, 2, 4, 8) if info.n % v == 0]
+        return {"lanes": lanes, "rows": rows}
+
+    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
+        del tunable
+        info = _applicable(func, target)
+        if info is None:
+            return None
+        lanes, rows = self.lanes, self.rows
+        words_per_group = info.group_size // 8
+        if (info.k // 8) % lanes or lanes % words_per_group or info.n % rows:
+            return None
+        new = _build(info, lanes)
+        sch = s_tir.Schedule(new)
+        t, acc, red = sch.get_sblock("t"), sch.get_sblock("acc"), sch.get_sblock("row_sum")
+        n, _w, c, g = sch.get_loops(acc)
+        task, row = sch.split(n, [None, rows])
+        sch.reorder(task, c, row, g, _w)
+        sch.compute_at(t, row)
+        sch.reverse_compute_at(red, task)
+        for consumer in _consumers_after(sch, red):
+            sch.reverse_compute_at(consumer, task)
+        sch.parallel(task)
+        t_loops = sch.get_loops(t)  # task, c, row, l, j
+        sch.reorder(t_loops[-1], t_loops[-2])
+        sch.vectorize(sch.get_loops(t)[-1])
+        sch.unroll(sch.get_loops(t)[-2])
+        sch.decompose_reduction(t, sch.get_loops(t)[-2])
+        a_loops = sch.get_loops(acc)  # task, c, row, g, w
+        sch.vectorize(a_loops[-1])
+        sch.unroll(a_loops[-2])
+        sch.unroll(a_loops[-3])
+        sch.decompose_reduction(acc, a_loops[1])
+        return sch
+
+
+def _applicable(func, target):
+    if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
+        return None
+    info = match(func)
+    if info is None or not info.quantized or rows_extent(info) != 1:
+        return None
+    return info
+
+
+def _consumers_after(sch: s_tir.Schedule, block) -> list:
+    blocks = sch.get_child_blocks(dl.analysis.get_root_block(sch))
+    names = [sch.get(b).name_hint for b in blocks]
+    pos = names.index(sch.get(block).name_hint)
+    return blocks[pos + 1 :]
+
+
+def _build(info, lanes: int) -> tirx.PrimFunc:
+    inputs = info.placeholders()
+    x = inputs[info.param_index(info.x)]
+    w = inputs[info.param_index(info.weight)]
+    s = inputs[info.param_index(info.scale)]
+    n_rows, k = info.n, info.k
+    chunks = k // (8 * lanes)
+    wpg = info.group_size // 8  # packed words per scale group
+    groups = lanes // wpg  # groups per chunk
+    lead = [0] * (len(x.shape) - 1)
+
+    def xf(idx):
+        return x[(*lead, idx)].astype("float32")
+
+    j = te.reduce_axis((0, 8), "j")
+    xsum = te.compute((chunks, lanes), lambda c, l: te.sum(xf(8 * (lanes * c + l) + j), axis=j), name="xsum")
+    xp = te.compute(
+        (chunks, 9, lanes),
+        lambda c, p, l: te.if_then_else(
+            p < 8, xf(8 * (lanes * c + l) + te.min(p, 7)), tirx.const(-7.0, "float32") * xsum[c, l]
+        ),
+        name="xp",
+    )
+    p = te.reduce_axis((0, 9), "p")
+    nibble = lambda n, c, l, p: te.if_then_else(  # noqa: E731
+        p < 8,
+        ((w[n, lanes * c + l] >> (te.min(p, 7) * 4).astype("uint32")) & tirx.const(15, "uint32")).astype("float32"),
+        tirx.const(1.0, "float32"),
+    )
+    t = te.compute((n_rows, chunks, lanes), lambda n, c, l: te.sum(nibble(n, c, l, p) * xp[c, p, l], axis=p), name="t")
+    c = te.reduce_axis((0, chunks), "c")
+    g = te.reduce_axis((0, groups), "g")
+    acc = te.compute(
+        (n_rows, wpg),
+        lambda n, v: te.sum(s[n, groups * c + g].astype("float32") * t[n, c, wpg * g + v], axis=[c, g]),
+        name="acc",
+    )
+    v = te.reduce_axis((0, wpg), "v")
+    out_shape = list(x.shape[:-1]) + [n_rows]
+    total = te.compute(out_shape, lambda *i: te.sum(acc[i[-1], v], axis=v), name="row_sum")
+    return info.finish(inputs, total)

@@ -1,0 +1,106 @@
+"""The benchmark harness (benchmarks/) on the tiny model: the PyTorch peer is the same model as
+mlcpipe's (same synthetic weights -> close logits, same greedy tokens), and one run of
+`python -m benchmarks.llm_cpu` (mlcpipe + PyTorch fp32, each in its own process) yields the
+table, the per-kernel GEMV table and the target checklist."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from benchmarks.common import Settings, prompt_tokens
+from benchmarks.mlcpipe_side import build_artifact
+
+MODEL = "llama-tiny"
+DECODE_STEPS = 6
+
+
+def _torch():
+    try:
+        import torch
+    except ImportError:
+        pytest.skip("torch is not installed (pip install -e '.[bench]'): the PyTorch peer cannot be checked")
+    return torch
+
+
+@pytest.fixture(scope="module")
+def artifacts(tmp_path_factory):
+    """Artifacts (and the harness's build stamps) in a temporary directory, shared by the tests."""
+    path = tmp_path_factory.mktemp("bench-artifacts")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("MLCPIPE_ARTIFACTS", str(path))
+    yield path
+    mp.undo()
+
+
+def _compare(engine, model, prompt, steps, tolerance):
+    """Prefill + greedy decode through both; max |logit diff| / max |logit| below `tolerance`."""
+    engine.reset()
+    model.reset()
+    ours, theirs = engine.prefill(prompt), model.forward(prompt).numpy()
+    tokens_ours, tokens_theirs = [], []
+    for _ in range(steps):
+        err = np.abs(ours - theirs).max() / np.abs(theirs).max()
+        assert err < tolerance, f"step {len(tokens_ours)}: relative logit error {err:.2e}"
+        tokens_ours.append(int(np.argmax(ours)))
+        tokens_theirs.append(int(np.argmax(theirs)))
+        ours, theirs = engine.decode(tokens_theirs[-1]), model.forward([tokens_theirs[-1]]).numpy()
+    assert tokens_ours == tokens_theirs
+
+
+def test_torch_peer_is_the_same_model(artifacts, tiny_config):
+    torch = _torch()
+    from benchmarks.peers.torch_llama import load
+    from pipeline.runtime import Engine
+
+    torch.set_num_threads(2)
+    art, _, _ = build_artifact(MODEL, "q0f32", log=lambda *_: None)
+    engine = Engine(art, "synthetic", seed=0)
+    model = load(tiny_config, "fp32", seed=0, max_len=64)
+    prompt = prompt_tokens(tiny_config.vocab_size, 20, seed=0)
+    _compare(engine, model, prompt, DECODE_STEPS, 1e-4)
+
+
+@pytest.mark.long
+def test_torch_int4_peer_is_mlcpipe_q4(artifacts, tiny_config):
+    """The int4 path packs mlcpipe's own q4 values: with fp32 activations it matches q4f32_1."""
+    torch = _torch()
+    from benchmarks.peers.torch_llama import load
+    from pipeline.runtime import Engine
+
+    art, _, _ = build_artifact(MODEL, "q4f32_1", log=lambda *_: None)
+    model = load(tiny_config, "int4", seed=0, max_len=64, dtype=torch.float32)
+    _compare(Engine(art, "synthetic", seed=0), model, prompt_tokens(tiny_config.vocab_size, 20, 0), DECODE_STEPS, 1e-3)
+
+
+def test_harness_runs_side_by_side(artifacts, tmp_path, tiny_config):
+    try:
+        import torch  # noqa: F401
+
+        peers = ["--peers", "torch", "--torch-modes", "fp32"]
+    except ImportError:
+        peers = ["--peers", ""]  # mlcpipe alone; the PyTorch row is checked where torch is installed
+    from benchmarks.llm_cpu import main
+
+    out = tmp_path / "bench.md"
+    assert main(["--model", MODEL, "--threads", "2", "--quants", "q0f32", *peers, "--context", "24", "--prefill", "8",
+                 "--decode-steps", str(DECODE_STEPS - 1), "--prefill-runs", "1", "--bandwidth-gib", "0.05", "-o", str(out)]) == 0
+    report = out.read_text()
+    run = json.loads(out.with_suffix(".json").read_text())
+    rows = {(r["engine"], r["dtype"]): r for r in run["rows"]}
+    ours = rows[("mlcpipe", "q0f32")]
+    assert not ours.get("error") and len(ours["decode_ms"]) == DECODE_STEPS - 1 and ours["prefill_tokens"] == 8
+    assert ours["extra"]["build_s"] > 0 and ours["extra"]["gemv_kernels"]
+    # (the tiny model's gate_up and lm_head have the same shape, 512x128: one kernel serves both)
+    assert {k["role"] for k in ours["extra"]["gemv_kernels"]} >= {"qkv", "o_proj", "down", "lm_head"}
+    assert all(b.get("bound_gbps", 0) > 0 for b in run["bandwidth"]) and len(run["bandwidth"]) == 2
+    assert "| mlcpipe | q0f32 |" in report and "GB/s against the bound" in report and "## Targets" in report
+    assert "FAILED" not in report and "python -m benchmarks.llm_cpu --model llama-tiny" in report
+    if peers[1] == "torch":
+        theirs = rows[("pytorch", "fp32")]
+        assert not theirs.get("error") and len(theirs["decode_ms"]) == DECODE_STEPS - 1
+        # same prompt, same weights: the harness's two engines generate the same greedy tokens
+        assert ours["tokens"] == theirs["tokens"] and len(ours["tokens"]) == DECODE_STEPS
+        assert f"greedy tokens = PyTorch fp32's for the first {DECODE_STEPS}/{DECODE_STEPS}" in report

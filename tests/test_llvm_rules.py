@@ -1,0 +1,133 @@
+"""CPU schedule rules (schedules/llvm/): numerics against the unscheduled kernel at several knob
+settings and token counts, full-size 1B shapes included, and None on what a rule does not take."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import tvm
+
+from pipeline.kernel_inputs import random_args
+from pipeline.targets import load_target
+from pipeline.tune import unscheduled_kernels
+from schedules import RULES, schedule_func
+from schedules.llvm.dequant_matmul import match
+from schedules.llvm.gemm_dequant import PrefillGEMM
+from schedules.llvm.gemv_q4 import DecodeGEMVQ4
+from schedules.llvm.matmul_nt import MatmulNT
+
+TARGET = load_target("llvm").tvm_target()
+
+
+def _run(func: tvm.tirx.PrimFunc, args: list[np.ndarray]) -> np.ndarray:
+    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=TARGET)
+    tensors = [tvm.runtime.tensor(a, tvm.cpu()) for a in args]
+    lib["main"](*tensors)
+    return tensors[-1].numpy().astype(np.float32)
+
+
+def _check(func, sch, sizes, quant, name):
+    args = random_args(func, sizes, seed=3)
+    want = _run(func, [a.copy() for a in args])
+    got = _run(sch.mod["main"], [a.copy() for a in args])
+    tol = 2e-2 if "16" in quant else 1e-4
+    np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max(), err_msg=f"{name} {sizes}")
+    return float(np.abs(got - want).max() / np.abs(want).max())
+
+
+@pytest.fixture(scope="module")
+def tiny_kernels(tiny_config):
+    return {q: unscheduled_kernels(tiny_config, q, TARGET) for q in ("q4f16_1", "q4f32_1", "q0f16", "q0f32")}
+
+
+def _matmuls(kernels):
+    return {n: f for n, f in kernels.items() if "NT_matmul" in n}
+
+
+@pytest.mark.parametrize("quant", ["q4f16_1", "q4f32_1"])
+@pytest.mark.parametrize("knobs", [{}, {"lanes": 8, "rows": 2}, {"lanes": 16, "rows": 1}, {"rows": 8}])
+def test_decode_gemv_q4_keeps_numerics(quant, knobs, tiny_kernels):
+    taken = 0
+    for name, func in _matmuls(tiny_kernels[quant]).items():
+        rule = dataclasses.replace(DecodeGEMVQ4(), **knobs)
+        sch = rule.apply(func, TARGET, False)
+        if "seq_len" in func.script():  # prefill kernels are not this rule's
+            assert sch is None, name
+            continue
+        assert sch is not None, f"{name}: rule declined a decode GEMV"
+        _check(func, sch, {}, quant, name)
+        taken += 1
+    assert taken >= 4  # qkv, o_proj(+add), gate_up, down(+add), lm_head (tiny q4f32_1: gate_up and lm_head are one kernel)
+
+
+@pytest.mark.parametrize("quant", ["q4f16_1", "q4f32_1", "q0f16", "q0f32"])
+@pytest.mark.parametrize("knobs", [{}, {"tile_n": 16, "block_m": 6, "block_n": 2}, {"lanes": 32, "block_m": 2}])
+def test_prefill_gemm_keeps_numerics(quant, knobs, tiny_kernels):
+    taken = 0
+    for name, func in _matmuls(tiny_kernels[quant]).items():
+        sch = dataclasses.replace(PrefillGEMM(), **knobs).apply(func, TARGET, False)
+        if "seq_len" not in func.script():
+            assert sch is None, f"{name}: decode kernels belong to the GEMV rules"
+            continue
+        assert sch is not None, name
+        for tokens in (1, 7):  # a tail of every block_m, a single token through the prefill path
+            _check(func, sch, {"seq_len": tokens}, quant, name)
+        taken += 1
+    assert taken == 4  # qkv, o_proj, gate_up, down (prefill computes lm_head on one token)
+
+
+def test_full_size_kernels_keep_numerics():
+    """Llama-3.2-1B shapes (gate_up 16384x2048 decode, down 2048x8192 prefill), built the way the
+    model builds them."""
+    from pipeline.config import load_model_config
+
+    config = load_model_config("llama-3.2-1b")
+    kernels = unscheduled_kernels(config, "q4f16_1", TARGET)
+    by_shape = {}
+    for name, func in _matmuls(kernels).items():
+        info = match(func)
+        by_shape[(info.n, info.k, "seq_len" in func.script())] = (name, func)
+    name, func = by_shape[(16384, 2048, False)]
+    for rule in (DecodeGEMVQ4(), DecodeGEMVQ4(lanes=32, rows=8)):
+        _check(func, rule.apply(func, TARGET, False), {}, "q4f16_1", name)
+    name, func = by_shape[(2048, 8192, True)]
+    _check(func, PrefillGEMM().apply(func, TARGET, False), {"seq_len": 9}, "q4f16_1", name)
+
+
+def test_rules_decline_what_they_do_not_handle(tiny_kernels):
+    kernels = tiny_kernels["q4f16_1"]
+    norms = [f for n, f in kernels.items() if n.startswith("rms_norm")]
+    assert norms
+    for rule in (DecodeGEMVQ4(), PrefillGEMM()):
+        for func in norms:
+            assert rule.apply(func, TARGET, False) is None
+            assert rule.knob_space(func, TARGET) == {}
+    decode = next(f for n, f in _matmuls(kernels).items() if "seq_len" not in f.script())
+    prefill = next(f for n, f in _matmuls(kernels).items() if "seq_len" in f.script())
+    # knobs that do not divide the shape: declined, not miscompiled
+    assert DecodeGEMVQ4(lanes=64).apply(decode, TARGET, False) is None  # K=128: 16 words
+    assert PrefillGEMM(tile_n=48).apply(prefill, TARGET, False) is None
+    # other targets are not the CPU rules' business
+    webgpu = load_target("webgpu").tvm_target()
+    assert DecodeGEMVQ4().apply(decode, webgpu, False) is None
+    assert PrefillGEMM().apply(prefill, webgpu, False) is None
+    # unquantized decode GEMVs go to the generic rule
+    q0_decode = next(f for n, f in _matmuls(tiny_kernels["q0f16"]).items() if "seq_len" not in f.script())
+    assert DecodeGEMVQ4().apply(q0_decode, TARGET, False) is None
+    scheduled, record = schedule_func(q0_decode, TARGET)
+    assert record["rule"] == "MatmulNT" and record["source"] == "default"
+
+
+def test_registry_order_and_knob_spaces(tiny_kernels):
+    assert [type(r).__name__ for r in RULES["llvm"]] == ["DecodeGEMVQ4", "PrefillGEMM", "MatmulNT"]
+    for name, func in _matmuls(tiny_kernels["q4f16_1"]).items():
+        _, record = schedule_func(func, TARGET)
+        expected = "PrefillGEMM" if "seq_len" in func.script() else "DecodeGEMVQ4"
+        assert record["rule"] == expected, name
+        space = RULES["llvm"][[type(r).__name__ for r in RULES["llvm"]].index(expected)].knob_space(func, TARGET)
+        assert space and all(values for values in space.values())
+        for knob, default in record["knobs"].items():
+            assert default in space[knob], f"{name}: default {knob}={default} not among its candidates"
+    assert isinstance(MatmulNT().apply(next(iter(_matmuls(tiny_kernels["q0f16"]).values())), TARGET, False), tvm.s_tir.Schedule)

@@ -1,0 +1,109 @@
+"""`mlcpipe tune` -> tuning database -> `mlcpipe build` applies it; the tuned model still matches
+the NumPy reference; bad databases and untimeable targets give one-line errors."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+from click.testing import CliRunner
+
+from pipeline.build import build
+from pipeline.cli import main
+from pipeline.quantization import QUANTIZATIONS
+from pipeline.runtime import Engine
+from pipeline.targets import load_target
+from pipeline.tune import unscheduled_kernels
+from pipeline.tuning import TuningDB
+from pipeline.weights import convert_weights
+from schedules.signature import kernel_signature
+
+from .checkpoints import hf_config, random_hf_weights, write_hf_checkpoint
+from .reference_llama import ReferenceLlama
+from .test_end_to_end import PROMPT, as_model_sees_it, check_against_reference
+
+
+def test_tune_writes_winners_that_build_applies(tiny_config, tmp_path):
+    db_path = tmp_path / "tuning.json"
+    result = CliRunner().invoke(
+        main, ["tune", "--model", "llama-tiny", "--quant", "q4f16_1", "--db", str(db_path), "--kernels", "NT_matmul", "--budget", "3"]
+    )
+    assert result.exit_code == 0, result.output
+    assert "| Kernel | Rule |" in result.output
+    data = json.loads(db_path.read_text())
+    assert data["schema"] == "mlcpipe-tuning"
+    (target_key, table), = data["records"].items()
+    assert json.loads(target_key)["kind"] == "llvm"
+    assert len(table) == 9  # 5 decode GEMVs + 4 prefill GEMMs
+    for record in table.values():
+        timed = [c for c in record["candidates"] if c["ms"] is not None]
+        assert len(record["candidates"]) == 3 and timed
+        assert record["ms"] == min(c["ms"] for c in timed)  # the fastest verified candidate won
+        assert record["rule"] in ("DecodeGEMVQ4", "PrefillGEMM")
+
+    artifact = build(tiny_config, "q4f16_1", load_target("llvm"), output=tmp_path / "art", tuning_db=db_path, log=lambda *_: None)
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    assert manifest["tuning_db"]["tuned_kernels"] == 9
+    applied = {k["name"]: k["schedule"] for k in manifest["kernels"] if k.get("schedule") and k["schedule"]["source"] == "tuning"}
+    by_name = {r["kernel"]: r for r in table.values()}
+    assert set(applied) == set(by_name)
+    for name, schedule in applied.items():
+        assert {k: schedule["knobs"][k] for k in by_name[name]["knobs"]} == by_name[name]["knobs"]
+
+
+def test_non_default_knobs_from_the_database_keep_the_model_exact(tiny_config, tmp_path):
+    """Write a database with non-default knobs for every matmul, build with it, and compare the
+    whole model with the NumPy Llama."""
+    quant = "q4f16_1"
+    target = load_target("llvm")
+    tvm_target = target.tvm_target()
+    db = TuningDB(tmp_path / "db.json")
+    for name, func in unscheduled_kernels(tiny_config, quant, tvm_target).items():
+        if "NT_matmul" not in name:
+            continue
+        prefill = "seq_len" in func.script()
+        rule, knobs = ("PrefillGEMM", {"tile_n": 16, "block_m": 6, "block_n": 2}) if prefill else ("DecodeGEMVQ4", {"lanes": 8, "rows": 2})
+        db.put(target.target, kernel_signature(func), {"kernel": name, "rule": rule, "knobs": knobs})
+    db.save()
+    weights = random_hf_weights(tiny_config, seed=1)
+    hf_dir = write_hf_checkpoint(tmp_path / "hf", tiny_config, weights)
+    params = convert_weights(tiny_config, quant, hf_dir, tmp_path / "weights", log=lambda *_: None)
+    artifact = build(tiny_config, quant, target, output=tmp_path / "art", tuning_db=db.path, log=lambda *_: None)
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    tuned = [k for k in manifest["kernels"] if (k.get("schedule") or {}).get("source") == "tuning"]
+    assert len(tuned) == 9 and all(k["schedule"]["knobs"].get("rows") == 2 or k["schedule"]["knobs"].get("tile_n") == 16 for k in tuned)
+    engine = Engine(artifact, params)
+    ref = ReferenceLlama(hf_config(tiny_config), as_model_sees_it(quant, weights))
+    check_against_reference(engine, ref, QUANTIZATIONS[quant].model_dtype, PROMPT, 4)
+
+
+def test_bad_database_and_untimed_target_are_one_line_errors(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"schema": "something-else"}))
+    runner = CliRunner()
+    result = runner.invoke(main, ["build", "--model", "llama-tiny", "--quant", "q4f16_1", "--tuning-db", str(bad), "--output", str(tmp_path / "a")])
+    assert result.exit_code == 2
+    assert "bad.json: not a tuning database (schema field must be 'mlcpipe-tuning')" in result.output
+    assert not (tmp_path / "a").exists()
+    bad.write_text("{not json")
+    result = runner.invoke(main, ["tune", "--model", "llama-tiny", "--quant", "q4f16_1", "--db", str(bad)])
+    assert result.exit_code == 2 and "bad JSON at line 1" in result.output
+    result = runner.invoke(main, ["tune", "--model", "llama-tiny", "--quant", "q4f16_1", "--target", "webgpu", "--db", str(tmp_path / "x.json")])
+    assert result.exit_code == 2
+    assert "cannot time webgpu kernels here (allowed: llvm, cuda)" in result.output
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_signature_is_stable_and_shape_sensitive(tiny_config):
+    from pipeline.config import load_model_config
+
+    target = load_target("llvm").tvm_target()
+    tiny = {n: kernel_signature(f) for n, f in unscheduled_kernels(tiny_config, "q4f16_1", target).items()}
+    assert len(set(tiny.values())) == len(tiny)  # distinct kernels, distinct signatures
+    again = {n: kernel_signature(f) for n, f in unscheduled_kernels(load_model_config("llama-tiny"), "q4f16_1", target).items()}
+    assert again == tiny  # a rebuild finds its records
+    wider = dataclasses.replace(tiny_config, vocab_size=tiny_config.vocab_size * 2)
+    other = {n: kernel_signature(f) for n, f in unscheduled_kernels(wider, "q4f16_1", target).items()}
+    lm_head = [n for n, s in tiny.items() if "NT_matmul" in n and s not in other.values()]
+    assert lm_head, "a kernel with another shape must get another signature"
+    assert sum(s in other.values() for s in tiny.values()) >= len(tiny) - 3  # the rest are shared
