@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 import tvm
 from tvm import tirx
 
+from .llvm.decode_attention import replace_decode_attention
 from .gpu import CUDA_RULES, METAL_RULES, WEBGPU_RULES
 from .llvm import LLVM_RULES
 from .signature import kernel_signature
@@ -24,6 +25,13 @@ RULES = {
     "cuda": CUDA_RULES,
     "metal": METAL_RULES,
     "webgpu": WEBGPU_RULES,
+}
+
+
+# Whole-kernel replacements run before the rules: TVM-provided kernels (already marked scheduled)
+# that we swap for our own with the same signature and contract. name -> pass(mod) -> (mod, names)
+REPLACEMENTS = {
+    "llvm": {"DecodeAttentionCPU": replace_decode_attention},
 }
 
 
@@ -79,6 +87,11 @@ def schedule_pass(target_kind: str, tuning: Mapping | None = None, on_kernel: Ca
     @tvm.transform.module_pass(opt_level=0, name="mlcpipe.Schedule")
     def _pass(mod: tvm.IRModule, _ctx) -> tvm.IRModule:
         current = tvm.target.Target.current(allow_none=False)
+        for name, replace in REPLACEMENTS.get(target_kind, {}).items():
+            mod, replaced = replace(mod)
+            for kernel in replaced:
+                if on_kernel is not None:
+                    on_kernel(kernel, {"rule": name, "knobs": {}, "source": "replacement"})
         updates = {}
         for gvar, func in mod.functions_items():
             if not isinstance(func, tirx.PrimFunc) or _is_scheduled(func):

@@ -131,3 +131,31 @@ def test_registry_order_and_knob_spaces(tiny_kernels):
         for knob, default in record["knobs"].items():
             assert default in space[knob], f"{name}: default {knob}={default} not among its candidates"
     assert isinstance(MatmulNT().apply(next(iter(_matmuls(tiny_kernels["q0f16"]).values())), TARGET, False), tvm.s_tir.Schedule)
+
+
+def test_decode_attention_replacement_matches_tvms_kernel():
+    """Our CPU decode attention against TVM's at Llama-3.2-1B shapes (32 query heads, 8 KV heads,
+    head_dim 64, pages of 16), with a shuffled page table and 309 tokens of context."""
+    from tvm.relax.frontend.nn.llm import kv_cache as kc
+
+    from pipeline.kernel_inputs import kernel_args
+    from schedules.llvm.decode_attention import KERNEL_NAME, decode_attention, replace_decode_attention
+
+    theirs = kc._attention_decode_cpu(8, 32, 64, "float16", False, {})
+    ours = decode_attention(8, 32, 64, 16, "float16")
+    for tokens in (1, 300):
+        args, label = kernel_args(theirs, tokens, seed=tokens)
+        outs = []
+        for func in (theirs, ours):
+            lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=TARGET)
+            tensors = [tvm.runtime.tensor(a.copy(), tvm.cpu()) if isinstance(a, np.ndarray) else a for a in args]
+            lib["main"](*tensors)
+            outs.append([tensors[7].numpy().astype(np.float32), tensors[8].numpy()])
+        np.testing.assert_allclose(outs[1][0], outs[0][0], atol=2e-3, err_msg=label)  # output (f16)
+        np.testing.assert_allclose(outs[1][1], outs[0][1], rtol=1e-5, atol=1e-5, err_msg=label)  # lse
+    mod = tvm.IRModule({"tir_attention_decode_cpu": theirs.with_attr("global_symbol", KERNEL_NAME)})
+    mod, replaced = replace_decode_attention(mod)
+    assert replaced == ["tir_attention_decode_cpu"]
+    odd = kc._attention_decode_cpu(2, 4, 24, "float16", False, {})  # head_dim 24: not a multiple of 16
+    _, replaced = replace_decode_attention(tvm.IRModule({"k": odd.with_attr("global_symbol", KERNEL_NAME)}))
+    assert replaced == []

@@ -47,10 +47,62 @@ def explain(a: Path, b: Path) -> str:
     size = "" if len(da) == len(db) else f"sizes {len(da)} vs {len(db)} bytes; "
     if not offsets:
         return f"{size}one is a prefix of the other"
+    sections = _elf_sections(da) if da[:4] == b"\x7fELF" and len(da) == len(db) else None
+    if sections:
+        counts: dict[str, int] = {}
+        for off in offsets:
+            name = next((n for n, start, end in sections if start <= off < end), "(no section)")
+            counts[name] = counts.get(name, 0) + 1
+        size = "ELF: bytes differ in " + ", ".join(f"{n} ({c})" for n, c in sorted(counts.items(), key=lambda kv: -kv[1])) + "; "
+        functions = _elf_functions(da, offsets)
+        if functions:
+            size += "code differs in " + ", ".join(f"{n} ({c} bytes)" for n, c in sorted(functions.items(), key=lambda kv: -kv[1])[:4]) + "; "
     paths = {m.group().decode(errors="replace") for data in (da, db) for off in offsets[:50]
              for m in _TEMP_PATH.finditer(data[max(0, off - 128): off + 128])}
     where = f"{size}{len(offsets)} bytes differ, first at offset {offsets[0]:#x}"
     return where + (f"; temp paths embedded near it: {sorted(paths)[:3]}" if paths else "")
+
+
+def _elf_headers(data: bytes) -> list[tuple] | None:
+    """Section headers (name, type, addr, offset, size, link) of a little-endian ELF64 file."""
+    if len(data) < 64 or data[4] != 2 or data[5] != 1:
+        return None
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+    raw = [struct.unpack_from("<IIQQQQI", data, shoff + i * shentsize) for i in range(shnum)]
+    names = raw[shstrndx][4]
+    return [(_cstr(data, names + n), t, addr, off, size, link) for n, t, _, addr, off, size, link in raw]
+
+
+def _cstr(data: bytes, at: int) -> str:
+    return data[at: data.index(b"\0", at)].decode(errors="replace")
+
+
+def _elf_sections(data: bytes) -> list[tuple[str, int, int]] | None:
+    """(name, file offset, end) of each section with contents."""
+    headers = _elf_headers(data)
+    return None if headers is None else [(n or "(null)", off, off + size) for n, t, _, off, size, _ in headers if t != 8 and size]
+
+
+def _elf_functions(data: bytes, offsets: list[int]) -> dict[str, int]:
+    """{function symbol: differing bytes} for the `offsets` that fall in a function's code."""
+    headers = _elf_headers(data) or []
+    symbols = []
+    for _, sh_type, _, off, size, link in headers:
+        if sh_type == 2:  # SYMTAB
+            strtab = headers[link][3]
+            for i in range(size // 24):
+                name, info, _, _, value, sym_size = struct.unpack_from("<IBBHQQ", data, off + 24 * i)
+                if info & 0xF == 2 and sym_size:  # STT_FUNC
+                    symbols.append((value, value + sym_size, _cstr(data, strtab + name)))
+    text = [(addr, off, size) for _, t, addr, off, size, _ in headers if t == 1 and addr]
+    out: dict[str, int] = {}
+    for o in offsets:
+        vaddr = next((addr + o - off for addr, off, size in text if off <= o < off + size), None)
+        name = next((n for lo, hi, n in symbols if vaddr is not None and lo <= vaddr < hi), None)
+        if name:
+            out[name] = out.get(name, 0) + 1
+    return out
 
 
 def _differing_offsets(da: bytes, db: bytes) -> list[int]:

@@ -36,6 +36,7 @@ RESULT = "result.json"
 LOG_TAIL_LINES = 20
 HEARTBEAT_SECONDS = 30.0
 CHECK_REPORTS = ("conformance.json", "conformance.txt", "profile.json", "profile.md")
+REBUILD_DIFFERS = "rebuild-differs"  # a cell's second build's copy of each file that differed
 
 
 class CellError(RuntimeError):
@@ -171,6 +172,10 @@ class Runner:
                 manifest = read_manifest(entry / "artifact")
                 manifest["reproducibility"] = {"rebuilt_in_fresh_process": True, **found}
                 write_json(entry / "artifact" / MANIFEST, manifest)
+                for rel in found["differs"]:  # the second build's copy of each differing file, for diffing
+                    if (entry / "rebuild" / rel).is_file():
+                        (entry / REBUILD_DIFFERS / rel).parent.mkdir(parents=True, exist_ok=True)
+                        shutil.copy2(entry / "rebuild" / rel, entry / REBUILD_DIFFERS / rel)
                 shutil.rmtree(entry / "rebuild")
             problems = verify_artifact(entry / "artifact")
             if problems:
@@ -223,6 +228,8 @@ class Runner:
                 if results and all(r.get("status") != "failed" for r in results.values()):
                     self._store_checks(key, ckey, stage, results)
             shutil.copytree(artifact, stage / "artifact")
+            if (artifact.parent / REBUILD_DIFFERS).is_dir():
+                shutil.copytree(artifact.parent / REBUILD_DIFFERS, stage / REBUILD_DIFFERS)
             record = self._record(cell, stage, key, cached, cached_checks is not None, results)
             write_json(stage / RESULT, record)
         return record
