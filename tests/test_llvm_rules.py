@@ -159,3 +159,26 @@ def test_decode_attention_replacement_matches_tvms_kernel():
     odd = kc._attention_decode_cpu(2, 4, 24, "float16", False, {})  # head_dim 24: not a multiple of 16
     _, replaced = replace_decode_attention(tvm.IRModule({"k": odd.with_attr("global_symbol", KERNEL_NAME)}))
     assert replaced == []
+
+
+def test_prefill_ragged_attention_replacement_matches_tvms_kernel():
+    """Causal attention of a prompt chunk over itself, 1B shapes, against TVM's CPU kernel."""
+    from tvm.relax.frontend.nn.llm import kv_cache as kc
+
+    from pipeline.kernel_inputs import kernel_args
+    from schedules.llvm.decode_attention import RAGGED_KERNEL_NAME, prefill_ragged_attention, replace_decode_attention
+
+    theirs = kc._attention_prefill_ragged_cpu(8, 32, 64, 64, "float16", {})
+    ours = prefill_ragged_attention(8, 32, 64, "float16")
+    for tokens in (1, 7, 40):
+        args, label = kernel_args(theirs, tokens, seed=tokens)
+        outs = []
+        for func in (theirs, ours):
+            lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=TARGET)
+            tensors = [tvm.runtime.tensor(a.copy(), tvm.cpu()) if isinstance(a, np.ndarray) else a for a in args]
+            lib["main"](*tensors)
+            outs.append([tensors[7].numpy().astype(np.float32), tensors[8].numpy()])
+        np.testing.assert_allclose(outs[1][0], outs[0][0], atol=2e-3, err_msg=label)
+        np.testing.assert_allclose(outs[1][1], outs[0][1], rtol=1e-5, atol=1e-5, err_msg=label)
+    mod, replaced = replace_decode_attention(tvm.IRModule({"ragged": theirs.with_attr("global_symbol", RAGGED_KERNEL_NAME)}))
+    assert replaced == ["ragged"]

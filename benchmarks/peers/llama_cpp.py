@@ -13,7 +13,8 @@ LABELS = {"f16": "F16", "q4_0": "Q4_0 (pure)"}
 
 
 class LlamaCpp:
-    def __init__(self, path, threads: int, n_ctx: int, n_batch: int):
+    def __init__(self, path, threads: int, n_ctx: int, n_batch: int, extra_bufts: bool = True):
+        """`extra_bufts`: llama.cpp's repacked CPU weight layouts (AMX / interleaved Q4_0), its fast path."""
         import llama_cpp as L
 
         self.L = L
@@ -22,6 +23,7 @@ class LlamaCpp:
         L.llama_backend_init()
         mp = L.llama_model_default_params()
         mp.n_gpu_layers = 0
+        mp.use_extra_bufts = extra_bufts
         self.model = L.llama_model_load_from_file(str(path).encode(), mp)
         if not self.model:
             raise RuntimeError(f"llama.cpp could not load {path}")
@@ -66,6 +68,21 @@ class LlamaCpp:
         self.L.llama_model_free(self.model)
 
 
+def _probe(path, threads: int) -> str | None:
+    """Load `path` with the extra buffer types and decode a few tokens in a child process: this
+    llama.cpp segfaults in its AMX Q4_0 path on some shapes (seen on the tiny model). None if it
+    works, else what happened."""
+    import subprocess
+    import sys
+
+    code = (f"from benchmarks.peers.llama_cpp import LlamaCpp; e = LlamaCpp({str(path)!r}, {threads}, 64, 16); "
+            "e.forward([1, 2, 3, 4, 5, 6, 7, 8]); e.forward([9]); print('ok')")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=900)
+    if proc.returncode == 0 and "ok" in proc.stdout:
+        return None
+    return f"exit status {proc.returncode}" + (" (segfault)" if proc.returncode in (-11, 139) else "")
+
+
 def run(settings, qtype: str):
     """Benchmark one GGUF type ("f16", "q4_0"); returns a common.Result."""
     from importlib import metadata
@@ -79,7 +96,10 @@ def run(settings, qtype: str):
     path = gguf_path(config, qtype, settings.seed, settings.threads)
     gguf_s = time.perf_counter() - t0
     n_batch = max(settings.context, settings.prefill)
-    engine = LlamaCpp(path, settings.threads, settings.context + settings.decode_steps + 8, n_batch)
+    failure = _probe(path, settings.threads)
+    engine = LlamaCpp(path, settings.threads, settings.context + settings.decode_steps + 8, n_batch, extra_bufts=failure is None)
+    if failure:
+        result.notes.append(f"repacked (AMX/interleaved) weights crashed ({failure}): run with use_extra_bufts=false")
     try:
         prefill = prompt_tokens(config.vocab_size, settings.prefill, settings.seed + 1)
         result.prefill_s = time_prefill(engine.forward, engine.reset, prefill, settings.prefill_runs)

@@ -1,4 +1,4 @@
-"""CPU paged-attention decode kernel: replaces TVM's `batch_decode_paged_kv_cpu`.
+"""CPU attention kernels replacing TVM's `batch_decode_paged_kv_cpu` and `batch_prefill_ragged_kv`.
 
 TVM's CPU decode kernel (relax.frontend.nn.llm.kv_cache) walks sequences and query heads one at a
 time with scalar loops: at a few hundred tokens of context it costs ~0.4-0.7 ms per layer, a
@@ -6,6 +6,10 @@ sixth of a q4 decode step. This one has the same signature and contract (online-
 attention of one new token per sequence over its paged K/V, output and log2-sum-exp per head),
 but runs (sequence, KV head) pairs in parallel, computes all query heads of a GQA group against
 each K/V row while it is in cache, and vectorises over the head dimension.
+
+The ragged prefill kernel (attention of a prompt chunk over itself, causal) is replaced the same
+way: TVM's walks query tokens and heads serially and keeps a kv_len x heads score matrix; ours
+runs (query token, KV head) pairs in parallel with the same online softmax as decode.
 
 Rotary embedding inside attention (rotary_mode == 1, TVM's RopeMode.INLINE) is not implemented
 here: our models apply RoPE before the K/V append (rotary_mode 0); the kernel asserts it.
@@ -19,6 +23,7 @@ from tvm.script import tirx as T
 
 LOG2E = 1.4426950408889634
 KERNEL_NAME = "batch_decode_paged_kv_cpu"
+RAGGED_KERNEL_NAME = "batch_prefill_ragged_kv"
 
 
 def decode_attention(num_kv_heads: int, num_qo_heads: int, head_dim: int, page_size: int, dtype: str, lanes: int = 16) -> tirx.PrimFunc:
@@ -97,6 +102,86 @@ def decode_attention(num_kv_heads: int, num_qo_heads: int, head_dim: int, page_s
     return batch_decode_paged_kv_cpu
 
 
+def prefill_ragged_attention(num_kv_heads: int, num_qo_heads: int, head_dim: int, dtype: str, lanes: int = 16) -> tirx.PrimFunc:
+    group = num_qo_heads // num_kv_heads
+    chunks = head_dim // lanes
+    assert head_dim % lanes == 0 and num_qo_heads % num_kv_heads == 0
+
+    # fmt: off
+    @T.prim_func
+    def batch_prefill_ragged_kv(
+        q_handle: T.handle, q_indptr_handle: T.handle, k_handle: T.handle, v_handle: T.handle,
+        kv_indptr_handle: T.handle, q_rope_position_handle: T.handle, k_rope_pos_offset_handle: T.handle,
+        output_handle: T.handle, lse_handle: T.handle,
+        causal: T.int32, rotary_mode: T.int32, rope_scale: T.float32, rope_theta: T.float32, sm_scale: T.float32,
+    ):
+        T.func_attr({"op_pattern": 8, "tirx.is_scheduled": True, "tirx.noalias": True})
+        qo_len = T.int32()
+        batch_size = T.int32()
+        kv_len = T.int32()
+        q = T.match_buffer(q_handle, (qo_len, num_qo_heads, head_dim), dtype)
+        q_indptr = T.match_buffer(q_indptr_handle, (batch_size + 1,), "int32", offset_factor=1)
+        k = T.match_buffer(k_handle, (kv_len, num_kv_heads, head_dim), dtype)
+        v = T.match_buffer(v_handle, (kv_len, num_kv_heads, head_dim), dtype)
+        kv_indptr = T.match_buffer(kv_indptr_handle, (batch_size + 1,), "int32", offset_factor=1)
+        q_rope_position = T.match_buffer(q_rope_position_handle, (qo_len,), "int32", offset_factor=1)
+        k_rope_pos_offset = T.match_buffer(k_rope_pos_offset_handle, (batch_size,), "int32", offset_factor=1)
+        output = T.match_buffer(output_handle, (qo_len, num_qo_heads, head_dim), dtype)
+        lse = T.match_buffer(lse_handle, (qo_len, num_qo_heads), "float32")
+        assert rotary_mode == 0, "mlcpipe's CPU prefill attention expects RoPE applied before attention (rotary_mode 0)"
+        for task in T.parallel(qo_len * num_kv_heads):
+            qv = T.alloc_buffer((group, head_dim), "float32")
+            o = T.alloc_buffer((group, head_dim), "float32")
+            part = T.alloc_buffer((lanes,), "float32")
+            m = T.alloc_buffer((group,), "float32")
+            d = T.alloc_buffer((group,), "float32")
+            s = T.alloc_buffer((group,), "float32")
+            seq = T.alloc_buffer((1,), "int32")
+            t = task // num_kv_heads
+            h = task % num_kv_heads
+            seq[0] = 0
+            for b in range(batch_size):
+                if q_indptr[b] <= t:
+                    seq[0] = b
+            b = seq[0]
+            q_count = q_indptr[b + 1] - q_indptr[b]
+            kv_count = kv_indptr[b + 1] - kv_indptr[b]
+            visible = T.if_then_else(causal > 0, kv_count - q_count + (t - q_indptr[b]) + 1, kv_count)
+            for g in range(group):
+                m[g] = T.float32(-50000.0)
+                d[g] = T.float32(1.0)
+                for c in range(chunks):
+                    for l in T.vectorized(lanes):
+                        qv[g, c * lanes + l] = T.Cast("float32", q[t, h * group + g, c * lanes + l]) * (sm_scale * T.float32(LOG2E))
+                        o[g, c * lanes + l] = T.float32(0.0)
+            for row in range(visible):
+                for g in range(group):
+                    for l in T.vectorized(lanes):
+                        part[l] = T.float32(0.0)
+                    for c in range(chunks):
+                        for l in T.vectorized(lanes):
+                            part[l] = part[l] + qv[g, c * lanes + l] * T.Cast("float32", k[kv_indptr[b] + row, h, c * lanes + l])
+                    s[g] = T.float32(0.0)
+                    for l in range(lanes):
+                        s[g] = s[g] + part[l]
+                for g in range(group):
+                    new_m = T.max(m[g], s[g])
+                    rescale = T.exp2(m[g] - new_m)
+                    p = T.exp2(s[g] - new_m)
+                    d[g] = d[g] * rescale + p
+                    m[g] = new_m
+                    for c in range(chunks):
+                        for l in T.vectorized(lanes):
+                            o[g, c * lanes + l] = o[g, c * lanes + l] * rescale + p * T.Cast("float32", v[kv_indptr[b] + row, h, c * lanes + l])
+            for g in range(group):
+                for c in range(chunks):
+                    for l in T.vectorized(lanes):
+                        output[t, h * group + g, c * lanes + l] = T.Cast(dtype, o[g, c * lanes + l] / d[g])
+                lse[t, h * group + g] = m[g] + T.log2(d[g])
+    # fmt: on
+    return batch_prefill_ragged_kv
+
+
 def _symbol(func: tirx.PrimFunc) -> str | None:
     attrs = func.attrs
     return str(attrs["global_symbol"]) if attrs is not None and "global_symbol" in attrs else None
@@ -107,9 +192,22 @@ def _shape(param) -> list:
 
 
 def replace_decode_attention(mod: tvm.IRModule) -> tuple[tvm.IRModule, list[str]]:
-    """Swap TVM's CPU decode attention for ours where the signature matches; names replaced."""
+    """Swap TVM's CPU decode and ragged-prefill attention for ours where the signature matches
+    (head dim a multiple of 16, whole GQA groups); returns the module and the names replaced."""
     replaced = []
     for gvar, func in list(mod.functions_items()):
+        if isinstance(func, tirx.PrimFunc) and _symbol(func) == RAGGED_KERNEL_NAME and len(func.params) == 14:
+            q_shape, k_shape = _shape(func.params[0]), _shape(func.params[2])
+            try:
+                qo_heads, head_dim, kv_heads = int(q_shape[1]), int(q_shape[2]), int(k_shape[1])
+            except (TypeError, ValueError):
+                continue
+            if head_dim % 16 or qo_heads % kv_heads:
+                continue
+            new = prefill_ragged_attention(kv_heads, qo_heads, head_dim, str(func.params[0].dtype))
+            mod[gvar] = new.with_attr("global_symbol", RAGGED_KERNEL_NAME)
+            replaced.append(gvar.name_hint)
+            continue
         if not isinstance(func, tirx.PrimFunc) or _symbol(func) != KERNEL_NAME or len(func.params) != 13:
             continue
         q_shape, page_shape = _shape(func.params[0]), _shape(func.params[1])
