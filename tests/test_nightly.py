@@ -272,6 +272,7 @@ def test_reproducible_builds(runs, tmp_path):
         assert all(m.mtime == 0 and m.uid == 0 for m in tar.getmembers())
     outputs = []
     for i in range(2):
+        (tmp_path / f"objs{i}").mkdir()
         objects = _extract_objects(artifact / "lib.tar", (tmp_path / f"objs{i}").resolve())
         if i:
             os.utime(objects[0], (1, 1))
