@@ -69,7 +69,7 @@ def _kernel_records(mod: tvm.IRModule) -> list[dict[str, Any]]:
     ]
 
 
-def _versions() -> dict[str, str]:
+def package_versions() -> dict[str, str]:
     out = {"tvm": tvm.__version__}
     for dist in ("apache-tvm", "apache-tvm-ffi", "mlcpipe"):
         try:
@@ -172,7 +172,7 @@ def build(
                 "target_name": target.name,
                 "target": target.target,
                 "target_options": target.options,
-                "versions": _versions(),
+                "versions": package_versions(),
                 "config_hash": config.config_hash(),
                 "library": target_backend.LIBRARY,
                 "kernel_source": target_backend.SOURCE_FILE,

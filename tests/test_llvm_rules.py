@@ -133,26 +133,33 @@ def test_registry_order_and_knob_spaces(tiny_kernels):
     assert isinstance(MatmulNT().apply(next(iter(_matmuls(tiny_kernels["q0f16"]).values())), TARGET, False), tvm.s_tir.Schedule)
 
 
+def _same_attention(theirs, ours, tokens: int) -> None:
+    """Run TVM's attention kernel and ours on the same valid paged/ragged inputs; compare the
+    output (arg 7, model dtype) and the log2-sum-exp (arg 8)."""
+    from pipeline.kernel_inputs import kernel_args
+
+    args, label = kernel_args(theirs, tokens, seed=tokens)
+    outs = []
+    for func in (theirs, ours):
+        lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=TARGET)
+        tensors = [tvm.runtime.tensor(a.copy(), tvm.cpu()) if isinstance(a, np.ndarray) else a for a in args]
+        lib["main"](*tensors)
+        outs.append([tensors[7].numpy().astype(np.float32), tensors[8].numpy()])
+    np.testing.assert_allclose(outs[1][0], outs[0][0], atol=2e-3, err_msg=label)
+    np.testing.assert_allclose(outs[1][1], outs[0][1], rtol=1e-5, atol=1e-5, err_msg=label)
+
+
 def test_decode_attention_replacement_matches_tvms_kernel():
     """Our CPU decode attention against TVM's at Llama-3.2-1B shapes (32 query heads, 8 KV heads,
     head_dim 64, pages of 16), with a shuffled page table and 309 tokens of context."""
     from tvm.relax.frontend.nn.llm import kv_cache as kc
 
-    from pipeline.kernel_inputs import kernel_args
     from schedules.llvm.decode_attention import KERNEL_NAME, decode_attention, replace_decode_attention
 
     theirs = kc._attention_decode_cpu(8, 32, 64, "float16", False, {})
     ours = decode_attention(8, 32, 64, 16, "float16")
     for tokens in (1, 300):
-        args, label = kernel_args(theirs, tokens, seed=tokens)
-        outs = []
-        for func in (theirs, ours):
-            lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=TARGET)
-            tensors = [tvm.runtime.tensor(a.copy(), tvm.cpu()) if isinstance(a, np.ndarray) else a for a in args]
-            lib["main"](*tensors)
-            outs.append([tensors[7].numpy().astype(np.float32), tensors[8].numpy()])
-        np.testing.assert_allclose(outs[1][0], outs[0][0], atol=2e-3, err_msg=label)  # output (f16)
-        np.testing.assert_allclose(outs[1][1], outs[0][1], rtol=1e-5, atol=1e-5, err_msg=label)  # lse
+        _same_attention(theirs, ours, tokens)
     mod = tvm.IRModule({"tir_attention_decode_cpu": theirs.with_attr("global_symbol", KERNEL_NAME)})
     mod, replaced = replace_decode_attention(mod)
     assert replaced == ["tir_attention_decode_cpu"]
@@ -165,20 +172,11 @@ def test_prefill_ragged_attention_replacement_matches_tvms_kernel():
     """Causal attention of a prompt chunk over itself, 1B shapes, against TVM's CPU kernel."""
     from tvm.relax.frontend.nn.llm import kv_cache as kc
 
-    from pipeline.kernel_inputs import kernel_args
     from schedules.llvm.decode_attention import RAGGED_KERNEL_NAME, prefill_ragged_attention, replace_decode_attention
 
     theirs = kc._attention_prefill_ragged_cpu(8, 32, 64, 64, "float16", {})
     ours = prefill_ragged_attention(8, 32, 64, "float16")
     for tokens in (1, 7, 40):
-        args, label = kernel_args(theirs, tokens, seed=tokens)
-        outs = []
-        for func in (theirs, ours):
-            lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=TARGET)
-            tensors = [tvm.runtime.tensor(a.copy(), tvm.cpu()) if isinstance(a, np.ndarray) else a for a in args]
-            lib["main"](*tensors)
-            outs.append([tensors[7].numpy().astype(np.float32), tensors[8].numpy()])
-        np.testing.assert_allclose(outs[1][0], outs[0][0], atol=2e-3, err_msg=label)
-        np.testing.assert_allclose(outs[1][1], outs[0][1], rtol=1e-5, atol=1e-5, err_msg=label)
+        _same_attention(theirs, ours, tokens)
     mod, replaced = replace_decode_attention(tvm.IRModule({"ragged": theirs.with_attr("global_symbol", RAGGED_KERNEL_NAME)}))
     assert replaced == ["ragged"]

@@ -21,11 +21,11 @@ import json
 import os
 import shutil
 import time
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from ..artifact import read_manifest, sha256_file
+from ..build import package_versions
 from ..config import REPO_ROOT, ModelConfig
 from ..targets import TargetSpec
 from .verify import verify_artifact, verify_files
@@ -35,13 +35,9 @@ STALE_TMP_SECONDS = 24 * 3600  # temp dirs older than this are left-overs of kil
 
 
 def _versions() -> dict[str, str]:
-    out = {}
-    for dist in ("apache-tvm", "apache-tvm-ffi", "mlcpipe"):
-        try:
-            out[dist] = metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            out[dist] = "unknown"
-    return out
+    """The package versions a build records (without the tvm module's own version string,
+    which the distribution versions already pin)."""
+    return {k: v for k, v in package_versions().items() if k != "tvm"}
 
 
 def code_digest(root: Path = REPO_ROOT) -> str:

@@ -235,3 +235,20 @@ def rows_extent(info: DequantMatmul) -> int | None:
         total *= value
     return total
 
+
+
+def match_on_cpu(func, target, decode: bool) -> DequantMatmul | None:
+    """`match(func)` for an llvm target, restricted to one activation row (decode) or several."""
+    if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
+        return None
+    info = match(func)
+    if info is None or (rows_extent(info) == 1) != decode:
+        return None
+    return info
+
+
+def blocks_after(sch: s_tir.Schedule, block) -> list:
+    """The root-level blocks that follow `block` (the epilogue of a rebuilt kernel)."""
+    blocks = sch.get_child_blocks(dl.analysis.get_root_block(sch))
+    names = [sch.get(b).name_hint for b in blocks]
+    return blocks[names.index(sch.get(block).name_hint) + 1 :]

@@ -21,7 +21,7 @@ from tvm import s_tir, te, tirx
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
-from .dequant_matmul import match, rows_extent
+from .dequant_matmul import blocks_after, match_on_cpu
 
 
 @dataclasses.dataclass
@@ -62,7 +62,7 @@ class PrefillGEMM(dl.ScheduleRule):
         rf = sch.rfactor(kv, factor_axis=len(lead) + 2)
         # rf loops: task, *lead, mo, nb, ko, mi, ni, kv ; the kv-sum block follows at nb level
         sch.reverse_compute_at(mm, sch.get_loops(rf)[len(lead) + 2])
-        for consumer in _consumers_after(sch, mm):
+        for consumer in blocks_after(sch, mm):
             sch.reverse_compute_at(consumer, sch.get_loops(rf)[0])
         sch.compute_at(wd, sch.get_loops(rf)[0])
         sch.parallel(sch.get_loops(rf)[0])
@@ -81,19 +81,7 @@ class PrefillGEMM(dl.ScheduleRule):
 
 
 def _applicable(func, target):
-    if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
-        return None
-    info = match(func)
-    if info is None or rows_extent(info) == 1:
-        return None
-    return info
-
-
-def _consumers_after(sch: s_tir.Schedule, block) -> list:
-    blocks = sch.get_child_blocks(dl.analysis.get_root_block(sch))
-    names = [sch.get(b).name_hint for b in blocks]
-    pos = names.index(sch.get(block).name_hint)
-    return blocks[pos + 1 :]
+    return match_on_cpu(func, target, decode=False)
 
 
 def _build(info, block_m: int) -> tirx.PrimFunc:

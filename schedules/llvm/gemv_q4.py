@@ -33,7 +33,7 @@ from tvm import s_tir, te, tirx
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
-from .dequant_matmul import match, rows_extent
+from .dequant_matmul import blocks_after, match_on_cpu
 
 
 @dataclasses.dataclass
@@ -67,7 +67,7 @@ class DecodeGEMVQ4(dl.ScheduleRule):
         sch.reorder(task, c, row, g, _w)
         sch.compute_at(t, row)
         sch.reverse_compute_at(red, task)
-        for consumer in _consumers_after(sch, red):
+        for consumer in blocks_after(sch, red):
             sch.reverse_compute_at(consumer, task)
         sch.parallel(task)
         t_loops = sch.get_loops(t)  # task, c, row, l, j
@@ -84,19 +84,8 @@ class DecodeGEMVQ4(dl.ScheduleRule):
 
 
 def _applicable(func, target):
-    if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
-        return None
-    info = match(func)
-    if info is None or not info.quantized or rows_extent(info) != 1:
-        return None
-    return info
-
-
-def _consumers_after(sch: s_tir.Schedule, block) -> list:
-    blocks = sch.get_child_blocks(dl.analysis.get_root_block(sch))
-    names = [sch.get(b).name_hint for b in blocks]
-    pos = names.index(sch.get(block).name_hint)
-    return blocks[pos + 1 :]
+    info = match_on_cpu(func, target, decode=True)
+    return info if info is not None and info.quantized else None
 
 
 def _build(info, lanes: int) -> tirx.PrimFunc:
