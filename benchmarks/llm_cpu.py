@@ -18,6 +18,7 @@ import argparse
 import dataclasses
 import datetime
 import json
+import math
 import os
 import shlex
 import subprocess
@@ -142,7 +143,7 @@ def main(argv=None) -> int:
 
     from .common import hf_weights
 
-    params = sum(int.__mul__(*shape) if len(shape) == 2 else shape[0] for _, shape, _ in hf_weights(config, args.seed))
+    params = sum(math.prod(shape) for _, shape, _ in hf_weights(config, args.seed))
     started = datetime.datetime.now().astimezone()
     run = {
         "meta": {

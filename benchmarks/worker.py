@@ -45,7 +45,10 @@ def run(engine: str, variant: str, settings: Settings, rebuild: bool = False) ->
             raise ValueError(f"unknown engine {engine!r}")
     except Exception as exc:  # the table shows the failure instead of losing the whole run
         traceback.print_exc()
-        result = Result(engine, variant, error=f"{type(exc).__name__}: {exc}".splitlines()[0][:300])
+        message = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+        if isinstance(exc, ImportError):
+            message += " (install the bench extra: pip install -e '.[bench]'; see benchmarks/results/README.md)"
+        result = Result(engine, variant, error=message)
     out = dataclasses.asdict(result)
     out.update({"load_average": load_before, "load_average_after": os.getloadavg(), "wall_s": time.perf_counter() - started})
     return out

@@ -69,9 +69,10 @@ class LlamaCpp:
 
 
 def _probe(path, threads: int) -> str | None:
-    """Load `path` with the extra buffer types and decode a few tokens in a child process: this
-    llama.cpp segfaults in its AMX Q4_0 path on some shapes (seen on the tiny model). None if it
-    works, else what happened."""
+    """Load `path` with the extra buffer types and decode a few tokens in a child process: the
+    llama.cpp of llama-cpp-python 0.3.36 built with GGML_NATIVE on an AMX CPU (Sapphire Rapids)
+    segfaults at the first llama_decode of Q4_0 weights repacked for AMX (tiny and 1B models).
+    None if it works, else what happened."""
     import subprocess
     import sys
 
@@ -99,7 +100,8 @@ def run(settings, qtype: str):
     failure = _probe(path, settings.threads)
     engine = LlamaCpp(path, settings.threads, settings.context + settings.decode_steps + 8, n_batch, extra_bufts=failure is None)
     if failure:
-        result.notes.append(f"repacked (AMX/interleaved) weights crashed ({failure}): run with use_extra_bufts=false")
+        result.notes.append(f"llama.cpp's repacked weights (the AMX buffer type GGML_NATIVE compiles in on this CPU) crash at the "
+                            f"first llama_decode ({failure}): loaded with use_extra_bufts=false, i.e. plain {LABELS[qtype].split()[0]} kernels")
     try:
         prefill = prompt_tokens(config.vocab_size, settings.prefill, settings.seed + 1)
         result.prefill_s = time_prefill(engine.forward, engine.reset, prefill, settings.prefill_runs)
