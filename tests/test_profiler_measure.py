@@ -64,6 +64,8 @@ def test_metrics_are_consistent(tiny_profile):
     # bytes moved by the decode qkv GEMV: q_weight + q_scale + x + out
     qkv = tiny_profile["kernels"]["fused_dequantize_NT_matmul_cast"]["bytes"]["decode"]
     assert qkv == 256 * 16 * 4 + 256 * 4 * 2 + 128 * 2 + 256 * 2
+    # an embedding lookup reads its tokens' rows, not the table: one token id + one f16 row
+    assert tiny_profile["kernels"]["take_dequantize"]["bytes"]["decode"] == 4 + 128 * 2
     json.dumps(tiny_profile)  # JSON-ready
 
 

@@ -209,6 +209,19 @@ def _run_once(engine: Engine, prompt: list[int], gen_len: int, recorder: _Record
     return out
 
 
+def uncounted_params(params: dict[str, list[str]], manifest: dict) -> dict[str, set[int]]:
+    """kernel -> argument positions left out of its moved bytes: the paged KV cache's page pool
+    (a call reads only its sequence's pages) and an embedding lookup's table (a call reads only
+    the rows of its tokens)."""
+    weights = {p["name"] for p in manifest.get("parameters", [])}
+    roles = {k["name"]: k.get("role") for k in manifest.get("kernels", [])}
+    out = {}
+    for kernel, names in params.items():
+        table = roles.get(kernel) == "embedding"
+        out[kernel] = {i for i, p in enumerate(names) if p == "pages" or (table and (p in weights or "embed" in p))}
+    return out
+
+
 def _kernel_params(artifact: Path) -> dict[str, list[str]]:
     """kernel -> its parameter names (from the artifact's scheduled TIR)."""
     path = artifact / "tir" / "scheduled.json"
@@ -250,7 +263,7 @@ def profile(
     prompt = _prompt(engine, prompt_len, gen_len, seed)
     params = _kernel_params(engine.artifact)
     kernels = {k["name"] for k in manifest["kernels"]}
-    skip = {k: {i for i, p in enumerate(names) if p == "pages"} for k, names in params.items()}
+    skip = uncounted_params(params, manifest)
     total = (warmup + runs) * 2
     done = 0
 

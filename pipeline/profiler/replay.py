@@ -34,7 +34,7 @@ from ..artifact import RUNTIME_CONFIG, ArtifactError, read_manifest
 from ..config import ModelConfig, parse_model_config
 from ..runners import webgpu as runner
 from .kernel_map import map_kernels
-from .measure import RecordedCall, RecordedTensor, _kernel_params, _percentiles, record_calls
+from .measure import RecordedCall, RecordedTensor, _kernel_params, _percentiles, record_calls, uncounted_params
 from .schema import SCHEMA, VERSION
 
 
@@ -188,7 +188,7 @@ def profile_replay(
     prefill_ms = float(np.median(low_prefill))
     p50_decode = float(np.median(low_decode)) if low_decode else 0.0
     params = _kernel_params(artifact)
-    skip = {k: {i for i, p in enumerate(names) if p == "pages"} for k, names in params.items()}
+    skip = uncounted_params(params, manifest)
     moved: dict[tuple[str, str], int] = {}
     shapes: dict[tuple[str, str], list] = {}
     for kernel, call in zip(kernels, calls):

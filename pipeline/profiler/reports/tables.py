@@ -124,7 +124,7 @@ def _roles_and_bandwidth(profile: dict, fmt: str, peak_gbps: float | None) -> li
     out = [
         "### Roles and bandwidth",
         "",
-        f"Bytes/Call: tensor bytes a call reads and writes (the paged KV cache's page pool excluded); "
+        f"Bytes/Call: tensor bytes a call reads and writes (the paged KV cache's page pool and embedding tables excluded: calls read only a few pages / rows); "
         f"GB/s = Bytes/Call / Avg Time; peak bandwidth {peak}.",
         "GFLOP/s = 2·M·N·K / Avg Time for matmul kernels"
         + ("." if has_shapes else "; '-': this profile records no matmul shapes."),
