@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping
 import tvm
 from tvm import tirx
 
-from .llvm.decode_attention import replace_decode_attention
+from .llvm.attention import replace_attention_kernels
 from .gpu import CUDA_RULES, METAL_RULES, WEBGPU_RULES
 from .llvm import LLVM_RULES
 from .signature import kernel_signature
@@ -31,7 +31,7 @@ RULES = {
 # Whole-kernel replacements run before the rules: TVM-provided kernels (already marked scheduled)
 # that we swap for our own with the same signature and contract. name -> pass(mod) -> (mod, names)
 REPLACEMENTS = {
-    "llvm": {"DecodeAttentionCPU": replace_decode_attention},
+    "llvm": {"AttentionCPU": replace_attention_kernels},
 }
 
 

@@ -154,17 +154,17 @@ def test_decode_attention_replacement_matches_tvms_kernel():
     head_dim 64, pages of 16), with a shuffled page table and 309 tokens of context."""
     from tvm.relax.frontend.nn.llm import kv_cache as kc
 
-    from schedules.llvm.decode_attention import KERNEL_NAME, decode_attention, replace_decode_attention
+    from schedules.llvm.attention import KERNEL_NAME, decode_attention, replace_attention_kernels
 
     theirs = kc._attention_decode_cpu(8, 32, 64, "float16", False, {})
     ours = decode_attention(8, 32, 64, 16, "float16")
     for tokens in (1, 300):
         _same_attention(theirs, ours, tokens)
     mod = tvm.IRModule({"tir_attention_decode_cpu": theirs.with_attr("global_symbol", KERNEL_NAME)})
-    mod, replaced = replace_decode_attention(mod)
+    mod, replaced = replace_attention_kernels(mod)
     assert replaced == ["tir_attention_decode_cpu"]
     odd = kc._attention_decode_cpu(2, 4, 24, "float16", False, {})  # head_dim 24: not a multiple of 16
-    _, replaced = replace_decode_attention(tvm.IRModule({"k": odd.with_attr("global_symbol", KERNEL_NAME)}))
+    _, replaced = replace_attention_kernels(tvm.IRModule({"k": odd.with_attr("global_symbol", KERNEL_NAME)}))
     assert replaced == []
 
 
@@ -172,11 +172,11 @@ def test_prefill_ragged_attention_replacement_matches_tvms_kernel():
     """Causal attention of a prompt chunk over itself, 1B shapes, against TVM's CPU kernel."""
     from tvm.relax.frontend.nn.llm import kv_cache as kc
 
-    from schedules.llvm.decode_attention import RAGGED_KERNEL_NAME, prefill_ragged_attention, replace_decode_attention
+    from schedules.llvm.attention import RAGGED_KERNEL_NAME, prefill_ragged_attention, replace_attention_kernels
 
     theirs = kc._attention_prefill_ragged_cpu(8, 32, 64, 64, "float16", {})
     ours = prefill_ragged_attention(8, 32, 64, "float16")
     for tokens in (1, 7, 40):
         _same_attention(theirs, ours, tokens)
-    mod, replaced = replace_decode_attention(tvm.IRModule({"ragged": theirs.with_attr("global_symbol", RAGGED_KERNEL_NAME)}))
+    mod, replaced = replace_attention_kernels(tvm.IRModule({"ragged": theirs.with_attr("global_symbol", RAGGED_KERNEL_NAME)}))
     assert replaced == ["ragged"]

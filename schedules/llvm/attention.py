@@ -191,7 +191,7 @@ def _shape(param) -> list:
     return list(param.shape)
 
 
-def replace_decode_attention(mod: tvm.IRModule) -> tuple[tvm.IRModule, list[str]]:
+def replace_attention_kernels(mod: tvm.IRModule) -> tuple[tvm.IRModule, list[str]]:
     """Swap TVM's CPU decode and ragged-prefill attention for ours where the signature matches
     (head dim a multiple of 16, whole GQA groups); returns the module and the names replaced."""
     replaced = []
