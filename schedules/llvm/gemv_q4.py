@@ -8,9 +8,10 @@ This rule computes the same sum with the group scale factored out:
 
 and lays the activation out to match how nibbles sit in the packed words, so the inner loop is,
 per 16 words (128 weights) of a row: one vector load, then for each of the 8 nibble positions a
-shift, a mask, an int->float convert and an FMA against a pre-permuted activation vector
-(xp[c, j, l] = x[8 * (L*c + l) + j]); the "- 7 * sum x" term rides along as a ninth plane
-(xp[c, 8, l] = -7 * sum_j x[8 * (L*c + l) + j], multiplied by 1). Group scales are applied once
+mask, an int->float convert (of q << 4j, exact) and an FMA against a pre-permuted activation
+vector scaled by 16**-j (xp[c, j, l] = x[8 * (L*c + l) + j] / 16**j, exact); the "- 7 * sum x"
+term rides along as a ninth plane (xp[c, 8, l] = -7 * sum_j x[8 * (L*c + l) + j], multiplied by
+1). Group scales are applied once
 per group. The permuted activation (K + K/8 floats) is built once per call, before the parallel
 loop. Rows are processed `rows` at a time so their independent FMA chains overlap and the
 activation vectors loaded for one row serve the others.
@@ -108,17 +109,22 @@ def _build(info, lanes: int) -> tirx.PrimFunc:
 
     j = te.reduce_axis((0, 8), "j")
     xsum = te.compute((chunks, lanes), lambda c, l: te.sum(xf(8 * (lanes * c + l) + j), axis=j), name="xsum")
+    def pow16(p):  # 16**-p as an exact float32 (exponent bits), for p in 0..7
+        return tirx.reinterpret("float32", ((127 - 4 * te.min(p, 7)) << 23).astype("int32"))
+
+    # plane p < 8 holds x * 16**-p: the kernel converts the masked word (q << 4p, exact in f32:
+    # at most 4 significant bits) instead of shifting it down, one op fewer per plane, same products
     xp = te.compute(
         (chunks, 9, lanes),
         lambda c, p, l: te.if_then_else(
-            p < 8, xf(8 * (lanes * c + l) + te.min(p, 7)), tirx.const(-7.0, "float32") * xsum[c, l]
+            p < 8, xf(8 * (lanes * c + l) + te.min(p, 7)) * pow16(p), tirx.const(-7.0, "float32") * xsum[c, l]
         ),
         name="xp",
     )
     p = te.reduce_axis((0, 9), "p")
     nibble = lambda n, c, l, p: te.if_then_else(  # noqa: E731
         p < 8,
-        ((w[n, lanes * c + l] >> (te.min(p, 7) * 4).astype("uint32")) & tirx.const(15, "uint32")).astype("float32"),
+        (w[n, lanes * c + l] & (tirx.const(15, "uint32") << (te.min(p, 7) * 4).astype("uint32"))).astype("float32"),
         tirx.const(1.0, "float32"),
     )
     t = te.compute((n_rows, chunks, lanes), lambda n, c, l: te.sum(nibble(n, c, l, p) * xp[c, p, l], axis=p), name="t")
