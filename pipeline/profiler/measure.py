@@ -24,7 +24,7 @@ import tvm
 from ..kernel_info import KV_CACHE_CREATE
 from ..runtime import Engine
 
-from .schema import SCHEMA, VERSION
+from .schema import profile_header
 
 
 def device_description(target_kind: str) -> str:
@@ -302,13 +302,7 @@ def profile(
     roles = {k["name"]: k.get("role", "other") for k in manifest["kernels"]}
     p50_decode_low = float(np.median(low_decode)) if low_decode else 0.0
     return {
-        "schema": SCHEMA,
-        "version": VERSION,
-        "model": manifest["model"],
-        "display_name": manifest.get("display_name", manifest["model"]),
-        "quantization": manifest["quantization"],
-        "target": manifest["target"],
-        "target_name": manifest.get("target_name", manifest["target"]["kind"]),
+        **profile_header(manifest),
         "device": device_description(manifest["target"]["kind"]),
         "num_layers": engine.config["model_config"]["num_hidden_layers"],
         "config": {"prompt_len": prompt_len, "gen_len": gen_len, "runs": runs, "warmup_runs": warmup, "seed": seed,

@@ -35,7 +35,7 @@ from ..config import ModelConfig, parse_model_config
 from ..runners import webgpu as runner
 from .kernel_map import map_kernels
 from .measure import RecordedCall, RecordedTensor, _kernel_params, _percentiles, record_calls, uncounted_params
-from .schema import SCHEMA, VERSION
+from .schema import profile_header
 
 
 def model_config_of(artifact: str | Path) -> ModelConfig:
@@ -198,13 +198,7 @@ def profile_replay(
     roles = {k["name"]: k.get("role", "other") for k in manifest["kernels"]}
     weight_bytes = sum(int(np.prod(p["shape"])) * tvm.runtime.DataType(p["dtype"]).bits // 8 for p in manifest["parameters"])
     return {
-        "schema": SCHEMA,
-        "version": VERSION,
-        "model": manifest["model"],
-        "display_name": manifest.get("display_name", manifest["model"]),
-        "quantization": manifest["quantization"],
-        "target": manifest["target"],
-        "target_name": manifest.get("target_name", manifest["target"]["kind"]),
+        **profile_header(manifest),
         "device": device_description(),
         "method": {
             "kind": "kernel replay",

@@ -87,3 +87,16 @@ def kernel_stats(profile: dict, phase: str | None = None) -> list[dict]:
             "cum_pct": 100.0 * cumulative / grand,
         })
     return rows
+
+
+def profile_header(manifest: dict) -> dict:
+    """The identifying fields every profile starts with, from the artifact's manifest."""
+    return {
+        "schema": SCHEMA,
+        "version": VERSION,
+        "model": manifest["model"],
+        "display_name": manifest.get("display_name", manifest["model"]),
+        "quantization": manifest["quantization"],
+        "target": manifest["target"],
+        "target_name": manifest.get("target_name", manifest["target"]["kind"]),
+    }
