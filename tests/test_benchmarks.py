@@ -10,7 +10,7 @@ import json
 import numpy as np
 import pytest
 
-from benchmarks.common import Settings, prompt_tokens
+from benchmarks.common import prompt_tokens
 from benchmarks.mlcpipe_side import build_artifact
 
 MODEL = "llama-tiny"

@@ -5,8 +5,9 @@ from __future__ import annotations
 import dataclasses
 
 from tvm import s_tir, tirx
-from tvm.s_tir import dlight as dl
 from tvm.target import Target
+
+from ..analysis import inline_around_reduction
 
 GPU_KINDS = ("cuda", "metal", "webgpu")
 
@@ -47,10 +48,6 @@ def tvm_dtype(dtype):
     return tvm.runtime.DataType(str(dtype))
 
 
-def is_reduction_block(sch: s_tir.Schedule, block) -> bool:
-    return any(iv.iter_type == tirx.IterVar.CommReduce for iv in sch.get(block).iter_vars)
-
-
 @dataclasses.dataclass
 class NTMatmul:
     """C[*batch, n] = sum_k A[*batch, k] * W'[n, k], W' possibly decoded by inlined producers.
@@ -75,25 +72,10 @@ def analyze_nt_matmul(func: tirx.PrimFunc) -> NTMatmul | None:
     if not isinstance(func, tirx.PrimFunc):
         return None
     sch = s_tir.Schedule(func)
-    try:
-        root = dl.analysis.get_root_block(sch)
-    except Exception:  # noqa: BLE001 - no single root block: not a kernel we understand
+    found = inline_around_reduction(sch)
+    if found is None:
         return None
-    blocks = sch.get_child_blocks(root)
-    reductions = [b for b in blocks if is_reduction_block(sch, b)]
-    if len(reductions) != 1:
-        return None
-    red = reductions[0]
-    pos = [sch.get(b).same_as(sch.get(red)) for b in blocks].index(True)
-    producers, consumers = blocks[:pos], blocks[pos + 1 :]
-    try:
-        for block in reversed(producers):
-            sch.compute_inline(block)
-        for block in reversed(consumers[1:]):
-            sch.reverse_compute_inline(block)
-    except s_tir.ScheduleError:
-        return None
-    epilogue = consumers[0] if consumers else None
+    red, epilogue = found
     stmt = sch.get(red)
     kinds = [iv.iter_type for iv in stmt.iter_vars]
     if kinds.count(tirx.IterVar.CommReduce) != 1 or kinds[-1] != tirx.IterVar.CommReduce:

@@ -48,8 +48,8 @@ def decode_attention(num_kv_heads: int, num_qo_heads: int, head_dim: int, page_s
         page_table_indptr = T.match_buffer(page_table_indptr_handle, (B + 1,), "int32", offset_factor=1)
         page_table_values = T.match_buffer(page_table_values_handle, (nnz_pages,), "int32", offset_factor=1)
         length_info = T.match_buffer(length_info_handle, (B,), "int32", offset_factor=1)
-        k_rope_pos_offset = T.match_buffer(k_rope_pos_offset_handle, (B,), "int32", offset_factor=1)
-        q_rope_position = T.match_buffer(q_rope_position_handle, (B,), "int32", offset_factor=1)
+        k_rope_pos_offset = T.match_buffer(k_rope_pos_offset_handle, (B,), "int32", offset_factor=1)  # noqa: F841 - declares the symbolic dim for TVMScript
+        q_rope_position = T.match_buffer(q_rope_position_handle, (B,), "int32", offset_factor=1)  # noqa: F841 - declares the symbolic dim for TVMScript
         output = T.match_buffer(output_handle, (B, num_qo_heads, head_dim), dtype)
         lse = T.match_buffer(lse_handle, (B, num_qo_heads), "float32")
         assert rotary_mode == 0, "mlcpipe's CPU decode attention expects RoPE applied before the KV append (rotary_mode 0)"
@@ -124,8 +124,8 @@ def prefill_ragged_attention(num_kv_heads: int, num_qo_heads: int, head_dim: int
         k = T.match_buffer(k_handle, (kv_len, num_kv_heads, head_dim), dtype)
         v = T.match_buffer(v_handle, (kv_len, num_kv_heads, head_dim), dtype)
         kv_indptr = T.match_buffer(kv_indptr_handle, (batch_size + 1,), "int32", offset_factor=1)
-        q_rope_position = T.match_buffer(q_rope_position_handle, (qo_len,), "int32", offset_factor=1)
-        k_rope_pos_offset = T.match_buffer(k_rope_pos_offset_handle, (batch_size,), "int32", offset_factor=1)
+        q_rope_position = T.match_buffer(q_rope_position_handle, (qo_len,), "int32", offset_factor=1)  # noqa: F841 - declares the symbolic dim for TVMScript
+        k_rope_pos_offset = T.match_buffer(k_rope_pos_offset_handle, (batch_size,), "int32", offset_factor=1)  # noqa: F841 - declares the symbolic dim for TVMScript
         output = T.match_buffer(output_handle, (qo_len, num_qo_heads, head_dim), dtype)
         lse = T.match_buffer(lse_handle, (qo_len, num_qo_heads), "float32")
         assert rotary_mode == 0, "mlcpipe's CPU prefill attention expects RoPE applied before attention (rotary_mode 0)"

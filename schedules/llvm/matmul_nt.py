@@ -17,6 +17,8 @@ from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
+from ..analysis import inline_around_reduction
+
 
 @dataclasses.dataclass
 class MatmulNT(dl.ScheduleRule):
@@ -29,25 +31,12 @@ class MatmulNT(dl.ScheduleRule):
         if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
             return None
         sch = s_tir.Schedule(func)
-        blocks = sch.get_child_blocks(dl.analysis.get_root_block(sch))
-        if not blocks:
+        found = inline_around_reduction(sch)
+        if found is None:
             return None
-        reductions = [b for b in blocks if _is_reduction(sch, b)]
-        if len(reductions) != 1:
-            return None
-        red = reductions[0]
-        pos = [sch.get(b).same_as(sch.get(red)) for b in blocks].index(True)
-        producers, consumers = blocks[:pos], blocks[pos + 1 :]
+        red, epilogue = found
         if not _is_nt_matmul(sch, red):
             return None
-        try:
-            for block in reversed(producers):
-                sch.compute_inline(block)
-            for block in reversed(consumers[1:]):
-                sch.reverse_compute_inline(block)
-        except s_tir.ScheduleError:
-            return None
-        epilogue = consumers[0] if consumers else None
 
         loops = sch.get_loops(red)
         spatial, k = loops[:-1], loops[-1]
@@ -81,10 +70,6 @@ class MatmulNT(dl.ScheduleRule):
 
 def _const(expr) -> int | None:
     return int(expr.value) if isinstance(expr, tirx.IntImm) else None
-
-
-def _is_reduction(sch: s_tir.Schedule, block) -> bool:
-    return any(iv.iter_type == tirx.IterVar.CommReduce for iv in sch.get(block).iter_vars)
 
 
 def _is_nt_matmul(sch: s_tir.Schedule, block) -> bool:
