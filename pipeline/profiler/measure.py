@@ -24,7 +24,7 @@ import tvm
 from ..kernel_info import KV_CACHE_CREATE
 from ..runtime import Engine
 
-from .schema import profile_header
+from .schema import overhead_metrics, profile_header
 
 
 def device_description(target_kind: str) -> str:
@@ -317,11 +317,7 @@ def profile(
             "warmup_prefill_ms": [s["ns"] / 1e6 for s in low_steps if s["run"] < warmup and s["phase"] == "prefill"],
             "peak_host_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "weight_bytes": weight_bytes,
-            "overhead": {
-                "low_overhead_total_ms": low_total,
-                "per_kernel_total_ms": per_kernel_total,
-                "percent": 100.0 * (per_kernel_total - low_total) / low_total if low_total else 0.0,
-            },
+            "overhead": overhead_metrics(per_kernel_total, low_total),
         },
         "generated_tokens": tokens,
         "kernels": {  # every kernel of the artifact; ones never called have empty bytes/arg_shapes

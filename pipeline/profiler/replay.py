@@ -35,7 +35,7 @@ from ..config import ModelConfig, parse_model_config
 from ..runners import webgpu as runner
 from .kernel_map import map_kernels
 from .measure import RecordedCall, RecordedTensor, _kernel_params, _percentiles, record_calls, uncounted_params
-from .schema import profile_header
+from .schema import overhead_metrics, profile_header
 
 
 def model_config_of(artifact: str | Path) -> ModelConfig:
@@ -221,11 +221,7 @@ def profile_replay(
             "warmup_prefill_ms": [s["ms"] for s in steps if s["mode"] == "low-overhead" and s["warmup"] and s["phase"] == "prefill"],
             "peak_host_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
             "weight_bytes": weight_bytes,
-            "overhead": {
-                "low_overhead_total_ms": low_total,
-                "per_kernel_total_ms": per_kernel_total,
-                "percent": 100.0 * (per_kernel_total - low_total) / low_total if low_total else 0.0,
-            },
+            "overhead": overhead_metrics(per_kernel_total, low_total),
         },
         "generated_tokens": [],
         "kernels": {

@@ -100,3 +100,13 @@ def profile_header(manifest: dict) -> dict:
         "target": manifest["target"],
         "target_name": manifest.get("target_name", manifest["target"]["kind"]),
     }
+
+
+def overhead_metrics(per_kernel_total_ms: float, low_overhead_total_ms: float) -> dict:
+    """The per-kernel mode's cost against the low-overhead mode over the same measured runs."""
+    low = low_overhead_total_ms
+    return {
+        "low_overhead_total_ms": low,
+        "per_kernel_total_ms": per_kernel_total_ms,
+        "percent": 100.0 * (per_kernel_total_ms - low) / low if low else 0.0,
+    }
