@@ -103,7 +103,7 @@ def test_untied_lm_head_and_bf16_checkpoint(tmp_path):
     bf16 = {k: v.astype(ml_dtypes.bfloat16).astype(np.float32) for k, v in weights.items()}
     ref = ReferenceLlama(hf_config(cfg), as_model_sees_it("q4f16_1", bf16))
     worst, _ = check_against_reference(Engine(art, params), ref, "float16", [5, 6, 7, 8], 8)
-    assert worst < 5e-3
+    assert worst < 1e-2  # bf16 AMX prefill: see TOLERANCE in test_end_to_end.py
 
 
 def test_synthetic_weights_and_tokenizer(tiny_config, tmp_path):

@@ -19,7 +19,11 @@ PROMPT = [3, 17, 101, 7, 255, 42, 9]
 DECODE_STEPS = 8
 # max |logit error| / max |logit|: float32 models compute in f32 (reference in f64);
 # float16 models keep activations in f16 (accumulation in f32).
-TOLERANCE = {"float32": 1e-4, "float16": 5e-3}
+# f16 models on this CPU prefill with bf16 AMX tiles (schedules/llvm/gemm_amx.py), PyTorch's bf16
+# precision: up to ~6e-3 of the largest logit on these random tiny models (5e-3 held with f32
+# GEMMs). The q4 decode GEMV's two int8 activation planes (~16 bits) stay within f16 rounding.
+# f32 models keep f32 arithmetic end to end.
+TOLERANCE = {"float32": 1e-4, "float16": 1e-2}
 
 
 def as_model_sees_it(quant: str, hf_weights: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

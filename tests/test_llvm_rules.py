@@ -113,23 +113,34 @@ def test_rules_decline_what_they_do_not_handle(tiny_kernels):
     webgpu = load_target("webgpu").tvm_target()
     assert DecodeGEMVQ4().apply(decode, webgpu, False) is None
     assert PrefillGEMM().apply(prefill, webgpu, False) is None
-    # unquantized decode GEMVs go to the generic rule
+    # unquantized decode GEMVs go to the float GEMV rule
     q0_decode = next(f for n, f in _matmuls(tiny_kernels["q0f16"]).items() if "seq_len" not in f.script())
     assert DecodeGEMVQ4().apply(q0_decode, TARGET, False) is None
     scheduled, record = schedule_func(q0_decode, TARGET)
-    assert record["rule"] == "MatmulNT" and record["source"] == "default"
+    assert record["rule"] == "DecodeGEMVFloat" and record["source"] == "default"
 
 
 def test_registry_order_and_knob_spaces(tiny_kernels):
-    assert [type(r).__name__ for r in RULES["llvm"]] == ["DecodeGEMVQ4", "PrefillGEMM", "MatmulNT"]
+    assert [type(r).__name__ for r in RULES["llvm"]] == [
+        "DecodeGEMVQ4VNNI", "DecodeGEMVQ4", "DecodeGEMVFloat", "PrefillGEMMAMX", "PrefillGEMM", "MatmulNT", "RowNorm", "Elementwise"]
+    expected_rules = {  # this CPU (sapphirerapids) has VNNI and AMX; f32-activation models keep f32 math
+        "q4f16_1": ("PrefillGEMMAMX", "DecodeGEMVQ4VNNI"), "q4f32_1": ("PrefillGEMM", "DecodeGEMVQ4"),
+        "q0f16": ("PrefillGEMMAMX", "DecodeGEMVFloat"), "q0f32": ("PrefillGEMM", "DecodeGEMVFloat"),
+    }
+    for quant, (prefill_rule, decode_rule) in expected_rules.items():
+        for name, func in _matmuls(tiny_kernels[quant]).items():
+            _, record = schedule_func(func, TARGET)
+            expected = prefill_rule if "seq_len" in func.script() else decode_rule
+            assert record["rule"] == expected, f"{quant} {name}"
     for name, func in _matmuls(tiny_kernels["q4f16_1"]).items():
         _, record = schedule_func(func, TARGET)
-        expected = "PrefillGEMM" if "seq_len" in func.script() else "DecodeGEMVQ4"
-        assert record["rule"] == expected, name
+        expected = record["rule"]
         space = RULES["llvm"][[type(r).__name__ for r in RULES["llvm"]].index(expected)].knob_space(func, TARGET)
-        assert space and all(values for values in space.values())
+        assert all(values for values in space.values())
+        assert space or expected == "PrefillGEMMAMX"  # AMX's tile shape is fixed
         for knob, default in record["knobs"].items():
-            assert default is None or default in space[knob], f"{name}: default {knob}={default} not among its candidates"
+            if knob in space:  # knobs `tune` does not search (VNNI/float GEMV `prefetch`) are absent
+                assert default is None or default in space[knob], f"{name}: default {knob}={default} not among its candidates"
     assert isinstance(MatmulNT().apply(next(iter(_matmuls(tiny_kernels["q0f16"]).values())), TARGET, False), tvm.s_tir.Schedule)
 
 

@@ -1,12 +1,28 @@
 """CPU (LLVM) schedule rules, most specific first.
 
-DecodeGEMVQ4  one-token q4 GEMV, group scale factored out, nibbles unpacked in registers
+DecodeGEMVQ4VNNI  one-token q4 GEMV on AVX512-VNNI: int8 activations, u8 x s8 dot products
+DecodeGEMVQ4  one-token q4 GEMV, group scale factored out, nibbles unpacked in registers (f32
+              activations: where VNNI is absent, or pinned by a tuning database)
+PrefillGEMMAMX  many-token GEMM on AMX bf16 tiles (f16-activation models), weight tile decoded per task
 PrefillGEMM   many-token GEMM, weight tile decoded once per task, register-blocked micro-kernel
+DecodeGEMVFloat  one-token GEMV with unquantized weights: f32 accumulation, prefetched rows
 MatmulNT      any other NT matmul (unquantized decode GEMV, odd shapes): rfactor-vectorised K
+RowNorm       per-row reductions + elementwise (rms_norm): reduction once per row, rows in parallel
+Elementwise   injective kernels (swiglu, rope, casts): producers inlined, parallel + vectorized
+
+Importing this package also installs a vectorizable exp lowering for llvm (fast_exp.py).
 """
 
+from . import fast_exp
+from .elementwise import Elementwise
+from .gemm_amx import PrefillGEMMAMX
 from .gemm_dequant import PrefillGEMM
+from .gemv_float import DecodeGEMVFloat
 from .gemv_q4 import DecodeGEMVQ4
+from .gemv_q4_vnni import DecodeGEMVQ4VNNI
 from .matmul_nt import MatmulNT
+from .row_norm import RowNorm
 
-LLVM_RULES = [DecodeGEMVQ4(), PrefillGEMM(), MatmulNT()]
+LLVM_RULES = [DecodeGEMVQ4VNNI(), DecodeGEMVQ4(), DecodeGEMVFloat(), PrefillGEMMAMX(), PrefillGEMM(), MatmulNT(), RowNorm(), Elementwise()]
+
+fast_exp.install()

@@ -1,0 +1,73 @@
+"""CPU decode GEMV with unquantized weights (q0f16, q0f32): y[n] = sum_k x[k] * W[n, k].
+
+Memory-bound: the whole job is streaming W once. The activation is converted to f32 once per
+call; per 16 weights of a row, one load + convert (f16 -> f32 is one instruction with
+avx512_fp16/F16C) and one FMA into the row's f32 accumulator; rows interleaved and weight rows
+software-prefetched ahead (row_gemv.py). MatmulNT's rfactor schedule reached ~16 GB/s on the 1B
+q0f16 GEMVs here, short of the ~25 GB/s a plain stream gets; the prefetch makes the difference.
+
+Numerics: products and sums in f32, like the unscheduled kernel (which casts both to f32).
+
+Handles: llvm, one activation row, unquantized static [N, K] weight with K % 16 == 0,
+N % rows == 0. Anything else: None.
+
+Knobs: rows (rows per parallel task, interleaved), prefetch (rows ahead; 0 = off).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tvm import s_tir, te, tirx
+from tvm.s_tir import dlight as dl
+from tvm.script import tirx as T
+from tvm.target import Target
+
+from .dequant_matmul import match_on_cpu
+from .row_gemv import LANES, extern_gemv, row_loop, vectorize_epilogue
+
+
+@dataclasses.dataclass
+class DecodeGEMVFloat(dl.ScheduleRule):
+    rows: int = 2
+    prefetch: int = 8
+
+    def knob_space(self, func: tirx.PrimFunc, target: Target) -> dict[str, list]:
+        info = _applicable(func, target)
+        if info is None:
+            return {}
+        # `prefetch` is not searched: `mlcpipe tune` times a kernel on inputs that stay in the
+        # host's L3 between repeats, where prefetching cannot show what it does for weights
+        # streaming from DRAM in the model (set it in a tuning DB by hand if needed)
+        return {"rows": [v for v in (1, 2, 4) if info.n % v == 0]}
+
+    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
+        del tunable
+        info = _applicable(func, target)
+        if info is None or info.n % self.rows:
+            return None
+        inputs = info.placeholders()
+        x = inputs[info.param_index(info.x)]
+        w = inputs[info.param_index(info.weight)]
+        lead = [0] * (len(x.shape) - 1)
+        xf = te.compute((info.k,), lambda i: x[(*lead, i)].astype("float32"), name="xf")
+
+        def kernel(x32, weight, out):
+            def chunk(n, c):
+                return T.Cast("float32x16", weight[n, T.ramp(c * LANES, 1, LANES)]) * x32[T.ramp(c * LANES, 1, LANES)]
+
+            def streams(n, c):
+                return [T.address_of(weight[n, c * LANES])]
+
+            return row_loop(info.n, self.rows, info.k // LANES, out, chunk, streams, self.prefetch)
+
+        sch = s_tir.Schedule(extern_gemv(info, inputs, [xf, w], kernel))
+        vectorize_epilogue(sch, info.n)
+        return sch
+
+
+def _applicable(func, target):
+    info = match_on_cpu(func, target, decode=True)
+    if info is None or info.quantized or info.k % LANES or len(info.rows_shape) not in (1, 2):
+        return None
+    return info

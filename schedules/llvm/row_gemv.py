@@ -1,0 +1,98 @@
+"""The loop skeleton shared by the explicit-vector CPU GEMV rules (gemv_q4_vnni.py, gemv_float.py).
+
+Those rules compute y[n] = sum over K of one weight row against one activation row with
+arithmetic that is not a reordering of the original loop nest (integer dot products, converts of
+whole vectors), so they write TIR directly: a `te.extern` stage whose body is built here from
+the rule's per-chunk expression, between TE stages that prepare the activation and the
+original kernel's epilogue (DequantMatmul.finish).
+
+Skeleton: rows split into parallel tasks of `rows` consecutive rows; per task, one 16-lane f32
+accumulator per row; per chunk (one vector step along K) each row adds `chunk(n, c)`; the rows of
+a task are interleaved so their independent chains overlap and share the activation loads;
+`prefetch` rows ahead, each weight stream is software-prefetched (the hardware prefetchers alone
+left these kernels at ~60% of the streaming bandwidth here); finally a shuffle tree sums the lanes.
+
+TVM 0.27 note: every vector value is written as one expression. A TVMScript binding of a vector
+(`v = ...` inside the loop) becomes a workspace allocation per parallel task, which costs more
+than the arithmetic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from tvm import te, tirx
+from tvm.script import tirx as T
+
+from .dequant_matmul import blocks_after
+
+LANES = 16  # f32 accumulator lanes (one 512-bit register)
+
+
+def extern_gemv(info, inputs: list[te.Tensor], ins: list[te.Tensor], body: Callable) -> tirx.PrimFunc:
+    """The rebuilt kernel: `body(*in_buffers, out_buffer)` writes the f32 matmul result
+    [..., N]; the original epilogue follows."""
+    x = inputs[info.param_index(info.x)]
+    out_shape = list(x.shape[:-1]) + [info.n]
+    mm = te.extern(
+        out_shape,
+        ins,
+        lambda i, o: body(*i, o[0]),
+        name="gemv",
+        dtype="float32",
+        in_buffers=[tirx.decl_buffer(t.shape, t.dtype, name=f"{t.op.name}_buf") for t in ins],
+        out_buffers=[tirx.decl_buffer(out_shape, "float32", name="gemv_buf")],
+    )
+    return info.finish(inputs, mm)
+
+
+def lane_sum(v, lanes: int = LANES):
+    while lanes > 1:
+        lanes //= 2
+        v = T.Shuffle([v], list(range(lanes))) + T.Shuffle([v], list(range(lanes, 2 * lanes)))
+    return T.Shuffle([v], [0])
+
+
+def row_loop(n_rows: int, rows: int, chunks: int, out, chunk: Callable, streams: Callable, prefetch: int) -> tirx.Stmt:
+    """for each task of `rows` rows (parallel): acc[r] += chunk(n, c) for c < chunks; out[.., n] = sum(acc[r]).
+    `streams(n, c)` lists the addresses (T.address_of) of row n's data for chunk c, prefetched
+    `prefetch` rows ahead (0: no software prefetch)."""
+    tasks = n_rows // rows
+    last = n_rows - 1
+    lead = len(out.shape) - 1
+
+    n_streams = len(streams(0, 0))
+    if n_streams not in (1, 2):
+        raise ValueError(f"row_loop prefetches one or two streams, got {n_streams}")
+
+    def ahead(n, c, i):
+        return T.call_llvm_intrin("void", "llvm.prefetch.p0", streams(T.min(n + prefetch, last), c)[i], 0, 3, 1)
+
+    @T.prim_func(private=True, check_well_formed=False)
+    def body():
+        for task in T.parallel(tasks):
+            acc = T.alloc_buffer((rows * LANES,), "float32", scope="local")
+            for r in T.unroll(rows):
+                acc[T.ramp(r * LANES, 1, LANES)] = T.broadcast(T.float32(0), LANES)
+            for c in range(chunks):
+                for r in T.unroll(rows):
+                    if prefetch > 0:
+                        T.evaluate(ahead(task * rows + r, c, 0))
+                        if n_streams == 2:
+                            T.evaluate(ahead(task * rows + r, c, 1))
+                    acc[T.ramp(r * LANES, 1, LANES)] = acc[T.ramp(r * LANES, 1, LANES)] + chunk(task * rows + r, c)
+            for r in T.unroll(rows):
+                if lead == 2:
+                    out[0, 0, task * rows + r] = lane_sum(acc[T.ramp(r * LANES, 1, LANES)])
+                else:
+                    out[0, task * rows + r] = lane_sum(acc[T.ramp(r * LANES, 1, LANES)])
+
+    return body.body
+
+
+def vectorize_epilogue(sch, n: int) -> None:
+    """The epilogue blocks after the extern (cast, residual add): one fused loop each, 16 lanes."""
+    for block in blocks_after(sch, sch.get_sblock("gemv")):
+        loop = sch.fuse(*sch.get_loops(block))
+        if n % LANES == 0:
+            sch.vectorize(sch.split(loop, [None, LANES])[1])

@@ -1,0 +1,262 @@
+"""The explicit-vector CPU rules (VNNI q4 GEMV, float GEMV, AMX prefill GEMM), the injective-kernel
+rule and the fast exp lowering: numerics on real computation against NumPy / the unscheduled
+kernels, at several knob settings and full 1B shapes, and None where a rule does not apply."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+from tvm.script import tirx as T
+
+from pipeline.kernel_inputs import random_args
+from pipeline.targets import load_target
+from pipeline.tune import unscheduled_kernels
+from schedules.llvm import fast_exp
+from schedules.llvm.dequant_matmul import match
+from schedules.llvm.elementwise import Elementwise
+from schedules.llvm.gemm_amx import PrefillGEMMAMX
+from schedules.llvm.gemv_float import DecodeGEMVFloat
+from schedules.llvm.gemv_q4_vnni import DecodeGEMVQ4VNNI
+from schedules.llvm.row_norm import RowNorm
+
+TARGET = load_target("llvm").tvm_target()
+NO_VNNI = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512"})
+NO_AMX = tvm.target.Target({"kind": "llvm", "mcpu": "cascadelake"})  # VNNI, no AMX
+
+
+def _build(func):
+    return tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=TARGET)
+
+
+def _outputs(func, args):
+    tensors = [tvm.runtime.tensor(a.copy()) for a in args]
+    _build(func)["main"](*tensors)
+    return tensors[-1].numpy().astype(np.float32)
+
+
+@pytest.fixture(scope="module")
+def kernels(tiny_config):
+    return {q: unscheduled_kernels(tiny_config, q, TARGET) for q in ("q4f16_1", "q4f32_1", "q0f16", "q0f32")}
+
+
+def _decode(kernels):
+    return {n: f for n, f in kernels.items() if "NT_matmul" in n and "seq_len" not in f.script()}
+
+
+def _prefill(kernels):
+    return {n: f for n, f in kernels.items() if "NT_matmul" in n and "seq_len" in f.script()}
+
+
+def int8_activation_gemv(args, info, planes: int = 2) -> np.ndarray:
+    """What DecodeGEMVQ4VNNI computes, in NumPy: x in units of a = max|x| / 127 per weight group,
+    plane 0 = round(x / a), plane 1 = round(256 * residual) clipped to +-127 (round half to even),
+    exact integer dot products with (q - 7) per plane, then f32 scales."""
+    params = list(info.func.params)
+    x = args[params.index(info.x)].reshape(-1).astype(np.float32)
+    w = args[params.index(info.weight)]
+    s = args[params.index(info.scale)].astype(np.float32)
+    n, k, g = info.n, info.k, info.group_size
+    amax = np.abs(x.reshape(-1, g)).max(1).astype(np.float32)
+    inv = np.where(amax > 0, np.float32(127) / np.maximum(amax, np.float32(1e-30)), 0).astype(np.float32)
+    scaled = (x * np.repeat(inv, g)).astype(np.float32)
+    high = np.rint(scaled)
+    low = np.clip(np.rint((scaled - high) * np.float32(256)), -127, 127)
+    q = ((w[:, :, None] >> (4 * np.arange(8, dtype=np.uint32))) & 15).reshape(n, k).astype(np.int64)
+    dots = ((q - 7) * high.astype(np.int64)).reshape(n, -1, g).sum(2).astype(np.float64)
+    if planes == 2:
+        dots += ((q - 7) * low.astype(np.int64)).reshape(n, -1, g).sum(2) / 256.0
+    return (dots * s * (amax / np.float32(127))).sum(1)
+
+
+def _emulated_kernel(args, info, planes: int = 2) -> np.ndarray:
+    """int8_activation_gemv through the kernel's epilogue (cast to f16, residual add in f16)."""
+    y = int8_activation_gemv(args, info, planes)
+    out = args[-1]
+    if out.dtype == np.float16:
+        y = y.astype(np.float16)
+        if len(info.func.params) == 5:  # o_proj / down: + residual
+            y = (y + args[-2].reshape(-1)).astype(np.float16)
+    return y.astype(np.float64)
+
+
+@pytest.mark.parametrize("knobs", [{}, {"rows": 1, "prefetch": 0, "planes": 1}, {"rows": 4, "prefetch": 16}])
+def test_vnni_gemv_is_exact_int8_activation_arithmetic(knobs, kernels):
+    taken = 0
+    for name, func in _decode(kernels["q4f16_1"]).items():
+        sch = DecodeGEMVQ4VNNI(**knobs).apply(func, TARGET, False)
+        assert sch is not None, name
+        args = random_args(func, {}, seed=5)
+        got = _outputs(sch.mod["main"], args)
+        exact = _outputs(func, args)
+        planes = knobs.get("planes", 2)
+        # one int8 plane stays within ~1% of the max; two planes (~16-bit activations) within f16 rounding
+        np.testing.assert_allclose(got, exact, atol=(2e-2 if planes == 1 else 3e-3) * np.abs(exact).max(), err_msg=name)
+        want = _emulated_kernel(args, match(func), planes)  # the same arithmetic in NumPy: equal up to f16 rounding
+        np.testing.assert_allclose(got.reshape(-1), want, rtol=2e-3, atol=2e-3 * np.abs(want).max(), err_msg=name)
+        taken += 1
+    assert taken >= 4
+
+
+def test_vnni_gemv_full_size_shapes():
+    """Llama-3.2-1B gate_up (16384x2048, cast epilogue) and down (2048x8192, cast + residual add)."""
+    from pipeline.config import load_model_config
+
+    taken = 0
+    for name, func in _decode(unscheduled_kernels(load_model_config("llama-3.2-1b"), "q4f16_1", TARGET)).items():
+        info = match(func)
+        if (info.n, info.k) not in ((16384, 2048), (2048, 8192)):
+            continue
+        args = random_args(func, {}, seed=1)
+        got = _outputs(DecodeGEMVQ4VNNI(rows=2, prefetch=8).apply(func, TARGET, False).mod["main"], args)
+        want = _emulated_kernel(args, info)
+        np.testing.assert_allclose(got.reshape(-1), want, rtol=2e-3, atol=2e-3 * np.abs(want).max(), err_msg=name)
+        taken += 1
+    assert taken == 2
+
+
+@pytest.mark.parametrize("quant", ["q0f16", "q0f32"])
+@pytest.mark.parametrize("knobs", [{}, {"rows": 1, "prefetch": 0}, {"rows": 4, "prefetch": 4}])
+def test_float_gemv_keeps_numerics(quant, knobs, kernels):
+    taken = 0
+    for name, func in _decode(kernels[quant]).items():
+        sch = DecodeGEMVFloat(**knobs).apply(func, TARGET, False)
+        assert sch is not None, name
+        args = random_args(func, {}, seed=3)
+        want = _outputs(func, args)
+        tol = 2e-3 if quant == "q0f16" else 1e-5  # same f32 products and sums, other order
+        np.testing.assert_allclose(_outputs(sch.mod["main"], args), want, rtol=tol, atol=tol * np.abs(want).max(), err_msg=name)
+        taken += 1
+    assert taken >= 4
+
+
+@pytest.mark.parametrize("quant", ["q4f16_1", "q0f16"])
+def test_amx_prefill_gemm_keeps_numerics(quant, kernels):
+    taken = 0
+    for name, func in _prefill(kernels[quant]).items():
+        sch = PrefillGEMMAMX().apply(func, TARGET, False)
+        assert sch is not None, name
+        for tokens in (1, 7, 40):  # a partial 32-token block, two blocks
+            args = random_args(func, {"seq_len": tokens}, seed=3)
+            want = _outputs(func, args)
+            got = _outputs(sch.mod["main"], args)
+            # bf16 operands (8-bit mantissa), f32 accumulation
+            np.testing.assert_allclose(got, want, atol=1e-2 * np.abs(want).max(), err_msg=f"{name} {tokens}")
+            assert np.abs(got - want).max() > 0 or tokens == 1  # it really ran in bf16, not a copy of the reference
+        taken += 1
+    assert taken == 4
+
+
+def test_amx_prefill_full_size_down_proj():
+    from pipeline.config import load_model_config
+
+    funcs = _prefill(unscheduled_kernels(load_model_config("llama-3.2-1b"), "q4f16_1", TARGET))
+    name, func = next((n, f) for n, f in funcs.items() if (match(f).n, match(f).k) == (2048, 8192))
+    args = random_args(func, {"seq_len": 33}, seed=2)
+    want = _outputs(func, args)
+    np.testing.assert_allclose(_outputs(PrefillGEMMAMX().apply(func, TARGET, False).mod["main"], args), want,
+                               atol=1e-2 * np.abs(want).max(), err_msg=name)
+
+
+def test_vector_rules_decline_what_they_do_not_handle(kernels):
+    q4_decode = next(iter(_decode(kernels["q4f16_1"]).values()))
+    q4_prefill = next(iter(_prefill(kernels["q4f16_1"]).values()))
+    q0_decode = next(iter(_decode(kernels["q0f16"]).values()))
+    f32_prefill = next(iter(_prefill(kernels["q4f32_1"]).values()))
+    f32_decode = next(iter(_decode(kernels["q4f32_1"]).values()))
+    norm = next(f for n, f in kernels["q4f16_1"].items() if n.startswith("rms_norm"))
+    # CPU features: no VNNI -> the float q4 rule, no AMX -> the f32 GEMM
+    assert DecodeGEMVQ4VNNI().apply(q4_decode, NO_VNNI, False) is None
+    assert PrefillGEMMAMX().apply(q4_prefill, NO_AMX, False) is None
+    from schedules import schedule_func
+
+    assert schedule_func(q4_decode, NO_VNNI)[1]["rule"] == "DecodeGEMVQ4"
+    assert schedule_func(q4_prefill, NO_AMX)[1]["rule"] == "PrefillGEMM"
+    # shapes and kinds that are not theirs
+    assert DecodeGEMVQ4VNNI().apply(q4_prefill, TARGET, False) is None
+    assert DecodeGEMVQ4VNNI().apply(q0_decode, TARGET, False) is None
+    assert DecodeGEMVFloat().apply(q4_decode, TARGET, False) is None
+    assert PrefillGEMMAMX().apply(q4_decode, TARGET, False) is None
+    assert PrefillGEMMAMX().apply(f32_prefill, TARGET, False) is None  # f32 activations keep f32 math
+    assert DecodeGEMVQ4VNNI().apply(f32_decode, TARGET, False) is None
+    assert DecodeGEMVQ4VNNI(rows=3).apply(q4_decode, TARGET, False) is None  # rows must divide N
+    webgpu = load_target("webgpu").tvm_target()
+    for rule in (DecodeGEMVQ4VNNI(), DecodeGEMVFloat(), PrefillGEMMAMX(), Elementwise()):
+        assert rule.apply(norm, TARGET, False) is None
+        assert rule.apply(q4_decode, webgpu, False) is None
+    assert Elementwise().apply(q4_decode, TARGET, False) is None  # a reduction
+
+
+def test_elementwise_rule_keeps_numerics(kernels):
+    taken = []
+    for quant in ("q0f16", "q4f16_1"):
+        for name, func in kernels[quant].items():
+            sch = Elementwise().apply(func, TARGET, False)
+            if sch is None or name.startswith(("tir_kv_cache", "fused_rope")):
+                continue  # paged-cache kernels and rope: checked below / through the model tests
+            args = random_args(func, {"seq_len": 37}, seed=3)
+            np.testing.assert_array_equal(_outputs(sch.mod["main"], args), _outputs(func, args), err_msg=name)
+            taken.append(name)
+    assert any("silu" in n for n in taken) and any(n.startswith("take") for n in taken)
+
+
+@pytest.mark.parametrize("quant", ["q0f16", "q4f32_1"])
+def test_row_norm_rule_keeps_numerics(quant, kernels):
+    norms = {n: f for n, f in kernels[quant].items() if n.startswith("rms_norm")}
+    assert len(norms) == 2  # decode (one row) and prefill (seq_len rows)
+    for name, func in norms.items():
+        sch = RowNorm().apply(func, TARGET, False)
+        assert sch is not None, name
+        args = random_args(func, {"seq_len": 37}, seed=4)
+        want = _outputs(func, args)
+        tol = 2e-3 if quant == "q0f16" else 1e-5
+        np.testing.assert_allclose(_outputs(sch.mod["main"], args), want, rtol=tol, atol=tol * np.abs(want).max(), err_msg=name)
+    matmul = next(iter(_decode(kernels[quant]).values()))
+    assert RowNorm().apply(matmul, TARGET, False) is None  # a reduction with two inputs: the GEMV rules' business
+    assert RowNorm().apply(next(f for n, f in kernels[quant].items() if "silu" in n), TARGET, False) is None
+
+
+def test_elementwise_rule_on_rope(kernels):
+    func = kernels["q4f16_1"]["fused_rope"]
+    sch = Elementwise().apply(func, TARGET, False)
+    assert sch is not None
+    tokens = 37
+    qkv_shape = [int(d) if isinstance(d, tvm.tirx.IntImm) else tokens for d in func.params[0].shape]
+    rng = np.random.default_rng(0)
+    qkv = rng.standard_normal(qkv_shape).astype("float16")
+    heads = [int(p.shape[1]) for p in func.params[2:5]]
+    outs = []
+    for f in (sch.mod["main"], func):
+        tensors = [tvm.runtime.tensor(qkv), tvm.runtime.tensor(np.arange(100, 100 + tokens, dtype="int32"))]
+        tensors += [tvm.runtime.tensor(np.zeros((tokens, h, qkv_shape[-1]), "float16")) for h in heads]
+        _build(f)["main"](*tensors, 1)
+        outs.append([t.numpy() for t in tensors[2:]])
+    for got, want in zip(*outs):
+        np.testing.assert_array_equal(got, want)
+    assert np.abs(outs[0][0]).max() > 0
+
+
+def test_fast_exp_accuracy_and_special_values():
+    fast_exp.install()
+    n = 1 << 16
+
+    @T.prim_func(private=True)
+    def exp_kernel(a: T.Buffer((n,), "float32"), b: T.Buffer((n,), "float32")):
+        for i in T.parallel(n // 16):
+            for j in T.vectorized(16):
+                b[i * 16 + j] = T.exp(a[i * 16 + j])
+
+    x = np.concatenate([np.linspace(-90, 89, n - 5), [np.nan, np.inf, -np.inf, 0.0, 88.72]]).astype(np.float32)
+    out = tvm.runtime.tensor(np.zeros(n, np.float32))
+    lib = _build(exp_kernel)
+    lib["main"](tvm.runtime.tensor(x), out)
+    got = out.numpy().astype(np.float64)
+    with np.errstate(over="ignore"):
+        want = np.exp(x.astype(np.float64)).astype(np.float32).astype(np.float64)
+    normal = np.isfinite(want) & (x >= -87.3)  # documented range; below it the result flushes to 0
+    rel = np.abs(got[normal] - want[normal]) / want[normal]
+    worst = np.argmax(rel)
+    assert rel.max() < 3e-7, (rel.max(), x[normal][worst], got[normal][worst], want[normal][worst])  # ~2 ulp
+    assert np.isnan(got[-5]) and got[-4] == np.inf and got[-3] == 0.0 and got[-2] == 1.0 and np.isfinite(got[-1])
+    assert np.all(got[x < -87.4] < 1.2e-38)  # denormal range flushes to 0
+    assert "expf" not in lib.mod.inspect_source("ll")  # really the polynomial, not libm calls
