@@ -6,6 +6,18 @@ from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 
 
+def root_blocks(func) -> tuple[s_tir.Schedule, list] | None:
+    """(schedule, root-level blocks) of a PrimFunc, or None if it has no single root block (not
+    a kernel the rules understand)."""
+    if not isinstance(func, tirx.PrimFunc):
+        return None
+    try:
+        sch = s_tir.Schedule(func)
+        return sch, sch.get_child_blocks(dl.analysis.get_root_block(sch))
+    except Exception:  # noqa: BLE001 - not a schedulable function
+        return None
+
+
 def is_reduction_block(sch: s_tir.Schedule, block) -> bool:
     return any(iv.iter_type == tirx.IterVar.CommReduce for iv in sch.get(block).iter_vars)
 

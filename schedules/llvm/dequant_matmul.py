@@ -16,10 +16,13 @@ Anything else returns None, so the rule declines.
 from __future__ import annotations
 
 import dataclasses
+
 from tvm import s_tir, te, tirx
 from tvm.ir.expr import TensorLoad
 from tvm.s_tir import dlight as dl
 from tvm.tirx import expr as E
+
+from ..analysis import root_blocks
 
 
 @dataclasses.dataclass
@@ -111,13 +114,10 @@ def _dequant_text(v_i: str, v_j: str, weight: str, scale: str, group: int, dtype
 
 def match(func: tirx.PrimFunc) -> DequantMatmul | None:
     """The structure of `func` if it is a (dequantize ->) NT_matmul (-> epilogue) kernel."""
-    if not isinstance(func, tirx.PrimFunc):
+    found = root_blocks(func)
+    if found is None:
         return None
-    try:
-        sch = s_tir.Schedule(func)
-        blocks = sch.get_child_blocks(dl.analysis.get_root_block(sch))
-    except Exception:  # noqa: BLE001 - not a schedulable function: not ours
-        return None
+    sch, blocks = found
     stmts = [sch.get(b) for b in blocks]
     if not stmts or any(not isinstance(s.body, tirx.BufferStore) for s in stmts):
         return None

@@ -19,6 +19,8 @@ from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
+from ..analysis import root_blocks
+
 
 @dataclasses.dataclass
 class Elementwise(dl.ScheduleRule):
@@ -27,13 +29,10 @@ class Elementwise(dl.ScheduleRule):
 
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
         del tunable
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
+        found = root_blocks(func) if target.kind.name == "llvm" else None
+        if found is None:
             return None
-        try:
-            sch = s_tir.Schedule(func)
-            blocks = sch.get_child_blocks(dl.analysis.get_root_block(sch))
-        except Exception:  # noqa: BLE001 - not a schedulable function: not ours
-            return None
+        sch, blocks = found
         if not blocks:
             return None
         for block in blocks:

@@ -18,34 +18,23 @@ from __future__ import annotations
 
 import dataclasses
 
-from tvm import s_tir, te, tirx
-from tvm.s_tir import dlight as dl
+from tvm import te, tirx
 from tvm.script import tirx as T
 from tvm.target import Target
 
 from .dequant_matmul import match_on_cpu
-from .row_gemv import LANES, extern_gemv, row_loop, vectorize_epilogue
+from .row_gemv import LANES, RowGEMVRule, extern_gemv, row_loop
 
 
 @dataclasses.dataclass
-class DecodeGEMVFloat(dl.ScheduleRule):
-    rows: int = 2
-    prefetch: int = 8
-
-    def knob_space(self, func: tirx.PrimFunc, target: Target) -> dict[str, list]:
-        info = _applicable(func, target)
-        if info is None:
-            return {}
-        # `prefetch` is not searched: `mlcpipe tune` times a kernel on inputs that stay in the
-        # host's L3 between repeats, where prefetching cannot show what it does for weights
-        # streaming from DRAM in the model (set it in a tuning DB by hand if needed)
-        return {"rows": [v for v in (1, 2, 4) if info.n % v == 0]}
-
-    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
-        del tunable
-        info = _applicable(func, target)
-        if info is None or info.n % self.rows:
+class DecodeGEMVFloat(RowGEMVRule):
+    def applicable(self, func: tirx.PrimFunc, target: Target):
+        info = match_on_cpu(func, target, decode=True)
+        if info is None or info.quantized or info.k % LANES or len(info.rows_shape) not in (1, 2):
             return None
+        return info
+
+    def build(self, info) -> tirx.PrimFunc:
         inputs = info.placeholders()
         x = inputs[info.param_index(info.x)]
         w = inputs[info.param_index(info.weight)]
@@ -61,13 +50,4 @@ class DecodeGEMVFloat(dl.ScheduleRule):
 
             return row_loop(info.n, self.rows, info.k // LANES, out, chunk, streams, self.prefetch)
 
-        sch = s_tir.Schedule(extern_gemv(info, inputs, [xf, w], kernel))
-        vectorize_epilogue(sch, info.n)
-        return sch
-
-
-def _applicable(func, target):
-    info = match_on_cpu(func, target, decode=True)
-    if info is None or info.quantized or info.k % LANES or len(info.rows_shape) not in (1, 2):
-        return None
-    return info
+        return extern_gemv(info, inputs, [xf, w], kernel)

@@ -37,13 +37,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from tvm import s_tir, te, tirx
-from tvm.s_tir import dlight as dl
+from tvm import te, tirx
 from tvm.script import tirx as T
 from tvm.target import Target, codegen
 
 from .dequant_matmul import match_on_cpu
-from .row_gemv import LANES, extern_gemv, row_loop, vectorize_epilogue
+from .row_gemv import LANES, RowGEMVRule, extern_gemv, row_loop
 
 NIBBLES = 0x0F0F0F0F
 VPDPBUSD = "llvm.x86.avx512.vpdpbusd.512"  # (i32x16 acc, u8x64, s8x64): 4 products per lane
@@ -51,46 +50,33 @@ RESIDUAL = 256.0  # the second activation plane counts in units of a / 256
 
 
 @dataclasses.dataclass
-class DecodeGEMVQ4VNNI(dl.ScheduleRule):
-    rows: int = 2
-    prefetch: int = 8  # software-prefetch the weight row this many rows ahead (0: off)
+class DecodeGEMVQ4VNNI(RowGEMVRule):
     planes: int = 2  # int8 activation planes: 1 = x / a rounded (llama.cpp's Q8), 2 = + residual (~16 bits)
 
-    def knob_space(self, func: tirx.PrimFunc, target: Target) -> dict[str, list]:
-        info = _applicable(func, target)
-        if info is None:
-            return {}
-        # `prefetch` is not searched: `mlcpipe tune` times a kernel on inputs that stay in the
-        # host's L3 between repeats, where prefetching cannot show what it does for weights
-        # streaming from DRAM in the model (set it in a tuning DB by hand if needed)
-        return {"rows": [v for v in (1, 2, 4) if info.n % v == 0]}
-
-    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
-        del tunable
-        info = _applicable(func, target)
-        if info is None or info.n % self.rows:
+    def applicable(self, func: tirx.PrimFunc, target: Target):
+        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
             return None
+        if not codegen.target_has_features("avx512vnni", target):
+            return None
+        info = match_on_cpu(func, target, decode=True)
+        if info is None or not info.quantized or info.k % (8 * LANES) or len(info.rows_shape) not in (1, 2):
+            return None
+        if str(info.x.dtype) != "float16":  # f32 models (q4f32_1) keep f32 activations: DecodeGEMVQ4
+            return None
+        wpg = info.group_size // 8
+        if info.group_size % 8 or not (LANES % wpg == 0 or wpg % LANES == 0):
+            return None
+        return info
+
+    def build(self, info) -> tirx.PrimFunc | None:
         if self.planes not in (1, 2):
             return None
-        sch = s_tir.Schedule(_build(info, self.rows, self.prefetch, self.planes))
-        vectorize_epilogue(sch, info.n)
-        return sch
-
-
-def _applicable(func, target):
-    if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
-        return None
-    if not codegen.target_has_features("avx512vnni", target):
-        return None
-    info = match_on_cpu(func, target, decode=True)
-    if info is None or not info.quantized or info.k % (8 * LANES) or len(info.rows_shape) not in (1, 2):
-        return None
-    if str(info.x.dtype) != "float16":  # f32 models (q4f32_1) keep f32 activations: DecodeGEMVQ4
-        return None
-    wpg = info.group_size // 8
-    if info.group_size % 8 or not (LANES % wpg == 0 or wpg % LANES == 0):
-        return None
-    return info
+        inputs = info.placeholders()
+        x = inputs[info.param_index(info.x)]
+        w = inputs[info.param_index(info.weight)]
+        s = inputs[info.param_index(info.scale)]
+        activation = quantize_activation(x, info.k, info.group_size, self.planes)
+        return extern_gemv(info, inputs, [*activation, w, s], lambda *bufs: _kernel(info, self.rows, self.prefetch, self.planes, *bufs))
 
 
 def quantize_activation(x: te.Tensor, k: int, group: int, planes: int = 2):
@@ -126,15 +112,6 @@ def quantize_activation(x: te.Tensor, k: int, group: int, planes: int = 2):
     wpg = group // 8
     a_word = te.compute((k // 8,), lambda w: amax[w // wpg] / tirx.const(127.0, "float32"), name="a_word")
     return xlo, xhi, w0, a_word
-
-
-def _build(info, rows: int, prefetch: int, planes: int) -> tirx.PrimFunc:
-    inputs = info.placeholders()
-    x = inputs[info.param_index(info.x)]
-    w = inputs[info.param_index(info.weight)]
-    s = inputs[info.param_index(info.scale)]
-    activation = quantize_activation(x, info.k, info.group_size, planes)
-    return extern_gemv(info, inputs, [*activation, w, s], lambda *bufs: _kernel(info, rows, prefetch, planes, *bufs))
 
 
 def _kernel(info, rows, prefetch, planes, xlo, xhi, w0, a_word, weight, scale, out):

@@ -19,14 +19,53 @@ than the arithmetic.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 
-from tvm import te, tirx
+from tvm import s_tir, te, tirx
+from tvm.s_tir import dlight as dl
 from tvm.script import tirx as T
+from tvm.target import Target
 
 from .dequant_matmul import blocks_after
 
 LANES = 16  # f32 accumulator lanes (one 512-bit register)
+
+
+@dataclasses.dataclass
+class RowGEMVRule(dl.ScheduleRule):
+    """Base of the explicit-vector GEMV rules: knobs rows and prefetch; subclasses give
+    `applicable(func, target) -> DequantMatmul | None` and `build(info) -> PrimFunc`."""
+
+    rows: int = 2  # rows per parallel task, interleaved
+    prefetch: int = 8  # software-prefetch each weight stream this many rows ahead (0: off)
+
+    def applicable(self, func: tirx.PrimFunc, target: Target):
+        raise NotImplementedError
+
+    def build(self, info) -> tirx.PrimFunc:
+        raise NotImplementedError
+
+    def knob_space(self, func: tirx.PrimFunc, target: Target) -> dict[str, list]:
+        info = self.applicable(func, target)
+        if info is None:
+            return {}
+        # `prefetch` is not searched: `mlcpipe tune` times a kernel on inputs that stay in the
+        # host's L3 between repeats, where prefetching cannot show what it does for weights
+        # streaming from DRAM in the model (set it in a tuning DB by hand if needed)
+        return {"rows": [v for v in (1, 2, 4) if info.n % v == 0]}
+
+    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
+        del tunable
+        info = self.applicable(func, target)
+        if info is None or info.n % self.rows:
+            return None
+        func = self.build(info)
+        if func is None:
+            return None
+        sch = s_tir.Schedule(func)
+        vectorize_epilogue(sch, info.n)
+        return sch
 
 
 def extern_gemv(info, inputs: list[te.Tensor], ins: list[te.Tensor], body: Callable) -> tirx.PrimFunc:

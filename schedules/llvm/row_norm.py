@@ -22,6 +22,8 @@ from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
+from ..analysis import root_blocks
+
 
 @dataclasses.dataclass
 class RowNorm(dl.ScheduleRule):
@@ -30,13 +32,10 @@ class RowNorm(dl.ScheduleRule):
 
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
         del tunable
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
+        found = root_blocks(func) if target.kind.name == "llvm" else None
+        if found is None:
             return None
-        try:
-            sch = s_tir.Schedule(func)
-            blocks = sch.get_child_blocks(dl.analysis.get_root_block(sch))
-        except Exception:  # noqa: BLE001 - not a schedulable function: not ours
-            return None
+        sch, blocks = found
         kinds = [[iv.iter_type for iv in sch.get(b).iter_vars] for b in blocks]
         reductions = [i for i, k in enumerate(kinds) if tirx.IterVar.CommReduce in k]
         if len(reductions) != 1 or kinds[reductions[0]][-1] != tirx.IterVar.CommReduce:
