@@ -21,6 +21,8 @@ import tvm
 from tvm import tirx
 from tvm.script import tirx as T
 
+from .row_gemv import lane_sum
+
 LOG2E = 1.4426950408889634
 KERNEL_NAME = "batch_decode_paged_kv_cpu"
 RAGGED_KERNEL_NAME = "batch_prefill_ragged_kv"
@@ -81,9 +83,7 @@ def decode_attention(num_kv_heads: int, num_qo_heads: int, head_dim: int, page_s
                     for c in range(chunks):
                         for l in T.vectorized(lanes):
                             part[l] = part[l] + q[g, c * lanes + l] * T.Cast("float32", pages[page, 0, h, slot, c * lanes + l])
-                    s[g] = T.float32(0.0)
-                    for l in range(lanes):
-                        s[g] = s[g] + part[l]
+                    s[g] = lane_sum(part[T.ramp(0, 1, lanes)], lanes)
                 for g in range(group):
                     new_m = T.max(m[g], s[g])
                     rescale = T.exp2(m[g] - new_m)
@@ -161,9 +161,7 @@ def prefill_ragged_attention(num_kv_heads: int, num_qo_heads: int, head_dim: int
                     for c in range(chunks):
                         for l in T.vectorized(lanes):
                             part[l] = part[l] + qv[g, c * lanes + l] * T.Cast("float32", k[kv_indptr[b] + row, h, c * lanes + l])
-                    s[g] = T.float32(0.0)
-                    for l in range(lanes):
-                        s[g] = s[g] + part[l]
+                    s[g] = lane_sum(part[T.ramp(0, 1, lanes)], lanes)
                 for g in range(group):
                     new_m = T.max(m[g], s[g])
                     rescale = T.exp2(m[g] - new_m)

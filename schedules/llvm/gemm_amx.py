@@ -16,7 +16,8 @@ needs AMX's pair-interleaved "B" layout:
   which the original epilogue reads transposed.
 
 AMX state needs the kernel's permission (Linux: arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA);
-the kernel asks for it itself at entry (one syscall per call), so any process can run it.
+the kernel asks for it itself at entry (one syscall per call), so any process can run it, and
+raises a TVM error (instead of dying on SIGILL) where the OS refuses.
 
 Numerics: bf16 operands (8-bit mantissa) with f32 accumulation, as PyTorch's bf16 CPU path; so
 this rule takes only models whose activations are f16 (q4f16_1, q0f16): f32 models keep the
@@ -158,7 +159,9 @@ def _kernel(info, padded, xb, weight, scale, out):
 
     @T.prim_func(private=True, check_well_formed=False)
     def body():
-        T.evaluate(T.call_extern("int64", "syscall", T.int64(ARCH_PRCTL), T.int64(ARCH_REQ_XCOMP_PERM), T.int64(XFEATURE_XTILEDATA)))
+        assert T.call_extern("int64", "syscall", T.int64(ARCH_PRCTL), T.int64(ARCH_REQ_XCOMP_PERM), T.int64(XFEATURE_XTILEDATA)) == T.int64(0), (
+            "AMX tiles are not available to this process (arch_prctl ARCH_REQ_XCOMP_PERM failed): rebuild for this CPU/OS"
+        )
         for task in T.parallel(info.n // BLOCK):
             d = T.alloc_buffer((BLOCK, k), "uint16")
             cfg = T.alloc_buffer((64,), "uint8", scope="local")
