@@ -23,7 +23,7 @@ Numerics: bf16 operands (8-bit mantissa) with f32 accumulation, as PyTorch's bf1
 this rule takes only models whose activations are f16 (q4f16_1, q0f16): f32 models keep the
 f32 GEMM.
 
-Handles: llvm targets with amx-bf16, many-token NT matmul with f16 activation, static N % 32 == 0,
+Handles: llvm targets with amx-bf16 and avx512bf16 (weights rounded to bf16 by vcvtneps2bf16), many-token NT matmul with f16 activation, static N % 32 == 0,
 K % 128 == 0 (q4, MLC group size dividing 128 words-wise) or K % 32 == 0 (unquantized).
 Anything else: None. Knobs: none yet (tile shape fixed by AMX; 2 x 2 tiles per step).
 """
@@ -43,6 +43,7 @@ from .row_gemv import LANES
 TILE = 16  # AMX tile: 16 rows x 64 bytes (32 bf16 along K)
 BLOCK = 2 * TILE  # weight rows per task and tokens per step (2 x 2 tiles)
 ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA = 158, 0x1023, 18
+CVT_BF16 = "llvm.x86.avx512bf16.cvtneps2bf16.512"
 
 
 @dataclasses.dataclass
@@ -71,7 +72,7 @@ class PrefillGEMMAMX(dl.ScheduleRule):
 def _applicable(func, target):
     if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
         return None
-    if not codegen.target_has_features("amx-bf16", target):
+    if not (codegen.target_has_features("amx-bf16", target) and codegen.target_has_features("avx512bf16", target)):
         return None
     info = match_on_cpu(func, target, decode=False)
     if info is None or str(info.x.dtype) != "float16" or len(info.rows_shape) != 2 or info.n % BLOCK:
@@ -150,10 +151,8 @@ def _kernel(info, padded, xb, weight, scale, out):
             scales = T.broadcast(T.Cast("float32", scale[n, c]), LANES)
         return (nib - T.broadcast(T.float32(7), LANES)) * scales
 
-    def bf16(v):
-        u = T.reinterpret("uint32x16", v)
-        odd = (u >> T.broadcast(T.uint32(16), LANES)) & T.broadcast(T.uint32(1), LANES)
-        return T.Cast("uint16x16", (u + T.broadcast(T.uint32(0x7FFF), LANES) + odd) >> T.broadcast(T.uint32(16), LANES))
+    def bf16(v):  # 16 f32 -> 16 bf16 bits, round to nearest even: one vcvtneps2bf16
+        return T.reinterpret("uint16x16", T.call_llvm_pure_intrin("bfloat16x16", CVT_BF16, v))
 
     quantized = info.quantized
 
