@@ -123,9 +123,12 @@ def test_rules_decline_what_they_do_not_handle(tiny_kernels):
 def test_registry_order_and_knob_spaces(tiny_kernels):
     assert [type(r).__name__ for r in RULES["llvm"]] == [
         "DecodeGEMVQ4VNNI", "DecodeGEMVQ4", "DecodeGEMVFloat", "PrefillGEMMAMX", "PrefillGEMM", "MatmulNT", "RowNorm", "Elementwise"]
-    expected_rules = {  # this CPU (sapphirerapids) has VNNI and AMX; f32-activation models keep f32 math
-        "q4f16_1": ("PrefillGEMMAMX", "DecodeGEMVQ4VNNI"), "q4f32_1": ("PrefillGEMM", "DecodeGEMVQ4"),
-        "q0f16": ("PrefillGEMMAMX", "DecodeGEMVFloat"), "q0f32": ("PrefillGEMM", "DecodeGEMVFloat"),
+    has = tvm.target.codegen.target_has_features
+    amx = "PrefillGEMMAMX" if has("amx-bf16", TARGET) else "PrefillGEMM"  # this project's CPUs have both
+    vnni = "DecodeGEMVQ4VNNI" if has("avx512vnni", TARGET) else "DecodeGEMVQ4"
+    expected_rules = {  # f32-activation models keep f32 math
+        "q4f16_1": (amx, vnni), "q4f32_1": ("PrefillGEMM", "DecodeGEMVQ4"),
+        "q0f16": (amx, "DecodeGEMVFloat"), "q0f32": ("PrefillGEMM", "DecodeGEMVFloat"),
     }
     for quant, (prefill_rule, decode_rule) in expected_rules.items():
         for name, func in _matmuls(tiny_kernels[quant]).items():
