@@ -120,7 +120,7 @@ def _build(info) -> tirx.PrimFunc:
     c = te.extern(
         (padded * info.n,),
         ins,
-        lambda i, o: _kernel(info, padded, *i, o[0]) if info.quantized else _kernel(info, padded, i[0], i[1], None, o[0]),
+        lambda i, o: _kernel(info, padded, i[0], i[1], i[2] if info.quantized else None, o[0]),
         name="gemm_amx",
         dtype="float32",
         in_buffers=[tirx.decl_buffer(t.shape, t.dtype, name=f"{t.op.name}_buf") for t in ins],

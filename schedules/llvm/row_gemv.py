@@ -19,6 +19,7 @@ than the arithmetic.
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from collections.abc import Callable
 
@@ -33,18 +34,20 @@ LANES = 16  # f32 accumulator lanes (one 512-bit register)
 
 
 @dataclasses.dataclass
-class RowGEMVRule(dl.ScheduleRule):
+class RowGEMVRule(dl.ScheduleRule, abc.ABC):
     """Base of the explicit-vector GEMV rules: knobs rows and prefetch; subclasses give
     `applicable(func, target) -> DequantMatmul | None` and `build(info) -> PrimFunc`."""
 
     rows: int = 2  # rows per parallel task, interleaved
     prefetch: int = 8  # software-prefetch each weight stream this many rows ahead (0: off)
 
+    @abc.abstractmethod
     def applicable(self, func: tirx.PrimFunc, target: Target):
-        raise NotImplementedError
+        """The matched kernel (DequantMatmul) if this rule takes it, else None."""
 
-    def build(self, info) -> tirx.PrimFunc:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def build(self, info) -> tirx.PrimFunc | None:
+        """The rebuilt kernel (extern_gemv), or None when the knobs do not fit."""
 
     def knob_space(self, func: tirx.PrimFunc, target: Target) -> dict[str, list]:
         info = self.applicable(func, target)
