@@ -90,6 +90,8 @@ def load_target(name: str, overrides: dict[str, Any] | None = None) -> TargetSpe
         raw = _resolve_cpu(path, raw, "mcpu")
     elif isinstance(raw.get("host"), dict) and "mtriple" not in raw["host"]:
         raw["host"] = _resolve_cpu(path, dict(raw["host"]), "host.mcpu")
+    if kind == "webgpu":
+        _check_webgpu_subgroups(path, raw)
     if kind == "cuda":
         archs = options.setdefault("fatbin_archs", [raw.get("arch", "sm_80")])
         if not isinstance(archs, list) or not all(isinstance(a, str) and a.startswith("sm_") for a in archs):
@@ -99,6 +101,22 @@ def load_target(name: str, overrides: dict[str, Any] | None = None) -> TargetSpe
     target = dict(raw)
     _validate_with_tvm(path, target)
     return TargetSpec(name=name, target=target, peak_gbps=float(peak), options=options)
+
+
+def _check_webgpu_subgroups(path: Path, raw: dict[str, Any]) -> None:
+    """`supports_subgroups: true` (TVM's webgpu attribute) opts in to WebGPU subgroups: kernels
+    then need an adapter with the "subgroups" feature. TVM 0.27 sets thread_warp_size to 32
+    with it, whatever the preset says, and refuses any other thread_warp_size without it."""
+    subgroups = raw.get("supports_subgroups", False)
+    if not isinstance(subgroups, bool):
+        got = f"got {subgroups!r}; expected true or false"
+        raise ConfigError(f"{path}: field 'supports_subgroups': {got}")
+    warp = raw.get("thread_warp_size")
+    if subgroups and warp not in (None, 32):
+        raise ConfigError(
+            f"{path}: field 'thread_warp_size': got {warp!r}; TVM 0.27 fixes it to 32 on webgpu "
+            "with supports_subgroups (leave it out)"
+        )
 
 
 def _resolve_cpu(path: Path, raw: dict[str, Any], field: str) -> dict[str, Any]:

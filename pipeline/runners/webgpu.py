@@ -27,9 +27,22 @@ there; with robust buffer access an exactly-sized buffer just drops the writes).
 65536 workgroups in x are unaffected. The runner patches the comparison to `>=` in the WGSL it
 compiles (PATCH_PACK_GRID_CHECK); the artifact's kernels.wgsl / lib.wasm keep TVM's code.
 
-The wgpu adapter and device are created once per process (with "shader-f16" when the adapter has
-it and "timestamp-query", and the adapter's buffer-size limits); compiled kernels and pipelines
-are cached per process.
+The wgpu adapter and device are created once per process (with "shader-f16", "timestamp-query"
+and subgroups when the adapter has them, and the adapter's buffer-size limits); compiled kernels
+and pipelines are cached per process.
+
+Subgroups (kernels built for a webgpu target with `supports_subgroups: true`): wgpu-native names
+the feature "subgroup" (lavapipe: 8 lanes, llvmpipe's 256-bit SIMD; `subgroup_sizes()` measures
+them with a probe shader, since wgpu-py's adapter info only carries the spec defaults 4 and 128).
+Its WGSL front end (naga) rejects TVM's `enable subgroups;` ("this enable-extension specifies
+standard functionality which is not yet implemented in Naga") and allows subgroup operations
+once the device has the feature, so the runner drops that directive from the WGSL it compiles
+(PATCH_SUBGROUPS_ENABLE; the artifact keeps it: browsers require it). One-line errors refuse a
+kernel enabling subgroups where the device lacks the feature, and one using subgroup operations
+where the adapter's subgroups are not the target's thread_warp_size (TVM 0.27 fixes it to 32
+with subgroups) unless its workgroup is a single subgroup (1-D, at most that many invocations):
+TVM lowers cross-thread reductions for 32-lane subgroups, which gives wrong sums on 8 lanes
+(dlight's rms_norm: NaN on lavapipe).
 
 Repeated and timed calls (the profiler's kernel replay): `prepare(func, target, args)` uploads
 the arrays (or takes `DeviceArray`s from `upload`, shared between calls) and builds everything a
@@ -57,6 +70,13 @@ PATCH_PACK_GRID_CHECK = True
 # Time kernels with WebGPU timestamp queries where the adapter has them (time_calls).
 USE_TIMESTAMP_QUERY = True
 _PACK_CHECK = re.compile(r"(blockIdx\.z \* gridDim\.x \+ blockIdx\.x\)?) > (podArgs\.packGridDimX)")
+# Drop `enable subgroups;` before naga compiles the WGSL (see the module docstring).
+PATCH_SUBGROUPS_ENABLE = True
+_ENABLE_SUBGROUPS = re.compile(r"^[ \t]*enable[ \t]+subgroups[ \t]*;", re.MULTILINE)
+_SUBGROUP_OP = re.compile(r"\bsubgroup[A-Z]\w*\s*\(|@builtin\(\s*subgroup_")
+_WORKGROUP_SIZE = re.compile(r"@workgroup_size\((\d+)(?:,\s*(\d+))?(?:,\s*(\d+))?")
+# The feature's name: the spec's "subgroups", wgpu-native's "subgroup" (wgpu 0.32).
+_SUBGROUP_FEATURES = ("subgroups", "subgroup")
 # Same build configuration as pipeline.build uses for GPU targets (TIR CSE off).
 _PASS_CONFIG = {"tirx.disable_cse_tir": True}
 _MAX_GRID_X = 1 << 16  # tvmjs folds x extents from this size on into blockIdx.z
@@ -99,13 +119,52 @@ def get_device():
             "e.g. with scripts/setup-debian.sh"
         )
     features = [f for f in ("shader-f16", "timestamp-query") if f in adapter.features]
+    subgroups = next((f for f in _SUBGROUP_FEATURES if f in adapter.features), None)
+    if subgroups is not None:
+        features.append(subgroups)
     wanted = ("max-storage-buffer-binding-size", "max-buffer-size", "max-compute-workgroup-storage-size",
               "max-compute-invocations-per-workgroup", "max-compute-workgroup-size-x",
               "max-compute-workgroup-size-y", "max-compute-workgroup-size-z", "max-storage-buffers-per-shader-stage")  # fmt: skip
     limits = {k: adapter.limits[k] for k in wanted if k in adapter.limits}
     device = adapter.request_device_sync(required_features=features, required_limits=limits)
-    _STATE.update(adapter=adapter, device=device, features=set(features))
+    # "subgroups" in `features` stands for either name of the feature
+    features_set = {*features, "subgroups"} if subgroups else set(features)
+    _STATE.update(adapter=adapter, device=device, features=features_set)
     return device
+
+
+def subgroup_sizes() -> tuple[int, int] | None:
+    """(smallest, largest) subgroup size the device runs a 256-invocation workgroup with, measured
+    once with a probe shader (`@builtin(subgroup_size)`); None where the device has no subgroups."""
+    device = get_device()
+    if "subgroups" not in _STATE["features"]:
+        return None
+    if "subgroup_sizes" not in _STATE:
+        wgpu = _wgpu()
+        code = (
+            "@group(0) @binding(0) var<storage, read_write> sizes : array<u32>;\n"
+            "@compute @workgroup_size(256, 1, 1)\n"
+            "fn main(@builtin(local_invocation_index) i : u32,\n"
+            "        @builtin(subgroup_size) n : u32) { sizes[i] = n; }\n"
+        )
+        usage = wgpu.BufferUsage.STORAGE | wgpu.BufferUsage.COPY_SRC
+        buffer = device.create_buffer(size=256 * 4, usage=usage)
+        module = device.create_shader_module(code=code)
+        stage = {"module": module, "entry_point": "main"}
+        pipeline = device.create_compute_pipeline(layout="auto", compute=stage)
+        entries = [{"binding": 0, "resource": {"buffer": buffer}}]
+        layout = pipeline.get_bind_group_layout(0)
+        bind_group = device.create_bind_group(layout=layout, entries=entries)
+        encoder = device.create_command_encoder()
+        compute = encoder.begin_compute_pass()
+        compute.set_pipeline(pipeline)
+        compute.set_bind_group(0, bind_group)
+        compute.dispatch_workgroups(4)
+        compute.end()
+        device.queue.submit([encoder.finish()])
+        sizes = np.frombuffer(bytes(device.queue.read_buffer(buffer)), dtype=np.uint32)
+        _STATE["subgroup_sizes"] = (int(sizes.min()), int(sizes.max()))
+    return _STATE["subgroup_sizes"]
 
 
 def adapter_info() -> dict[str, Any]:
@@ -129,6 +188,7 @@ class _Compiled:
     func_info: dict[str, dict[str, Any]]
     shaders: dict[str, str]
     source: str = ""  # all kernels, as inspect_source gives them
+    warp_size: int = 1  # the target's thread_warp_size: subgroup width assumed
 
 
 class _Reader:
@@ -210,6 +270,7 @@ def _compile(func: tvm.tirx.PrimFunc, target: tvm.target.Target) -> _Compiled:
         func_info=json.loads(devices[0].inspect_source("func_info")),
         shaders=_read_webgpu_blob(runtime_module),
         source=devices[0].inspect_source(""),
+        warp_size=int(target.attrs.get("thread_warp_size", 1)),
     )
     _COMPILED[key] = compiled
     return compiled
@@ -357,6 +418,11 @@ def _pipeline(device, compiled: _Compiled, kernel: str, layout_key: tuple):
         return _PIPELINES[key]
     if re.search(r"^\s*enable\s+f16\s*;", code, re.M) and "shader-f16" not in _STATE["features"]:
         raise RuntimeError(f"{kernel}: the WGSL enables f16 but this WebGPU adapter lacks the shader-f16 feature")
+    uses_subgroups = _SUBGROUP_OP.search(code) is not None
+    if uses_subgroups or _ENABLE_SUBGROUPS.search(code):
+        _check_subgroups(kernel, code, compiled.warp_size if uses_subgroups else 0)
+        if PATCH_SUBGROUPS_ENABLE:
+            code = _ENABLE_SUBGROUPS.sub("", code)
     writes, _ = layout_key
     entries = [
         {"binding": i, "visibility": wgpu.ShaderStage.COMPUTE,
@@ -370,6 +436,31 @@ def _pipeline(device, compiled: _Compiled, kernel: str, layout_key: tuple):
     pipeline = device.create_compute_pipeline(layout=layout, compute={"module": module, "entry_point": kernel})
     _PIPELINES[key] = (pipeline, bind_layout)
     return _PIPELINES[key]
+
+
+def _check_subgroups(kernel: str, code: str, warp_size: int) -> None:
+    """Refuse a kernel enabling subgroups where the device lacks them and, where it uses
+    subgroup operations for `warp_size` lanes (0: none), one this device would run wrongly."""
+    if "subgroups" not in _STATE["features"]:
+        name = _STATE["adapter"].info.get("device", "") or "this adapter"
+        raise RuntimeError(
+            f"{kernel}: the WGSL enables subgroups (built for a webgpu target "
+            f"with supports_subgroups) but the WebGPU adapter ({name}) lacks the "
+            "subgroups feature: rebuild without supports_subgroups"
+        )
+    smallest, largest = subgroup_sizes()
+    if not warp_size or smallest == largest == warp_size:
+        return
+    match = _WORKGROUP_SIZE.search(code)
+    x, y, z = (int(v) if v else 1 for v in match.groups()) if match else (0, 0, 0)
+    if y == z == 1 and 0 < x <= min(smallest, warp_size):
+        return  # the workgroup is one subgroup: no lane index reaches past it
+    lanes = str(smallest) if smallest == largest else f"{smallest}-{largest}"
+    raise RuntimeError(
+        f"{kernel}: built for {warp_size}-lane subgroups (the target's thread_warp_size) "
+        f"but this adapter's subgroups have {lanes} lanes and the workgroup ({x}, {y}, {z}) "
+        "is not a single subgroup: its cross-thread reductions would be wrong here"
+    )
 
 
 def _launch_layout(finfo: dict[str, Any]) -> tuple[list[int], list[int]]:

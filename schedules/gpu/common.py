@@ -20,6 +20,12 @@ def is_gpu(target: Target) -> bool:
     return kind_of(target) in GPU_KINDS
 
 
+def webgpu_subgroups(target: Target) -> bool:
+    """A webgpu target with `supports_subgroups` (TVM then sets thread_warp_size 32)."""
+    subgroups = target.attrs.get("supports_subgroups", False)
+    return kind_of(target) == "webgpu" and bool(subgroups)
+
+
 def max_threads(target: Target) -> int:
     """Threads per block we allow: the smaller of the target's max_threads_per_block and
     max_num_threads (Metal's preset says 1024 and 256; WebGPU guarantees 256)."""

@@ -12,15 +12,30 @@ since every row of the block reads the same ones), and accumulates in float32. N
 a contiguous `threads * vec * 4` bytes of a row per step. At the end the lanes of a row combine
 their partial sums with one cross-thread reduction: TVM lowers it to warp / simdgroup shuffles on
 CUDA and Metal (threads <= warp size), and to a shared-memory tree on WebGPU, whose preset has
-thread_warp_size 1 (TVM 0.27's webgpu target has a `supports_subgroups` flag and its codegen knows
-subgroupShuffle*, but our preset and lavapipe runner do not enable subgroups: untried here). The
-cast / residual-add epilogue runs right after, written by lane 0 of each row.
+thread_warp_size 1. The cast / residual-add epilogue runs right after, written by lane 0 of each row.
+
+WebGPU with subgroups (opt-in: `supports_subgroups: true` on the webgpu target, which TVM 0.27
+pairs with thread_warp_size 32): a workgroup is one row and one subgroup, `subgroup` lanes wide
+(threads = subgroup, rows = 1), and TVM lowers the row's reduction to subgroupShuffleDown steps
+and a subgroupShuffle broadcast, no shared memory or barrier. One row per workgroup keeps every
+lane index inside the subgroup: TVM's broadcast for row r reads lane r * threads, past the end
+of the subgroup once a workgroup holds more lanes than one (WGSL leaves that value
+indeterminate). Such a kernel is right on adapters whose subgroups have at least `subgroup`
+lanes; the WebGPU runner refuses it on narrower ones. The default lanes are the target's
+thread_warp_size (32), the width TVM's own subgroup kernels (dlight's norms, attention) assume
+in the same artifact. Lavapipe (Mesa llvmpipe, 256-bit SIMD) runs 8-lane subgroups: subgroup=8
+matches NumPy there (tests/test_webgpu_subgroups.py). Lavapipe timings, q4f16_1 N = K = 2048
+with cast + add, the three schedules interleaved in one run (20 calls each; 2 cores, shared):
+median 16.5 ms shared-memory tree 16 x 8 (default), 15.2 ms shared-memory 8 x 1, 14.4 ms
+subgroups 8 x 1; f16 N = K = 2048: 21.8 / 20.9 / 20.4 ms. A CPU: a sanity check, no speed claim.
 
 Knobs (dataclass fields; `knob_space` lists the values valid for a kernel):
   threads  lanes per output row (threadIdx.x)
   rows     output rows per block (threadIdx.y)
   vec      32-bit words of W each lane loads per step (4 = 16-byte loads)
   unroll   max auto-unroll of the K-step loop
+  subgroup WebGPU with subgroups only: lanes per row = subgroup size relied on (threads and rows
+           unused there); 0 = the target's thread_warp_size
 """
 
 from __future__ import annotations
@@ -31,16 +46,27 @@ from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
-from .common import NTMatmul, analyze_nt_matmul, const, is_gpu, max_threads, max_vector_lanes
+from .common import (
+    NTMatmul,
+    analyze_nt_matmul,
+    const,
+    is_gpu,
+    max_threads,
+    max_vector_lanes,
+    webgpu_subgroups,
+)
 
 # Per-target defaults: (threads, rows, vec, unroll).
 DEFAULTS = {
     "cuda": dict(threads=32, rows=4, vec=4, unroll=4),
     "metal": dict(threads=32, rows=4, vec=4, unroll=4),
     # no subgroups by default: the row reduction goes through shared memory, so fewer lanes per
-    # row (fewer barrier rounds) and more rows per workgroup
+    # row (fewer barrier rounds) and more rows per workgroup (with subgroups: `subgroup` lanes,
+    # one row)
     "webgpu": dict(threads=16, rows=8, vec=4, unroll=4),
 }
+# candidate `subgroup` values (WebGPU adapters have 4 to 128 lanes)
+SUBGROUP_SIZES = (4, 8, 16, 32)
 
 
 @dataclasses.dataclass
@@ -49,6 +75,7 @@ class GEMVDequant(dl.ScheduleRule):
     rows: int = 4
     vec: int = 4
     unroll: int = 4
+    subgroup: int = 0
 
     @classmethod
     def for_target(cls, kind: str) -> "GEMVDequant":
@@ -60,10 +87,15 @@ class GEMVDequant(dl.ScheduleRule):
         if info is None:
             return {}
         limit = max_threads(target)
+        vecs = [v for v in (1, 2, 4, 8) if info.words_per_row % v == 0]
+        if webgpu_subgroups(target):
+            words, warp = info.words_per_row, _warp_size(target)
+            lanes = [s for s in SUBGROUP_SIZES if s <= warp and words % s == 0]
+            return {"subgroup": lanes, "vec": vecs, "unroll": [1, 2, 4, 8, 16]}
         space = {
             "threads": [t for t in (4, 8, 16, 32, 64, 128) if info.words_per_row % t == 0 and t <= limit],
             "rows": [r for r in (1, 2, 4, 8, 16) if info.n % r == 0],
-            "vec": [v for v in (1, 2, 4, 8) if info.words_per_row % v == 0],
+            "vec": vecs,
             "unroll": [1, 2, 4, 8, 16],
         }
         # only combinations with threads * vec dividing the row's words and threads * rows <= the
@@ -73,7 +105,12 @@ class GEMVDequant(dl.ScheduleRule):
     def valid(self, func: tirx.PrimFunc, target: Target) -> bool:
         """Whether this instance's knobs schedule `func` exactly as given (no clamping)."""
         info = self._match(func, target)
-        return info is not None and self._fit(info, target) == (self.threads, self.rows, self.vec)
+        if info is None:
+            return False
+        if webgpu_subgroups(target):
+            lanes = self.subgroup or _warp_size(target)
+            return self._fit(info, target) == (lanes, 1, self.vec)
+        return self._fit(info, target) == (self.threads, self.rows, self.vec)
 
     # ---- rule ----------------------------------------------------------------------------
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
@@ -101,6 +138,8 @@ class GEMVDequant(dl.ScheduleRule):
 
     def _fit(self, info: NTMatmul, target: Target) -> tuple[int, int, int]:
         """The knobs, shrunk where the kernel's shape or the target does not allow them."""
+        if webgpu_subgroups(target):
+            return self._fit_subgroup(info, target)
         limit = max_threads(target)
         vec = self.vec
         while vec > 1 and info.words_per_row % vec:
@@ -112,6 +151,25 @@ class GEMVDequant(dl.ScheduleRule):
         while rows > 1 and (info.n % rows or threads * rows > limit):
             rows //= 2
         return threads, rows, vec
+
+    def _fit_subgroup(self, info: NTMatmul, target: Target) -> tuple[int, int, int]:
+        """(lanes, 1, vec) for a WebGPU target with subgroups: one row per workgroup, at most
+        thread_warp_size lanes (TVM takes wider reductions through shared memory), a power of
+        two; narrower loads first, so a row keeps its whole subgroup where the row allows."""
+        warp = _warp_size(target)
+        lanes = 1
+        while lanes * 2 <= min(self.subgroup or warp, warp, max_threads(target)):
+            lanes *= 2
+        vec = self.vec
+        while vec > 1 and info.words_per_row % (lanes * vec):
+            vec //= 2
+        while lanes > 1 and info.words_per_row % (lanes * vec):
+            lanes //= 2
+        return lanes, 1, vec
+
+
+def _warp_size(target: Target) -> int:
+    return int(target.attrs.get("thread_warp_size", 1))
 
 
 def _schedule(info: NTMatmul, threads: int, rows: int, vec: int, unroll: int, target: Target) -> s_tir.Schedule:
