@@ -18,6 +18,7 @@ from schedules.llvm.elementwise import Elementwise
 from schedules.llvm.gemm_amx import PrefillGEMMAMX
 from schedules.llvm.gemv_float import DecodeGEMVFloat
 from schedules.llvm.gemv_q4_vnni import DecodeGEMVQ4VNNI
+from schedules.llvm.rope import RopeTable
 from schedules.llvm.row_norm import RowNorm
 
 TARGET = load_target("llvm").tvm_target()
@@ -140,11 +141,13 @@ def test_float_gemv_keeps_numerics(quant, knobs, kernels):
 
 @needs_amx
 @pytest.mark.parametrize("quant", ["q4f16_1", "q0f16"])
-def test_amx_prefill_gemm_keeps_numerics(quant, kernels):
-    taken = 0
+@pytest.mark.parametrize("k_chunk", [2048, 128])  # K in one chunk / several (accumulators kept between chunks)
+def test_amx_prefill_gemm_keeps_numerics(quant, k_chunk, kernels):
+    taken = chunks = 0
     for name, func in _prefill(kernels[quant]).items():
-        sch = PrefillGEMMAMX().apply(func, TARGET, False)
+        sch = PrefillGEMMAMX(k_chunk=k_chunk).apply(func, TARGET, False)
         assert sch is not None, name
+        chunks += match(func).k // min(k_chunk, match(func).k)
         for tokens in (1, 7, 40):  # a partial 32-token block, two blocks
             args = random_args(func, {"seq_len": tokens}, seed=3)
             want = _outputs(func, args)
@@ -153,7 +156,7 @@ def test_amx_prefill_gemm_keeps_numerics(quant, kernels):
             np.testing.assert_allclose(got, want, atol=1e-2 * np.abs(want).max(), err_msg=f"{name} {tokens}")
             assert np.abs(got - want).max() > 0 or tokens == 1  # it really ran in bf16, not a copy of the reference
         taken += 1
-    assert taken == 4
+    assert taken == 4 and (chunks > 4 or k_chunk == 2048)  # the tiny down_proj (K 256) runs in two chunks
 
 
 @needs_amx
@@ -227,24 +230,59 @@ def test_row_norm_rule_keeps_numerics(quant, kernels):
     assert RowNorm().apply(next(f for n, f in kernels[quant].items() if "silu" in n), TARGET, False) is None
 
 
-def test_elementwise_rule_on_rope(kernels):
-    func = kernels["q4f16_1"]["fused_rope"]
-    sch = Elementwise().apply(func, TARGET, False)
+def _run_rope(func, qkv, positions, bound_checks=False):
+    heads = [int(p.shape[1]) for p in func.params[2:5]]
+    tensors = [tvm.runtime.tensor(qkv), tvm.runtime.tensor(positions)]
+    tensors += [tvm.runtime.tensor(np.zeros((len(positions), h, qkv.shape[-1]), qkv.dtype)) for h in heads]
+    with tvm.transform.PassContext(config={"tirx.instrument_bound_checkers": bound_checks}):
+        _build(func)["main"](*tensors, 1)
+    return [t.numpy() for t in tensors[2:]]
+
+
+LLAMA3_SCALING = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                  "original_max_position_embeddings": 8192}
+
+
+@pytest.mark.parametrize("scaling, rotary_dim", [({}, None), (LLAMA3_SCALING, None), ({"rope_type": "gptj"}, None), ({}, 32)])
+def test_rope_table_rule_is_bit_exact(scaling, rotary_dim):
+    """TVM's own rope kernel for several RoPE variants: the table version gives the same bits at
+    1, 9 and 128 tokens and reads nothing outside its buffers (TVM's bound checker compiled in)."""
+    from tvm.relax.frontend.nn.llm.position_embedding import llama_rope_with_position_map
+
+    func = llama_rope_with_position_map(500000.0, 1.0, 64, 8, 2, "float16", scaling, rotary_dim)
+    sch = RopeTable().apply(func, TARGET, False)
     assert sch is not None
+    sch.get_sblock("cos_table0"), sch.get_sblock("sin_table1")  # q and k heads share one cos and one sin table
+    with pytest.raises(Exception):  # noqa: B017 - and there is no third one
+        sch.get_sblock("cos_table2")
+    rng = np.random.default_rng(5)
+    for tokens in (1, 9, 128):
+        qkv = rng.standard_normal((tokens, 12, 64)).astype("float16")
+        positions = rng.permutation(4000)[:tokens].astype("int32")
+        want = _run_rope(func, qkv, positions)
+        got = _run_rope(sch.mod["main"], qkv, positions, bound_checks=True)
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_array_equal(g, w)
+        assert not np.array_equal(want[0], qkv[:, :8])  # the rotation really happened
+
+
+def test_rope_rules_on_the_model_kernel(kernels):
+    func = kernels["q4f16_1"]["fused_rope"]
+    from schedules import schedule_func
+
+    assert schedule_func(func, TARGET)[1]["rule"] == "RopeTable"
     tokens = 37
     qkv_shape = [int(d) if isinstance(d, tvm.tirx.IntImm) else tokens for d in func.params[0].shape]
-    rng = np.random.default_rng(0)
-    qkv = rng.standard_normal(qkv_shape).astype("float16")
-    heads = [int(p.shape[1]) for p in func.params[2:5]]
-    outs = []
-    for f in (sch.mod["main"], func):
-        tensors = [tvm.runtime.tensor(qkv), tvm.runtime.tensor(np.arange(100, 100 + tokens, dtype="int32"))]
-        tensors += [tvm.runtime.tensor(np.zeros((tokens, h, qkv_shape[-1]), "float16")) for h in heads]
-        _build(f)["main"](*tensors, 1)
-        outs.append([t.numpy() for t in tensors[2:]])
-    for got, want in zip(*outs):
-        np.testing.assert_array_equal(got, want)
-    assert np.abs(outs[0][0]).max() > 0
+    qkv = np.random.default_rng(0).standard_normal(qkv_shape).astype("float16")
+    positions = np.arange(100, 100 + tokens, dtype="int32")
+    want = _run_rope(func, qkv, positions)
+    for rule in (RopeTable(), RopeTable(lanes=8, min_parallel=1000), Elementwise()):
+        for got, w in zip(_run_rope(rule.apply(func, TARGET, False).mod["main"], qkv, positions), want, strict=True):
+            np.testing.assert_array_equal(got, w, err_msg=str(rule))
+    assert np.abs(want[0]).max() > 0
+    # not a rope: nothing to hoist
+    assert RopeTable().apply(next(f for n, f in kernels["q4f16_1"].items() if "silu" in n), TARGET, False) is None
+    assert RopeTable().apply(func, load_target("webgpu").tvm_target(), False) is None
 
 
 def test_fast_exp_accuracy_and_special_values():

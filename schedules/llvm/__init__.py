@@ -8,7 +8,8 @@ PrefillGEMM   many-token GEMM, weight tile decoded once per task, register-block
 DecodeGEMVFloat  one-token GEMV with unquantized weights: f32 accumulation, prefetched rows
 MatmulNT      any other NT matmul (unquantized decode GEMV, odd shapes): rfactor-vectorised K
 RowNorm       per-row reductions + elementwise (rms_norm): reduction once per row, rows in parallel
-Elementwise   injective kernels (swiglu, rope, casts): producers inlined, parallel + vectorized
+RopeTable     RoPE: cos / sin hoisted out of the head loop into per-(token, dim) tables
+Elementwise   injective kernels (swiglu, casts, KV append): producers inlined, parallel + vectorized
 
 Importing this package also installs a vectorizable exp lowering for llvm (fast_exp.py).
 """
@@ -21,8 +22,9 @@ from .gemv_float import DecodeGEMVFloat
 from .gemv_q4 import DecodeGEMVQ4
 from .gemv_q4_vnni import DecodeGEMVQ4VNNI
 from .matmul_nt import MatmulNT
+from .rope import RopeTable
 from .row_norm import RowNorm
 
-LLVM_RULES = [DecodeGEMVQ4VNNI(), DecodeGEMVQ4(), DecodeGEMVFloat(), PrefillGEMMAMX(), PrefillGEMM(), MatmulNT(), RowNorm(), Elementwise()]
+LLVM_RULES = [DecodeGEMVQ4VNNI(), DecodeGEMVQ4(), DecodeGEMVFloat(), PrefillGEMMAMX(), PrefillGEMM(), MatmulNT(), RowNorm(), RopeTable(), Elementwise()]
 
 fast_exp.install()

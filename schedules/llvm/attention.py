@@ -102,7 +102,7 @@ def decode_attention(num_kv_heads: int, num_qo_heads: int, head_dim: int, page_s
     return batch_decode_paged_kv_cpu
 
 
-def prefill_ragged_attention(num_kv_heads: int, num_qo_heads: int, head_dim: int, dtype: str, lanes: int = 16) -> tirx.PrimFunc:
+def prefill_ragged_attention(num_kv_heads: int, num_qo_heads: int, head_dim: int, dtype: str, lanes: int = 16, block: int = 16) -> tirx.PrimFunc:
     group = num_qo_heads // num_kv_heads
     chunks = head_dim // lanes
     assert head_dim % lanes == 0 and num_qo_heads % num_kv_heads == 0
@@ -133,9 +133,10 @@ def prefill_ragged_attention(num_kv_heads: int, num_qo_heads: int, head_dim: int
             qv = T.alloc_buffer((group, head_dim), "float32")
             o = T.alloc_buffer((group, head_dim), "float32")
             part = T.alloc_buffer((lanes,), "float32")
+            score = T.alloc_buffer((group, block), "float32")
+            top = T.alloc_buffer((1,), "float32")
             m = T.alloc_buffer((group,), "float32")
             d = T.alloc_buffer((group,), "float32")
-            s = T.alloc_buffer((group,), "float32")
             seq = T.alloc_buffer((1,), "int32")
             t = task // num_kv_heads
             h = task % num_kv_heads
@@ -149,33 +150,50 @@ def prefill_ragged_attention(num_kv_heads: int, num_qo_heads: int, head_dim: int
             visible = T.if_then_else(causal > 0, kv_count - q_count + (t - q_indptr[b]) + 1, kv_count)
             for g in range(group):
                 m[g] = T.float32(-50000.0)
-                d[g] = T.float32(1.0)
+                d[g] = T.float32(0.0)
                 for c in range(chunks):
                     for l in T.vectorized(lanes):
-                        qv[g, c * lanes + l] = T.Cast("float32", q[t, h * group + g, c * lanes + l]) * (sm_scale * T.float32(LOG2E))
+                        qv[g, c * lanes + l] = T.Cast("float32", q[t, h * group + g, c * lanes + l]) * sm_scale
                         o[g, c * lanes + l] = T.float32(0.0)
-            for row in range(visible):
+            # blocks of `block` K/V rows: scores of the block, one softmax rescale per block (exp
+            # vectorised over the block), then the weighted V rows
+            for blk in range((visible + block - 1) // block):
+                for r in range(block):
+                    if blk * block + r < visible:
+                        for g in T.unroll(group):
+                            for l in T.vectorized(lanes):
+                                part[l] = T.float32(0.0)
+                            for c in range(chunks):
+                                for l in T.vectorized(lanes):
+                                    part[l] = part[l] + qv[g, c * lanes + l] * T.Cast("float32", k[kv_indptr[b] + blk * block + r, h, c * lanes + l])
+                            score[g, r] = lane_sum(part[T.ramp(0, 1, lanes)], lanes)
+                    else:
+                        for g in range(group):
+                            score[g, r] = T.float32(-50000.0)
                 for g in range(group):
-                    for l in T.vectorized(lanes):
-                        part[l] = T.float32(0.0)
-                    for c in range(chunks):
-                        for l in T.vectorized(lanes):
-                            part[l] = part[l] + qv[g, c * lanes + l] * T.Cast("float32", k[kv_indptr[b] + row, h, c * lanes + l])
-                    s[g] = lane_sum(part[T.ramp(0, 1, lanes)], lanes)
-                for g in range(group):
-                    new_m = T.max(m[g], s[g])
-                    rescale = T.exp2(m[g] - new_m)
-                    p = T.exp2(s[g] - new_m)
-                    d[g] = d[g] * rescale + p
+                    top[0] = m[g]
+                    for r in range(block):
+                        top[0] = T.max(top[0], score[g, r])
+                    new_m = top[0]
+                    rescale = T.exp(m[g] - new_m)
+                    for r in T.vectorized(block):
+                        score[g, r] = T.exp(score[g, r] - new_m)
+                    d[g] = d[g] * rescale + lane_sum(score[g, T.ramp(0, 1, block)], block)
                     m[g] = new_m
                     for c in range(chunks):
                         for l in T.vectorized(lanes):
-                            o[g, c * lanes + l] = o[g, c * lanes + l] * rescale + p * T.Cast("float32", v[kv_indptr[b] + row, h, c * lanes + l])
+                            o[g, c * lanes + l] = o[g, c * lanes + l] * rescale
+                rows = T.min(block, visible - blk * block)
+                for c in range(chunks):
+                    for r in range(rows):
+                        for g in T.unroll(group):
+                            for l in T.vectorized(lanes):
+                                o[g, c * lanes + l] = o[g, c * lanes + l] + score[g, r] * T.Cast("float32", v[kv_indptr[b] + blk * block + r, h, c * lanes + l])
             for g in range(group):
                 for c in range(chunks):
                     for l in T.vectorized(lanes):
                         output[t, h * group + g, c * lanes + l] = T.Cast(dtype, o[g, c * lanes + l] / d[g])
-                lse[t, h * group + g] = m[g] + T.log2(d[g])
+                lse[t, h * group + g] = m[g] * T.float32(LOG2E) + T.log2(d[g])
     # fmt: on
     return batch_prefill_ragged_kv
 

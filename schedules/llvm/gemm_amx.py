@@ -44,19 +44,31 @@ TILE = 16  # AMX tile: 16 rows x 64 bytes (32 bf16 along K)
 BLOCK = 2 * TILE  # weight rows per task and tokens per step (2 x 2 tiles)
 ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA = 158, 0x1023, 18
 CVT_BF16 = "llvm.x86.avx512bf16.cvtneps2bf16.512"
+K_CHUNKS = (512, 1024, 2048, 4096, 8192)
+ROW_PAD = 32  # bf16 elements after each decoded weight row: rows 64 bytes off a 4 KiB multiple, so
+# the 16 rows of a tile load do not all fall into one L1 set
 
 
 @dataclasses.dataclass
 class PrefillGEMMAMX(dl.ScheduleRule):
+    k_chunk: int = 2048
+
     def knob_space(self, func: tirx.PrimFunc, target: Target) -> dict[str, list]:
-        return {}
+        info = _applicable(func, target)
+        if info is None:
+            return {}
+        chunks = [c for c in K_CHUNKS if c < info.k and info.k % c == 0 and c % _k_step(info) == 0]
+        return {"k_chunk": [*chunks, info.k]} if chunks else {}  # K in one piece only: nothing to tune
 
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
         del tunable
         info = _applicable(func, target)
         if info is None:
             return None
-        sch = s_tir.Schedule(_build(info))
+        chunk = min(self.k_chunk, info.k)
+        if info.k % chunk or chunk % _k_step(info):
+            return None
+        sch = s_tir.Schedule(_build(info, chunk))
         sch.parallel(sch.get_loops(sch.get_sblock("x_bf16"))[0])
         epilogue = blocks_after(sch, sch.get_sblock("gemm_amx"))
         if len(epilogue) > 1:  # read C straight from the kernel's buffer
@@ -86,6 +98,11 @@ def _applicable(func, target):
     return info
 
 
+def _k_step(info) -> int:
+    """K granularity of the weight decode: a 128-block of q4 (its K permutation), else a tile."""
+    return 128 if info.quantized else BLOCK
+
+
 def k_order(info):
     """Position P of the decoded weight row -> k (the same permutation is applied to x)."""
     if not info.quantized:
@@ -100,7 +117,7 @@ def _bf16_bits(value):
     return rounded.astype("uint16")
 
 
-def _build(info) -> tirx.PrimFunc:
+def _build(info, chunk: int) -> tirx.PrimFunc:
     inputs = info.placeholders()
     x = inputs[info.param_index(info.x)]
     w = inputs[info.param_index(info.weight)]
@@ -120,7 +137,7 @@ def _build(info) -> tirx.PrimFunc:
     c = te.extern(
         (padded * info.n,),
         ins,
-        lambda i, o: _kernel(info, padded, i[0], i[1], i[2] if info.quantized else None, o[0]),
+        lambda i, o: _kernel(info, padded, chunk, i[0], i[1], i[2] if info.quantized else None, o[0]),
         name="gemm_amx",
         dtype="float32",
         in_buffers=[tirx.decl_buffer(t.shape, t.dtype, name=f"{t.op.name}_buf") for t in ins],
@@ -130,12 +147,16 @@ def _build(info) -> tirx.PrimFunc:
     return info.finish(inputs, mm)
 
 
-def _kernel(info, padded, xb, weight, scale, out):
+def _kernel(info, padded, chunk, xb, weight, scale, out):
     k, n_total = info.k, info.n
-    row_bytes = tirx.const(k * 2, "int64")
-    ct_stride = tirx.const(BLOCK * 4, "int64")
+    d_stride = chunk + ROW_PAD
+    row_bytes = tirx.const(d_stride * 2, "int64")
+    acc_stride = tirx.const(BLOCK * 4, "int64")
     xb_stride = (padded * 4).astype("int64")
     m_blocks = padded // BLOCK
+    tasks = n_total // BLOCK
+    chunks = k // chunk
+    acc_size = BLOCK * BLOCK  # one 32 x 32 f32 block of C^T per (task, token block)
 
     def tile(op, *args):
         return T.call_llvm_intrin("void", f"llvm.x86.{op}", *args)
@@ -155,53 +176,65 @@ def _kernel(info, padded, xb, weight, scale, out):
         return T.reinterpret("uint16x16", T.call_llvm_pure_intrin("bfloat16x16", CVT_BF16, v))
 
     quantized = info.quantized
+    # accumulator tile t (W rows 16 (t // 2).., tokens 16 (t % 2)..) at this offset of a 32 x 32 block
+    def at(task, mb, t):
+        return (task * m_blocks + mb) * acc_size + (t // 2) * TILE * BLOCK + (t % 2) * TILE
 
     @T.prim_func(private=True, check_well_formed=False)
     def body():
         assert T.call_extern("int64", "syscall", T.int64(ARCH_PRCTL), T.int64(ARCH_REQ_XCOMP_PERM), T.int64(XFEATURE_XTILEDATA)) == T.int64(0), (
             "AMX tiles are not available to this process (arch_prctl ARCH_REQ_XCOMP_PERM failed): rebuild for this CPU/OS"
         )
-        for task in T.parallel(info.n // BLOCK):
-            d = T.alloc_buffer((BLOCK, k), "uint16")
-            cfg = T.alloc_buffer((64,), "uint8", scope="local")
-            ct = T.alloc_buffer((BLOCK * BLOCK,), "float32", scope="local")
-            for i in range(64):
-                cfg[i] = T.uint8(0)
-            cfg[0] = T.uint8(1)
-            for t in range(8):
-                cfg[16 + 2 * t] = T.uint8(64)
-                cfg[48 + t] = T.uint8(TILE)
-            T.evaluate(tile("ldtilecfg", T.address_of(cfg[0])))
-            for r in range(BLOCK):
-                if quantized:
-                    for c in range(k // 128):
-                        for j in T.unroll(8):
-                            d[r, T.ramp(c * 128 + j * LANES, 1, LANES)] = bf16(decode_q4(task * BLOCK + r, c, j))
-                else:
-                    for c in range(k // LANES):
-                        d[r, T.ramp(c * LANES, 1, LANES)] = bf16(T.Cast("float32x16", weight[task * BLOCK + r, T.ramp(c * LANES, 1, LANES)]))
-            for mb in range(m_blocks):
-                T.evaluate(tile("tilezero", T.int8(0)))
-                T.evaluate(tile("tilezero", T.int8(1)))
-                T.evaluate(tile("tilezero", T.int8(2)))
-                T.evaluate(tile("tilezero", T.int8(3)))
-                for kb in range(k // BLOCK):
-                    T.evaluate(tile("tileloadd64", T.int8(4), T.address_of(d[0, kb * BLOCK]), row_bytes))
-                    T.evaluate(tile("tileloadd64", T.int8(5), T.address_of(d[TILE, kb * BLOCK]), row_bytes))
-                    T.evaluate(tile("tileloadd64", T.int8(6), T.address_of(xb[kb * TILE, mb * BLOCK, 0]), xb_stride))
-                    T.evaluate(tile("tileloadd64", T.int8(7), T.address_of(xb[kb * TILE, mb * BLOCK + TILE, 0]), xb_stride))
-                    T.evaluate(tile("tdpbf16ps", T.int8(0), T.int8(4), T.int8(6)))
-                    T.evaluate(tile("tdpbf16ps", T.int8(1), T.int8(4), T.int8(7)))
-                    T.evaluate(tile("tdpbf16ps", T.int8(2), T.int8(5), T.int8(6)))
-                    T.evaluate(tile("tdpbf16ps", T.int8(3), T.int8(5), T.int8(7)))
-                # the C^T tiles into a 32 x 32 scratch, then transposed into C rows
-                T.evaluate(tile("tilestored64", T.int8(0), T.address_of(ct[0]), ct_stride))
-                T.evaluate(tile("tilestored64", T.int8(1), T.address_of(ct[TILE]), ct_stride))
-                T.evaluate(tile("tilestored64", T.int8(2), T.address_of(ct[TILE * BLOCK]), ct_stride))
-                T.evaluate(tile("tilestored64", T.int8(3), T.address_of(ct[TILE * BLOCK + TILE]), ct_stride))
-                for m in range(BLOCK):
-                    for n in range(BLOCK):
-                        out[(mb * BLOCK + m) * n_total + task * BLOCK + n] = ct[n * BLOCK + m]
-            T.evaluate(tile("tilerelease"))
+        acc = T.alloc_buffer((tasks * m_blocks * acc_size,), "float32")
+        # K in chunks, all tasks per chunk: a thread's activation chunk stays in its L2 across tasks
+        for kc in range(chunks):
+            for task in T.parallel(tasks):
+                d = T.alloc_buffer((BLOCK * d_stride,), "uint16")  # flat: a 2-D one would be compacted to the columns written
+                cfg = T.alloc_buffer((64,), "uint8", scope="local")
+                for i in range(64):
+                    cfg[i] = T.uint8(0)
+                cfg[0] = T.uint8(1)
+                for t in range(8):
+                    cfg[16 + 2 * t] = T.uint8(64)
+                    cfg[48 + t] = T.uint8(TILE)
+                T.evaluate(tile("ldtilecfg", T.address_of(cfg[0])))
+                for r in range(BLOCK):
+                    if quantized:
+                        for c in range(chunk // 128):
+                            for j in T.unroll(8):
+                                d[T.ramp(r * d_stride + c * 128 + j * LANES, 1, LANES)] = bf16(decode_q4(task * BLOCK + r, kc * (chunk // 128) + c, j))
+                    else:
+                        for c in range(chunk // LANES):
+                            d[T.ramp(r * d_stride + c * LANES, 1, LANES)] = bf16(T.Cast("float32x16", weight[task * BLOCK + r, T.ramp(kc * chunk + c * LANES, 1, LANES)]))
+                for mb in range(m_blocks):
+                    if kc == 0:
+                        T.evaluate(tile("tilezero", T.int8(0)))
+                        T.evaluate(tile("tilezero", T.int8(1)))
+                        T.evaluate(tile("tilezero", T.int8(2)))
+                        T.evaluate(tile("tilezero", T.int8(3)))
+                    else:
+                        T.evaluate(tile("tileloadd64", T.int8(0), T.address_of(acc[at(task, mb, 0)]), acc_stride))
+                        T.evaluate(tile("tileloadd64", T.int8(1), T.address_of(acc[at(task, mb, 1)]), acc_stride))
+                        T.evaluate(tile("tileloadd64", T.int8(2), T.address_of(acc[at(task, mb, 2)]), acc_stride))
+                        T.evaluate(tile("tileloadd64", T.int8(3), T.address_of(acc[at(task, mb, 3)]), acc_stride))
+                    for kb in range(chunk // BLOCK):
+                        kp = kc * (chunk // 2) + kb * TILE
+                        T.evaluate(tile("tileloadd64", T.int8(4), T.address_of(d[kb * BLOCK]), row_bytes))
+                        T.evaluate(tile("tileloadd64", T.int8(5), T.address_of(d[TILE * d_stride + kb * BLOCK]), row_bytes))
+                        T.evaluate(tile("tileloadd64", T.int8(6), T.address_of(xb[kp, mb * BLOCK, 0]), xb_stride))
+                        T.evaluate(tile("tileloadd64", T.int8(7), T.address_of(xb[kp, mb * BLOCK + TILE, 0]), xb_stride))
+                        T.evaluate(tile("tdpbf16ps", T.int8(0), T.int8(4), T.int8(6)))
+                        T.evaluate(tile("tdpbf16ps", T.int8(1), T.int8(4), T.int8(7)))
+                        T.evaluate(tile("tdpbf16ps", T.int8(2), T.int8(5), T.int8(6)))
+                        T.evaluate(tile("tdpbf16ps", T.int8(3), T.int8(5), T.int8(7)))
+                    T.evaluate(tile("tilestored64", T.int8(0), T.address_of(acc[at(task, mb, 0)]), acc_stride))
+                    T.evaluate(tile("tilestored64", T.int8(1), T.address_of(acc[at(task, mb, 1)]), acc_stride))
+                    T.evaluate(tile("tilestored64", T.int8(2), T.address_of(acc[at(task, mb, 2)]), acc_stride))
+                    T.evaluate(tile("tilestored64", T.int8(3), T.address_of(acc[at(task, mb, 3)]), acc_stride))
+                    if kc == chunks - 1:  # the C^T block transposed into C rows
+                        for m in range(BLOCK):
+                            for n in range(BLOCK):
+                                out[(mb * BLOCK + m) * n_total + task * BLOCK + n] = acc[(task * m_blocks + mb) * acc_size + n * BLOCK + m]
+                T.evaluate(tile("tilerelease"))
 
     return body.body

@@ -1,0 +1,93 @@
+"""Small post-order rewriting of TIR expressions and block bodies.
+
+TVM 0.27's Python API has no stmt_functor (ir_transform / substitute), and schedule primitives
+cannot move an *expression* into a block of its own. Rules that need that (rope.py: hoisting the
+cos / sin of RoPE out of the head loop) rewrite block bodies with these helpers. They cover the
+node kinds elementwise kernels use; anything else raises `UnsupportedIR`, and the rule declines.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import tvm
+from tvm import tirx
+
+_BINARY = (
+    tirx.Add, tirx.Sub, tirx.Mul, tirx.Div, tirx.Mod, tirx.FloorDiv, tirx.FloorMod, tirx.Min, tirx.Max,
+    tirx.EQ, tirx.NE, tirx.LT, tirx.LE, tirx.GT, tirx.GE, tirx.And, tirx.Or,
+)  # fmt: skip
+Load = tvm.ir.TensorLoad  # what tirx.BufferLoad(...) builds; `.source` is the buffer
+_LEAVES = (tirx.Var, tirx.IntImm, tirx.FloatImm, tvm.ir.StringImm)
+
+
+class UnsupportedIR(ValueError):
+    """A node kind the rewriter does not know."""
+
+
+def map_expr(expr, fn: Callable):
+    """Rebuild `expr` bottom-up; `fn(node)` (children already rewritten) returns a replacement or
+    None to keep the node."""
+
+    def visit(e):
+        if isinstance(e, _BINARY):
+            new = type(e)(visit(e.a), visit(e.b))
+        elif isinstance(e, tirx.Cast):
+            new = tirx.Cast(e.ty, visit(e.value))
+        elif isinstance(e, tirx.Not):
+            new = tirx.Not(visit(e.a))
+        elif isinstance(e, tirx.Select):
+            new = tirx.Select(visit(e.condition), visit(e.true_value), visit(e.false_value))
+        elif isinstance(e, tirx.Let):
+            new = tirx.Let(e.var, visit(e.value), visit(e.body))
+        elif isinstance(e, tvm.ir.Call):
+            new = tvm.ir.Call(e.op, [visit(a) for a in e.args], e.attrs, e.ty_args, None, e.ty)
+        elif isinstance(e, Load):
+            new = tirx.BufferLoad(e.source, [visit(i) for i in e.indices])
+        elif isinstance(e, _LEAVES):
+            new = e
+        else:
+            raise UnsupportedIR(type(e).__name__)
+        out = fn(new)
+        return new if out is None else out
+
+    return visit(expr)
+
+
+def map_stmt_exprs(stmt, fn: Callable):
+    """`map_expr(., fn)` over every expression of a block body made of stores and ifs."""
+    if isinstance(stmt, tirx.BufferStore):
+        indices = [map_expr(i, fn) for i in stmt.indices]
+        return tirx.BufferStore(stmt.buffer, map_expr(stmt.value, fn), indices)
+    if isinstance(stmt, tirx.IfThenElse):
+        other = None if stmt.else_case is None else map_stmt_exprs(stmt.else_case, fn)
+        return tirx.IfThenElse(map_expr(stmt.condition, fn), map_stmt_exprs(stmt.then_case, fn), other)
+    if isinstance(stmt, tirx.SeqStmt):
+        return tirx.SeqStmt([map_stmt_exprs(s, fn) for s in stmt.seq])
+    if isinstance(stmt, tirx.Evaluate):
+        return tirx.Evaluate(map_expr(stmt.value, fn))
+    raise UnsupportedIR(type(stmt).__name__)
+
+
+def substitute(expr, mapping: dict):
+    """`expr` with Vars replaced (mapping: Var -> expr, matched by identity)."""
+    pairs = list(mapping.items())
+
+    def replace(e):
+        if isinstance(e, tirx.Var):
+            return next((value for var, value in pairs if var.same_as(e)), None)
+        return None
+
+    return map_expr(expr, replace)
+
+
+def inline_lets(expr):
+    """`expr` with every Let's value substituted into its body."""
+    return map_expr(expr, lambda e: substitute(e.body, {e.var: e.value}) if isinstance(e, tirx.Let) else None)
+
+
+def collect(expr, kind) -> list:
+    """Every node of type `kind` in `expr` (post-order, repeats included)."""
+    found = []
+    map_expr(expr, lambda e: found.append(e) if isinstance(e, kind) else None)
+    return found
