@@ -141,11 +141,14 @@ def test_float_gemv_keeps_numerics(quant, knobs, kernels):
 
 @needs_amx
 @pytest.mark.parametrize("quant", ["q4f16_1", "q0f16"])
-@pytest.mark.parametrize("k_chunk", [2048, 128])  # K in one chunk / several (accumulators kept between chunks)
-def test_amx_prefill_gemm_keeps_numerics(quant, k_chunk, kernels):
+# K in one chunk / several (accumulators kept between chunks); tasks one by one / in groups of 2
+# (the next task's weights decoded while the current one's tiles compute); the defaults: q4 one
+# by one, unquantized in groups
+@pytest.mark.parametrize("k_chunk, group", [(2048, 0), (128, 2), (128, 1)])
+def test_amx_prefill_gemm_keeps_numerics(quant, k_chunk, group, kernels):
     taken = chunks = 0
     for name, func in _prefill(kernels[quant]).items():
-        sch = PrefillGEMMAMX(k_chunk=k_chunk).apply(func, TARGET, False)
+        sch = PrefillGEMMAMX(k_chunk=k_chunk, group=group).apply(func, TARGET, False)
         assert sch is not None, name
         chunks += match(func).k // min(k_chunk, match(func).k)
         for tokens in (1, 7, 40):  # a partial 32-token block, two blocks

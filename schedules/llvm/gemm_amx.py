@@ -3,29 +3,33 @@
 The f32 FMA micro-kernel (gemm_dequant.py) peaks near 160 GFLOP/s on two cores; one AMX
 `tdpbf16ps` multiplies a 16x32 by a 32x16 bf16 tile into 16x16 f32 accumulators (8192 MACs).
 Computed as C^T = W . X^T so the weight is the row-major "A" operand and only the activation
-needs AMX's pair-interleaved "B" layout:
+needs AMX's pair-interleaved "B" layout. Every operand tile is packed as one contiguous 1 KiB
+block (16 rows of 64 bytes):
 
-- per call (TE): the activation to bf16 in layout xb[k / 2, m, k % 2] (tokens padded to 32 with
-  zeros), in the same K order as the decoded weight rows below;
-- per parallel task of 32 weight rows: decode them to bf16 once (q4: for each 16 packed words
-  and nibble plane j, ((w >> 4j) & 15) - 7 times the group scale, i.e. K permuted within each
-  128-block as position 16 j + l <-> k = 8 l + j; unquantized: converted), a tile in L2 reused by
-  every token block;
+- per call (TE): the activation to bf16, xb[K step, token tile, k pair, token, 2] (tokens padded
+  to 32 with zeros), in the same K order as the decoded weight rows below;
+- per task of 32 weight rows: the rows decoded to bf16 (q4: for each 16 packed words and nibble
+  plane j, ((w >> 4j) & 15) - 7 times the group scale, i.e. K permuted within each 128-block as
+  position 16 j + l <-> k = 8 l + j; unquantized: converted), a block in L2 reused by every
+  token block;
 - per 32 tokens: 2 x 2 accumulator tiles (tmm0-3) over K in steps of 32: two weight tiles
-  (tmm4-5) and two activation tiles (tmm6-7) loaded, four tdpbf16ps; stored into C^T [N, M],
-  which the original epilogue reads transposed.
-- K in chunks of `k_chunk` (default 2048), the outer loop, with all tasks of a chunk in one
-  parallel loop: a thread then re-reads only its activation chunk (2048 x 128 tokens x 2 B =
-  512 KiB, L2-resident) from task to task. With the whole K per task (down_proj: K = 8192, a
-  2 MiB activation), every task streamed the activation from L3: 12.1 ms at 128 tokens, 6.0 ms
+  (tmm4-5) and two activation tiles (tmm6-7) loaded, four tdpbf16ps;
+- K in chunks of `k_chunk` (default 2048), the outer loop, all tasks of a chunk in one parallel
+  loop: a thread then re-reads only its activation chunk (2048 x 128 tokens x 2 B = 512 KiB,
+  L2-resident) from task to task. With the whole K per task (down_proj: K = 8192, a 2 MiB
+  activation) every task streamed the activation from L3: 12.1 ms at 128 tokens, 6.0 ms
   chunked. Accumulator tiles are saved to and reloaded from a per-(task, token block) buffer
-  between chunks. Decoded weight rows are padded by 64 bytes so a tile's 16 rows do not share
-  one L1 set.
-- while the first token block's tiles compute, the next task's weight rows are software-
-  prefetched into L2 (prefetcht1), so that task's decode reads L2 instead of DRAM: the decode
-  phase does not overlap the tile phase otherwise (q0f16 gate_up at 128 tokens, interleaved
-  runs: 21.2 -> 19.3 ms median; q4 weights are a quarter of the bytes: within noise).
-- the C^T block goes into C rows with strided 16-lane loads (was a scalar 32 x 32 loop).
+  between chunks;
+- tasks run in parallel groups of `group`: within a group the next task's rows are decoded
+  (vector units, double-buffered) in slices between the current task's tile steps (AMX unit),
+  and the rows after it are software-prefetched into L2 (prefetcht1) over the same steps. The
+  default is 8 for unquantized weights (q0f16 gate_up at 128 tokens, interleaved runs: 13.5 ->
+  11.0 ms; their decode is a 4-bytes-per-weight stream) and 1 for q4 (decode, then tiles: the
+  nibble arithmetic competes with the tile loop for issue slots, interleaving measured 0-10%
+  slower), with only the prefetch overlapping;
+- at the last chunk the C^T block goes into C rows through a 16 x 16 register transpose
+  (shuffle network), written as f16 when the epilogue starts with a cast to f16 (the epilogue's
+  cast of the widened value gives the same f16; half the bytes to write and read back).
 
 AMX state needs the kernel's permission (Linux: arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA);
 the kernel asks for it itself at entry (one syscall per call), so any process can run it, and
@@ -35,15 +39,17 @@ Numerics: bf16 operands (8-bit mantissa) with f32 accumulation, as PyTorch's bf1
 this rule takes only models whose activations are f16 (q4f16_1, q0f16): f32 models keep the
 f32 GEMM.
 
-Handles: llvm targets with amx-bf16 and avx512bf16 (weights rounded to bf16 by vcvtneps2bf16), many-token NT matmul with f16 activation, static N % 32 == 0,
-K % 128 == 0 (q4, MLC group size dividing 128 words-wise) or K % 32 == 0 (unquantized).
-Anything else: None. Knobs: k_chunk (the tile shape is fixed by AMX; 2 x 2 tiles per step).
+Handles: llvm targets with amx-bf16 and avx512bf16 (weights rounded to bf16 by vcvtneps2bf16),
+many-token NT matmul with f16 activation, static N % 32 == 0, K % 128 == 0 (q4: MLC group size
+dividing 128 words-wise). Anything else: None.
+Knobs: k_chunk, group (the tile shape is fixed by AMX: 2 x 2 tiles per step).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+import tvm
 from tvm import s_tir, te, tirx
 from tvm.s_tir import dlight as dl
 from tvm.script import tirx as T
@@ -57,20 +63,23 @@ BLOCK = 2 * TILE  # weight rows per task and tokens per step (2 x 2 tiles)
 ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA = 158, 0x1023, 18
 CVT_BF16 = "llvm.x86.avx512bf16.cvtneps2bf16.512"
 K_CHUNKS = (512, 1024, 2048, 4096, 8192)
-ROW_PAD = 32  # bf16 elements after each decoded weight row: rows 64 bytes off a 4 KiB multiple, so
-# the 16 rows of a tile load do not all fall into one L1 set
-
+GROUPS = (8, 4, 2, 1)
 
 @dataclasses.dataclass
 class PrefillGEMMAMX(dl.ScheduleRule):
     k_chunk: int = 2048
+    group: int = 0  # tasks per parallel group (decode of the next overlapping the current); 0: auto
 
     def knob_space(self, func: tirx.PrimFunc, target: Target) -> dict[str, list]:
         info = _applicable(func, target)
         if info is None:
             return {}
         chunks = [c for c in K_CHUNKS if c < info.k and info.k % c == 0 and c % _k_step(info) == 0]
-        return {"k_chunk": [*chunks, info.k]} if chunks else {}  # K in one piece only: nothing to tune
+        # 0 = the default's choice (8 unquantized, 1 q4), then the explicit sizes
+        space = {"group": [0, *(g for g in GROUPS if (info.n // BLOCK) % g == 0)]}
+        if chunks:  # else K in one piece only
+            space["k_chunk"] = [*chunks, info.k]
+        return space
 
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
         del tunable
@@ -78,9 +87,11 @@ class PrefillGEMMAMX(dl.ScheduleRule):
         if info is None:
             return None
         chunk = min(self.k_chunk, info.k)
+        group = self.group or (1 if info.quantized else 8)
+        group = next(g for g in GROUPS if g <= group and (info.n // BLOCK) % g == 0)
         if info.k % chunk or chunk % _k_step(info):
             return None
-        sch = s_tir.Schedule(_build(info, chunk))
+        sch = s_tir.Schedule(_build(info, chunk, group))
         sch.parallel(sch.get_loops(sch.get_sblock("x_bf16"))[0])
         epilogue = blocks_after(sch, sch.get_sblock("gemm_amx"))
         if len(epilogue) > 1:  # read C straight from the kernel's buffer
@@ -101,18 +112,38 @@ def _applicable(func, target):
     info = match_on_cpu(func, target, decode=False)
     if info is None or str(info.x.dtype) != "float16" or len(info.rows_shape) != 2 or info.n % BLOCK:
         return None
-    if info.quantized:
-        wpg = info.group_size // 8
-        if info.k % 128 or info.group_size % 8 or LANES % wpg:
-            return None
-    elif info.k % BLOCK:
+    if info.k % 128:  # the decode works in pieces of 128 positions
+        return None
+    if info.quantized and (info.group_size % 8 or LANES % (info.group_size // 8)):
         return None
     return info
 
 
+def transpose_tile(dst, dst_base, dst_stride, src, src_base, src_stride) -> None:
+    """Emit (inside a TVMScript function) dst[c, r] = src[r, c] for a 16 x 16 f32 block: 16 row
+    loads, a 4-stage network of 64 two-vector shuffles (stage b swaps the off-diagonal b x b
+    blocks), 16 row stores; a scalar or strided-gather transpose costs ~4x the instructions."""
+    rows = [src[T.ramp(src_base + r * src_stride, 1, TILE)] for r in range(TILE)]
+    b = TILE // 2
+    while b:
+        low = [lane if lane & b == 0 else TILE + lane - b for lane in range(TILE)]
+        high = [lane + b if lane & b == 0 else TILE + lane for lane in range(TILE)]
+        swapped = list(rows)
+        for r in range(TILE):
+            if r & b == 0:
+                swapped[r] = T.Shuffle([rows[r], rows[r + b]], low)
+                swapped[r + b] = T.Shuffle([rows[r], rows[r + b]], high)
+        rows = swapped
+        b //= 2
+    narrow = str(dst.dtype) == "float16"
+    for c in range(TILE):
+        T.buffer_store(dst, T.Cast(f"float16x{TILE}", rows[c]) if narrow else rows[c], [T.ramp(dst_base + c * dst_stride, 1, TILE)])
+
+
 def _k_step(info) -> int:
-    """K granularity of the weight decode: a 128-block of q4 (its K permutation), else a tile."""
-    return 128 if info.quantized else BLOCK
+    """K granularity of the weight decode: pieces of 128 positions (q4: also its K permutation)."""
+    del info
+    return 128
 
 
 def k_order(info):
@@ -129,42 +160,58 @@ def _bf16_bits(value):
     return rounded.astype("uint16")
 
 
-def _build(info, chunk: int) -> tirx.PrimFunc:
+def _casts_to_f16_first(info) -> bool:
+    """Whether the epilogue starts by casting the f32 result to f16 (`..._cast`): the kernel
+    can then write f16 itself (half the bytes to write and read back; the epilogue's cast of an
+    f16 value widened to f32 gives the same f16 again)."""
+    if not info.epilogue:
+        return False
+    store = info.epilogue[0].body
+    value = getattr(store, "value", None)
+    if not isinstance(value, tirx.Cast) or str(value.ty.dtype) != "float16":
+        return False
+    inner = value.value
+    return isinstance(inner, tvm.ir.TensorLoad) and inner.source.same_as(info.matmul_buffer)
+
+
+def _build(info, chunk: int, group: int) -> tirx.PrimFunc:
     inputs = info.placeholders()
     x = inputs[info.param_index(info.x)]
     w = inputs[info.param_index(info.weight)]
     tokens = x.shape[-2]
     padded = (tokens + BLOCK - 1) // BLOCK * BLOCK
     order = k_order(info)
+    # tile-packed: xb[K step, token tile, k pair, token, 2] = one contiguous 1 KiB AMX tile each
     xb = te.compute(
-        (info.k // 2, padded, 2),
-        lambda kp, m, p: te.if_then_else(
-            m < tokens, _bf16_bits(x[0, te.min(m, tokens - 1), order(2 * kp + p)].astype("float32")), tirx.const(0, "uint16")
+        (info.k // BLOCK, padded // TILE, TILE, TILE, 2),
+        lambda kb, mt, kr, t, p: te.if_then_else(
+            mt * TILE + t < tokens,
+            _bf16_bits(x[0, te.min(mt * TILE + t, tokens - 1), order(2 * (kb * TILE + kr) + p)].astype("float32")),
+            tirx.const(0, "uint16"),
         ),
         name="x_bf16",
     )
     ins = [xb, w] + ([inputs[info.param_index(info.scale)]] if info.quantized else [])
     # C as a flat [padded * N] buffer: a 2-D extern buffer with a symbolic row stride was read
     # back with the wrong stride by the following stage (TVM 0.27), a flat one is not
+    out_dtype = "float16" if _casts_to_f16_first(info) else "float32"
     c = te.extern(
         (padded * info.n,),
         ins,
-        lambda i, o: _kernel(info, padded, chunk, i[0], i[1], i[2] if info.quantized else None, o[0]),
+        lambda i, o: _kernel(info, padded, chunk, group, i[0], i[1], i[2] if info.quantized else None, o[0]),
         name="gemm_amx",
-        dtype="float32",
+        dtype=out_dtype,
         in_buffers=[tirx.decl_buffer(t.shape, t.dtype, name=f"{t.op.name}_buf") for t in ins],
-        out_buffers=[tirx.decl_buffer((padded * info.n,), "float32", name="c_buf")],
+        out_buffers=[tirx.decl_buffer((padded * info.n,), out_dtype, name="c_buf")],
     )
-    mm = te.compute((*x.shape[:-1], info.n), lambda b, m, n: c[m * info.n + n], name="matmul")
+    mm = te.compute((*x.shape[:-1], info.n), lambda b, m, n: c[m * info.n + n].astype("float32"), name="matmul")
     return info.finish(inputs, mm)
 
 
-def _kernel(info, padded, chunk, xb, weight, scale, out):
+def _kernel(info, padded, chunk, group, xb, weight, scale, out):
     k, n_total = info.k, info.n
-    d_stride = chunk + ROW_PAD
-    row_bytes = tirx.const(d_stride * 2, "int64")
+    tile_row = tirx.const(64, "int64")  # every operand tile is packed: 16 rows of 64 bytes
     acc_stride = tirx.const(BLOCK * 4, "int64")
-    xb_stride = (padded * 4).astype("int64")
     m_blocks = padded // BLOCK
     tasks = n_total // BLOCK
     chunks = k // chunk
@@ -184,21 +231,46 @@ def _kernel(info, padded, chunk, xb, weight, scale, out):
             scales = T.broadcast(T.Cast("float32", scale[n, c]), LANES)
         return (nib - T.broadcast(T.float32(7), LANES)) * scales
 
-    # software prefetch of the next task's weight rows (the same chunk), spread over the first
-    # token block's K steps: the decode of a task then reads L2, not DRAM (q0f16: 128 KiB a task)
-    words_per_line = 64 // (4 if info.quantized else 2)  # packed q4 words / f16 values per 64 B
-    row_elems = chunk // 8 if info.quantized else chunk
-    lines_per_row = max(row_elems // words_per_line, 1)
-    lines_per_kb = (BLOCK * lines_per_row + chunk // BLOCK - 1) // (chunk // BLOCK)
+    quantized = info.quantized
+    blocks = chunk // 128  # 128-position pieces of a decoded row
+    pieces = BLOCK * blocks  # decode work of one task: (row, 128-block) pieces of 8 vectors
+    kbs = chunk // BLOCK
+    steps = m_blocks * kbs  # K steps of one task (all token blocks)
+    pieces_per_step = (pieces + steps - 1) // steps
 
-    def next_line(task, kc, j):
-        row = T.min((task + 1) * BLOCK + j // lines_per_row, n_total - 1)
-        return T.address_of(weight[row, kc * row_elems + (j % lines_per_row) * words_per_line])
+    def packed(half, r, p):
+        """Offset of row r, position p of a decoded weight block (buffer half 0 / 1), packed as
+        1 KiB AMX tiles [K step, row tile, row, 32 positions]: a tile load reads 1 KiB at once."""
+        return half * (BLOCK * chunk) + ((p // BLOCK) * 2 + r // TILE) * (TILE * BLOCK) + (r % TILE) * BLOCK + p % BLOCK
 
     def bf16(v):  # 16 f32 -> 16 bf16 bits, round to nearest even: one vcvtneps2bf16
         return T.reinterpret("uint16x16", T.call_llvm_pure_intrin("bfloat16x16", CVT_BF16, v))
 
-    quantized = info.quantized
+    def decode_piece(d, half, task, kc, e):
+        """Emit the decode of piece e (row e // blocks, 128 positions e % blocks) of `task`'s
+        weight rows (chunk kc) into half `half` of d: 8 vectors of 16 bf16."""
+        r, c = e // blocks, e % blocks
+        n = task * BLOCK + r
+        for j in range(8):
+            if quantized:
+                value = decode_q4(n, kc * blocks + c, j)
+            else:
+                value = T.Cast("float32x16", weight[n, T.ramp(kc * chunk + c * 128 + j * LANES, 1, LANES)])
+            T.buffer_store(d, bf16(value), [T.ramp(packed(half, r, c * 128 + j * LANES), 1, LANES)])
+
+    # software prefetch of the weight rows two tasks ahead (the next one is being decoded),
+    # spread over the task's K steps, into L2
+    words_per_line = 64 // (4 if quantized else 2)  # packed q4 words / f16 values per 64 B
+    row_elems = chunk // 8 if quantized else chunk
+    lines_per_row = max(row_elems // words_per_line, 1)
+    lines_total = BLOCK * lines_per_row
+    lines_per_step = (lines_total + steps - 1) // steps
+    ahead = 2 if group > 1 else 1  # the task after the one being decoded / the next one
+
+    def line_ahead(task, kc, j):
+        row = T.min((task + ahead) * BLOCK + j // lines_per_row, n_total - 1)
+        return T.address_of(weight[row, kc * row_elems + (j % lines_per_row) * words_per_line])
+
     # accumulator tile t (W rows 16 (t // 2).., tokens 16 (t % 2)..) at this offset of a 32 x 32 block
     def at(task, mb, t):
         return (task * m_blocks + mb) * acc_size + (t // 2) * TILE * BLOCK + (t % 2) * TILE
@@ -211,8 +283,10 @@ def _kernel(info, padded, chunk, xb, weight, scale, out):
         acc = T.alloc_buffer((tasks * m_blocks * acc_size,), "float32")
         # K in chunks, all tasks per chunk: a thread's activation chunk stays in its L2 across tasks
         for kc in range(chunks):
-            for task in T.parallel(tasks):
-                d = T.alloc_buffer((BLOCK * d_stride,), "uint16")  # flat: a 2-D one would be compacted to the columns written
+            # groups of `group` consecutive tasks; within a group the next task's weights are
+            # decoded (vector units) while the current task's tiles compute (AMX unit)
+            for g in T.parallel(tasks // group):
+                d = T.alloc_buffer((2 * BLOCK * chunk,), "uint16")  # two decoded weight blocks
                 cfg = T.alloc_buffer((64,), "uint8", scope="local")
                 for i in range(64):
                     cfg[i] = T.uint8(0)
@@ -221,46 +295,45 @@ def _kernel(info, padded, chunk, xb, weight, scale, out):
                     cfg[16 + 2 * t] = T.uint8(64)
                     cfg[48 + t] = T.uint8(TILE)
                 T.evaluate(tile("ldtilecfg", T.address_of(cfg[0])))
-                for r in range(BLOCK):
-                    if quantized:
-                        for c in range(chunk // 128):
-                            for j in T.unroll(8):
-                                d[T.ramp(r * d_stride + c * 128 + j * LANES, 1, LANES)] = bf16(decode_q4(task * BLOCK + r, kc * (chunk // 128) + c, j))
-                    else:
-                        for c in range(chunk // LANES):
-                            d[T.ramp(r * d_stride + c * LANES, 1, LANES)] = bf16(T.Cast("float32x16", weight[task * BLOCK + r, T.ramp(kc * chunk + c * LANES, 1, LANES)]))
-                for mb in range(m_blocks):
-                    if kc == 0:
-                        T.evaluate(tile("tilezero", T.int8(0)))
-                        T.evaluate(tile("tilezero", T.int8(1)))
-                        T.evaluate(tile("tilezero", T.int8(2)))
-                        T.evaluate(tile("tilezero", T.int8(3)))
-                    else:
-                        T.evaluate(tile("tileloadd64", T.int8(0), T.address_of(acc[at(task, mb, 0)]), acc_stride))
-                        T.evaluate(tile("tileloadd64", T.int8(1), T.address_of(acc[at(task, mb, 1)]), acc_stride))
-                        T.evaluate(tile("tileloadd64", T.int8(2), T.address_of(acc[at(task, mb, 2)]), acc_stride))
-                        T.evaluate(tile("tileloadd64", T.int8(3), T.address_of(acc[at(task, mb, 3)]), acc_stride))
-                    for kb in range(chunk // BLOCK):
-                        if mb == 0:  # the next task's weight rows, into L2 while the tiles compute
-                            for p in range(lines_per_kb):
-                                T.evaluate(T.call_llvm_intrin("void", "llvm.prefetch.p0", next_line(task, kc, kb * lines_per_kb + p), 0, 2, 1))
-                        kp = kc * (chunk // 2) + kb * TILE
-                        T.evaluate(tile("tileloadd64", T.int8(4), T.address_of(d[kb * BLOCK]), row_bytes))
-                        T.evaluate(tile("tileloadd64", T.int8(5), T.address_of(d[TILE * d_stride + kb * BLOCK]), row_bytes))
-                        T.evaluate(tile("tileloadd64", T.int8(6), T.address_of(xb[kp, mb * BLOCK, 0]), xb_stride))
-                        T.evaluate(tile("tileloadd64", T.int8(7), T.address_of(xb[kp, mb * BLOCK + TILE, 0]), xb_stride))
-                        T.evaluate(tile("tdpbf16ps", T.int8(0), T.int8(4), T.int8(6)))
-                        T.evaluate(tile("tdpbf16ps", T.int8(1), T.int8(4), T.int8(7)))
-                        T.evaluate(tile("tdpbf16ps", T.int8(2), T.int8(5), T.int8(6)))
-                        T.evaluate(tile("tdpbf16ps", T.int8(3), T.int8(5), T.int8(7)))
-                    T.evaluate(tile("tilestored64", T.int8(0), T.address_of(acc[at(task, mb, 0)]), acc_stride))
-                    T.evaluate(tile("tilestored64", T.int8(1), T.address_of(acc[at(task, mb, 1)]), acc_stride))
-                    T.evaluate(tile("tilestored64", T.int8(2), T.address_of(acc[at(task, mb, 2)]), acc_stride))
-                    T.evaluate(tile("tilestored64", T.int8(3), T.address_of(acc[at(task, mb, 3)]), acc_stride))
-                    if kc == chunks - 1:  # the C^T block transposed into C rows
-                        for m in range(BLOCK):
-                            for h in range(2):
-                                out[T.ramp((mb * BLOCK + m) * n_total + task * BLOCK + h * TILE, 1, TILE)] = acc[T.ramp((task * m_blocks + mb) * acc_size + h * TILE * BLOCK + m, BLOCK, TILE)]
+                for e in range(pieces):
+                    decode_piece(d, 0, g * group, kc, e)
+                for i in range(group):
+                    for mb in range(m_blocks):
+                        if kc == 0:
+                            T.evaluate(tile("tilezero", T.int8(0)))
+                            T.evaluate(tile("tilezero", T.int8(1)))
+                            T.evaluate(tile("tilezero", T.int8(2)))
+                            T.evaluate(tile("tilezero", T.int8(3)))
+                        else:
+                            T.evaluate(tile("tileloadd64", T.int8(0), T.address_of(acc[at(g * group + i, mb, 0)]), acc_stride))
+                            T.evaluate(tile("tileloadd64", T.int8(1), T.address_of(acc[at(g * group + i, mb, 1)]), acc_stride))
+                            T.evaluate(tile("tileloadd64", T.int8(2), T.address_of(acc[at(g * group + i, mb, 2)]), acc_stride))
+                            T.evaluate(tile("tileloadd64", T.int8(3), T.address_of(acc[at(g * group + i, mb, 3)]), acc_stride))
+                        for kb in range(kbs):
+                            if i + 1 < group:
+                                for p in range(pieces_per_step):
+                                    if (mb * kbs + kb) * pieces_per_step + p < pieces:
+                                        decode_piece(d, (i + 1) % 2, g * group + i + 1, kc, (mb * kbs + kb) * pieces_per_step + p)
+                            for p in range(lines_per_step):
+                                if (mb * kbs + kb) * lines_per_step + p < lines_total:
+                                    T.evaluate(T.call_llvm_intrin("void", "llvm.prefetch.p0", line_ahead(g * group + i, kc, (mb * kbs + kb) * lines_per_step + p), 0, 2, 1))
+                            T.evaluate(tile("tileloadd64", T.int8(4), T.address_of(d[packed(i % 2, 0, kb * BLOCK)]), tile_row))
+                            T.evaluate(tile("tileloadd64", T.int8(5), T.address_of(d[packed(i % 2, TILE, kb * BLOCK)]), tile_row))
+                            T.evaluate(tile("tileloadd64", T.int8(6), T.address_of(xb[kc * kbs + kb, 2 * mb, 0, 0, 0]), tile_row))
+                            T.evaluate(tile("tileloadd64", T.int8(7), T.address_of(xb[kc * kbs + kb, 2 * mb + 1, 0, 0, 0]), tile_row))
+                            T.evaluate(tile("tdpbf16ps", T.int8(0), T.int8(4), T.int8(6)))
+                            T.evaluate(tile("tdpbf16ps", T.int8(1), T.int8(4), T.int8(7)))
+                            T.evaluate(tile("tdpbf16ps", T.int8(2), T.int8(5), T.int8(6)))
+                            T.evaluate(tile("tdpbf16ps", T.int8(3), T.int8(5), T.int8(7)))
+                        T.evaluate(tile("tilestored64", T.int8(0), T.address_of(acc[at(g * group + i, mb, 0)]), acc_stride))
+                        T.evaluate(tile("tilestored64", T.int8(1), T.address_of(acc[at(g * group + i, mb, 1)]), acc_stride))
+                        T.evaluate(tile("tilestored64", T.int8(2), T.address_of(acc[at(g * group + i, mb, 2)]), acc_stride))
+                        T.evaluate(tile("tilestored64", T.int8(3), T.address_of(acc[at(g * group + i, mb, 3)]), acc_stride))
+                        if kc == chunks - 1:  # the C^T block transposed into C rows
+                            for a in range(2):
+                                for b in range(2):
+                                    transpose_tile(out, (mb * BLOCK + b * TILE) * n_total + (g * group + i) * BLOCK + a * TILE, n_total,
+                                                   acc, ((g * group + i) * m_blocks + mb) * acc_size + a * TILE * BLOCK + b * TILE, BLOCK)
                 T.evaluate(tile("tilerelease"))
 
     return body.body
