@@ -34,8 +34,13 @@ class _UserErrors(click.Group):
 
 
 @click.group(cls=_UserErrors)
-def main() -> None:
+@click.option("--threads", type=click.IntRange(min=1), default=None,
+              help="CPU threads for TVM's runtime (default: $TVM_NUM_THREADS, else every CPU available).")
+def main(threads: int | None) -> None:
     """mlcpipe: YAML model -> quantized, fused TVM kernels -> artifacts -> runtime."""
+    from .threads import configure
+
+    configure(threads)
 
 
 def _target_overrides(mcpu: str | None, arch: str | None = None, fatbin_archs: str | None = None) -> dict:

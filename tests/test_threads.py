@@ -1,0 +1,45 @@
+"""mlcpipe sizes TVM's CPU thread pool itself (TVM's own default halves the vCPUs on x86)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from pipeline import threads
+
+PROBE = (
+    "import sys; from pipeline.threads import configure; n = configure({arg}); "
+    "import tvm; print(n, tvm.get_global_func('runtime.NumThreads')())"
+)
+
+
+def _probe(arg: str, env_value: str | None) -> tuple[int, int]:
+    env = {k: v for k, v in os.environ.items() if k != threads.ENV}
+    if env_value is not None:
+        env[threads.ENV] = env_value
+    out = subprocess.run([sys.executable, "-c", PROBE.format(arg=arg)], capture_output=True, text=True, env=env, check=True)
+    configured, pool = out.stdout.split()
+    return int(configured), int(pool)
+
+
+def test_default_is_every_available_cpu_and_tvm_uses_it():
+    cpus = len(os.sched_getaffinity(0))
+    assert _probe("None", None) == (cpus, cpus)
+
+
+def test_explicit_count_and_environment():
+    cpus = len(os.sched_getaffinity(0))
+    assert _probe("1", None) == (1, 1)
+    assert _probe("None", "1") == (1, 1)  # the user's TVM_NUM_THREADS is kept
+    assert _probe(str(cpus), "1") == (cpus, cpus)  # --threads wins over it
+
+
+def test_bad_count_is_a_clear_error(monkeypatch):
+    monkeypatch.delenv(threads.ENV, raising=False)
+    with pytest.raises(ValueError, match="--threads: got 0"):
+        threads.configure(0)
+    out = subprocess.run([sys.executable, "-m", "pipeline.cli", "--threads", "0", "run", "--artifact", "x"], capture_output=True, text=True)
+    assert out.returncode == 2 and "--threads" in out.stderr
