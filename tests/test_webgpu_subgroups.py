@@ -240,24 +240,16 @@ def test_generated_wgsl_reduces_through_subgroup_shuffles():
 
 
 @needs_subgroups
-def test_q4f16_gemv_with_subgroups_matches_numpy_and_llvm():
+@pytest.mark.parametrize("kind", ["q4f16_1", "f16"])
+def test_gemv_with_subgroups_matches_numpy_and_llvm(kind):
+    """The q4f16_1 fused-dequantize GEMV (N 512, with cast + add) and the unquantized f16 one
+    (N 256), K 2048, one subgroup of 8 lanes per row on lavapipe."""
     target = webgpu(True)
-    func = schedule(Q4, target, subgroup_rule())
-    args, want = q4_inputs(512, 2048)
-    got = runner.run_primfunc(func, target, [a.copy() for a in args])[-1]
+    kernel, inputs = (Q4, q4_inputs(512, 2048)) if kind == "q4f16_1" else (F16, f16_inputs(256, 2048))
+    args, want = inputs
+    got = runner.run_primfunc(schedule(kernel, target, subgroup_rule()), target, [a.copy() for a in args])[-1]
     assert got.dtype == np.float16 and rel_err(got, want) < 1e-2
-    unscheduled = run_llvm(Q4, [a.copy() for a in args])[-1]
-    assert rel_err(got, unscheduled) < 1e-2
-
-
-@needs_subgroups
-def test_f16_gemv_with_subgroups_matches_numpy_and_llvm():
-    target = webgpu(True)
-    func = schedule(F16, target, subgroup_rule())
-    args, want = f16_inputs(256, 2048)
-    got = runner.run_primfunc(func, target, [a.copy() for a in args])[-1]
-    assert got.dtype == np.float16 and rel_err(got, want) < 1e-2
-    unscheduled = run_llvm(F16, [a.copy() for a in args])[-1]
+    unscheduled = run_llvm(kernel, [a.copy() for a in args])[-1]
     assert rel_err(got, unscheduled) < 1e-2
 
 

@@ -64,6 +64,7 @@ ARCH_PRCTL, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA = 158, 0x1023, 18
 CVT_BF16 = "llvm.x86.avx512bf16.cvtneps2bf16.512"
 K_CHUNKS = (512, 1024, 2048, 4096, 8192)
 GROUPS = (8, 4, 2, 1)
+PIECE = 128  # K positions of one decode step (q4: also the span of its K permutation)
 
 @dataclasses.dataclass
 class PrefillGEMMAMX(dl.ScheduleRule):
@@ -74,7 +75,7 @@ class PrefillGEMMAMX(dl.ScheduleRule):
         info = _applicable(func, target)
         if info is None:
             return {}
-        chunks = [c for c in K_CHUNKS if c < info.k and info.k % c == 0 and c % _k_step(info) == 0]
+        chunks = [c for c in K_CHUNKS if c < info.k and info.k % c == 0 and c % PIECE == 0]
         # 0 = the default's choice (8 unquantized, 1 q4), then the explicit sizes
         space = {"group": [0, *(g for g in GROUPS if (info.n // BLOCK) % g == 0)]}
         if chunks:  # else K in one piece only
@@ -89,7 +90,7 @@ class PrefillGEMMAMX(dl.ScheduleRule):
         chunk = min(self.k_chunk, info.k)
         group = self.group or (1 if info.quantized else 8)
         group = next(g for g in GROUPS if g <= group and (info.n // BLOCK) % g == 0)
-        if info.k % chunk or chunk % _k_step(info):
+        if info.k % chunk or chunk % PIECE:
             return None
         sch = s_tir.Schedule(_build(info, chunk, group))
         sch.parallel(sch.get_loops(sch.get_sblock("x_bf16"))[0])
@@ -112,7 +113,7 @@ def _applicable(func, target):
     info = match_on_cpu(func, target, decode=False)
     if info is None or str(info.x.dtype) != "float16" or len(info.rows_shape) != 2 or info.n % BLOCK:
         return None
-    if info.k % 128:  # the decode works in pieces of 128 positions
+    if info.k % PIECE:
         return None
     if info.quantized and (info.group_size % 8 or LANES % (info.group_size // 8)):
         return None
@@ -138,12 +139,6 @@ def transpose_tile(dst, dst_base, dst_stride, src, src_base, src_stride) -> None
     narrow = str(dst.dtype) == "float16"
     for c in range(TILE):
         T.buffer_store(dst, T.Cast(f"float16x{TILE}", rows[c]) if narrow else rows[c], [T.ramp(dst_base + c * dst_stride, 1, TILE)])
-
-
-def _k_step(info) -> int:
-    """K granularity of the weight decode: pieces of 128 positions (q4: also its K permutation)."""
-    del info
-    return 128
 
 
 def k_order(info):
@@ -232,7 +227,7 @@ def _kernel(info, padded, chunk, group, xb, weight, scale, out):
         return (nib - T.broadcast(T.float32(7), LANES)) * scales
 
     quantized = info.quantized
-    blocks = chunk // 128  # 128-position pieces of a decoded row
+    blocks = chunk // PIECE  # decode pieces of a row
     pieces = BLOCK * blocks  # decode work of one task: (row, 128-block) pieces of 8 vectors
     kbs = chunk // BLOCK
     steps = m_blocks * kbs  # K steps of one task (all token blocks)
@@ -255,8 +250,8 @@ def _kernel(info, padded, chunk, group, xb, weight, scale, out):
             if quantized:
                 value = decode_q4(n, kc * blocks + c, j)
             else:
-                value = T.Cast("float32x16", weight[n, T.ramp(kc * chunk + c * 128 + j * LANES, 1, LANES)])
-            T.buffer_store(d, bf16(value), [T.ramp(packed(half, r, c * 128 + j * LANES), 1, LANES)])
+                value = T.Cast("float32x16", weight[n, T.ramp(kc * chunk + c * PIECE + j * LANES, 1, LANES)])
+            T.buffer_store(d, bf16(value), [T.ramp(packed(half, r, c * PIECE + j * LANES), 1, LANES)])
 
     # software prefetch of the weight rows two tasks ahead (the next one is being decoded),
     # spread over the task's K steps, into L2
