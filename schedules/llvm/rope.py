@@ -51,13 +51,16 @@ class RopeTable(dl.ScheduleRule):
         sch = s_tir.Schedule(new_func)
         main = sch.get_sblock(main_name)
         loops = sch.get_loops(main)
-        for name in table_names:
-            sch.compute_at(sch.get_sblock(name), loops[0])
-            self._vectorize_inner(sch, sch.get_sblock(name), halves=False)
-        self._vectorize_inner(sch, main, halves=True)
-        extent = sch.get(loops[0]).extent
-        if not isinstance(extent, tirx.IntImm) or int(extent) >= self.min_parallel:
-            sch.parallel(loops[0])
+        try:
+            for name in table_names:
+                sch.compute_at(sch.get_sblock(name), loops[0])
+                self._vectorize_inner(sch, sch.get_sblock(name), halves=False)
+            self._vectorize_inner(sch, main, halves=True)
+            extent = sch.get(loops[0]).extent
+            if not isinstance(extent, tirx.IntImm) or int(extent) >= self.min_parallel:
+                sch.parallel(loops[0])
+        except s_tir.ScheduleError:  # a loop nest these primitives do not take: Elementwise's then
+            return None
         return sch
 
     def _vectorize_inner(self, sch: s_tir.Schedule, block, halves: bool) -> None:
