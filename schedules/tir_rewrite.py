@@ -81,9 +81,10 @@ def substitute(expr, mapping: dict):
     return map_expr(expr, replace)
 
 
-def inline_lets(expr):
-    """`expr` with every Let's value substituted into its body."""
-    return map_expr(expr, lambda e: substitute(e.body, {e.var: e.value}) if isinstance(e, tirx.Let) else None)
+def inline_let(node):
+    """A `map_expr` callback: a Let becomes its body with the value substituted (post-order: Lets
+    inside it are already gone)."""
+    return substitute(node.body, {node.var: node.value}) if isinstance(node, tirx.Let) else None
 
 
 def collect(expr, kind) -> list:

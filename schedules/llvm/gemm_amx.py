@@ -66,6 +66,7 @@ K_CHUNKS = (512, 1024, 2048, 4096, 8192)
 GROUPS = (8, 4, 2, 1)
 PIECE = 128  # K positions of one decode step (q4: also the span of its K permutation)
 
+
 @dataclasses.dataclass
 class PrefillGEMMAMX(dl.ScheduleRule):
     k_chunk: int = 2048
@@ -260,7 +261,8 @@ def _kernel(info, padded, chunk, group, xb, weight, scale, out):
     lines_per_row = max(row_elems // words_per_line, 1)
     lines_total = BLOCK * lines_per_row
     lines_per_step = (lines_total + steps - 1) // steps
-    ahead = 2 if group > 1 else 1  # the task after the one being decoded / the next one
+    halves = 2 if group > 1 else 1  # decoded weight blocks: the current task's (+ the next one's)
+    ahead = halves  # prefetch the task after the one being decoded / the next one
 
     def line_ahead(task, kc, j):
         row = T.min((task + ahead) * BLOCK + j // lines_per_row, n_total - 1)
@@ -269,6 +271,14 @@ def _kernel(info, padded, chunk, group, xb, weight, scale, out):
     # accumulator tile t (W rows 16 (t // 2).., tokens 16 (t % 2)..) at this offset of a 32 x 32 block
     def at(task, mb, t):
         return (task * m_blocks + mb) * acc_size + (t // 2) * TILE * BLOCK + (t % 2) * TILE
+
+    def accumulators(op, acc, task, mb):
+        """Emit `op` (tilezero / tileloadd64 / tilestored64) for the 4 accumulator tiles tmm0-3."""
+        for t in range(4):
+            if op == "tilezero":
+                T.evaluate(tile(op, T.int8(t)))
+            else:
+                T.evaluate(tile(op, T.int8(t), T.address_of(acc[at(task, mb, t)]), acc_stride))
 
     @T.prim_func(private=True, check_well_formed=False)
     def body():
@@ -281,7 +291,7 @@ def _kernel(info, padded, chunk, group, xb, weight, scale, out):
             # groups of `group` consecutive tasks; within a group the next task's weights are
             # decoded (vector units) while the current task's tiles compute (AMX unit)
             for g in T.parallel(tasks // group):
-                d = T.alloc_buffer((2 * BLOCK * chunk,), "uint16")  # two decoded weight blocks
+                d = T.alloc_buffer((halves * BLOCK * chunk,), "uint16")  # decoded weight blocks
                 cfg = T.alloc_buffer((64,), "uint8", scope="local")
                 for i in range(64):
                     cfg[i] = T.uint8(0)
@@ -295,40 +305,31 @@ def _kernel(info, padded, chunk, group, xb, weight, scale, out):
                 for i in range(group):
                     for mb in range(m_blocks):
                         if kc == 0:
-                            T.evaluate(tile("tilezero", T.int8(0)))
-                            T.evaluate(tile("tilezero", T.int8(1)))
-                            T.evaluate(tile("tilezero", T.int8(2)))
-                            T.evaluate(tile("tilezero", T.int8(3)))
+                            accumulators("tilezero", acc, g * group + i, mb)
                         else:
-                            T.evaluate(tile("tileloadd64", T.int8(0), T.address_of(acc[at(g * group + i, mb, 0)]), acc_stride))
-                            T.evaluate(tile("tileloadd64", T.int8(1), T.address_of(acc[at(g * group + i, mb, 1)]), acc_stride))
-                            T.evaluate(tile("tileloadd64", T.int8(2), T.address_of(acc[at(g * group + i, mb, 2)]), acc_stride))
-                            T.evaluate(tile("tileloadd64", T.int8(3), T.address_of(acc[at(g * group + i, mb, 3)]), acc_stride))
+                            accumulators("tileloadd64", acc, g * group + i, mb)
                         for kb in range(kbs):
                             if i + 1 < group:
                                 for p in range(pieces_per_step):
                                     if (mb * kbs + kb) * pieces_per_step + p < pieces:
-                                        decode_piece(d, (i + 1) % 2, g * group + i + 1, kc, (mb * kbs + kb) * pieces_per_step + p)
+                                        decode_piece(d, (i + 1) % halves, g * group + i + 1, kc, (mb * kbs + kb) * pieces_per_step + p)
                             for p in range(lines_per_step):
                                 if (mb * kbs + kb) * lines_per_step + p < lines_total:
                                     T.evaluate(T.call_llvm_intrin("void", "llvm.prefetch.p0", line_ahead(g * group + i, kc, (mb * kbs + kb) * lines_per_step + p), 0, 2, 1))
-                            T.evaluate(tile("tileloadd64", T.int8(4), T.address_of(d[packed(i % 2, 0, kb * BLOCK)]), tile_row))
-                            T.evaluate(tile("tileloadd64", T.int8(5), T.address_of(d[packed(i % 2, TILE, kb * BLOCK)]), tile_row))
+                            T.evaluate(tile("tileloadd64", T.int8(4), T.address_of(d[packed(i % halves, 0, kb * BLOCK)]), tile_row))
+                            T.evaluate(tile("tileloadd64", T.int8(5), T.address_of(d[packed(i % halves, TILE, kb * BLOCK)]), tile_row))
                             T.evaluate(tile("tileloadd64", T.int8(6), T.address_of(xb[kc * kbs + kb, 2 * mb, 0, 0, 0]), tile_row))
                             T.evaluate(tile("tileloadd64", T.int8(7), T.address_of(xb[kc * kbs + kb, 2 * mb + 1, 0, 0, 0]), tile_row))
                             T.evaluate(tile("tdpbf16ps", T.int8(0), T.int8(4), T.int8(6)))
                             T.evaluate(tile("tdpbf16ps", T.int8(1), T.int8(4), T.int8(7)))
                             T.evaluate(tile("tdpbf16ps", T.int8(2), T.int8(5), T.int8(6)))
                             T.evaluate(tile("tdpbf16ps", T.int8(3), T.int8(5), T.int8(7)))
-                        T.evaluate(tile("tilestored64", T.int8(0), T.address_of(acc[at(g * group + i, mb, 0)]), acc_stride))
-                        T.evaluate(tile("tilestored64", T.int8(1), T.address_of(acc[at(g * group + i, mb, 1)]), acc_stride))
-                        T.evaluate(tile("tilestored64", T.int8(2), T.address_of(acc[at(g * group + i, mb, 2)]), acc_stride))
-                        T.evaluate(tile("tilestored64", T.int8(3), T.address_of(acc[at(g * group + i, mb, 3)]), acc_stride))
+                        accumulators("tilestored64", acc, g * group + i, mb)
                         if kc == chunks - 1:  # the C^T block transposed into C rows
                             for a in range(2):
                                 for b in range(2):
                                     transpose_tile(out, (mb * BLOCK + b * TILE) * n_total + (g * group + i) * BLOCK + a * TILE, n_total,
-                                                   acc, ((g * group + i) * m_blocks + mb) * acc_size + a * TILE * BLOCK + b * TILE, BLOCK)
+                                                   acc, at(g * group + i, mb, 2 * a + b), BLOCK)
                 T.evaluate(tile("tilerelease"))
 
     return body.body

@@ -30,7 +30,7 @@ from tvm import s_tir, tirx
 from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
-from ..tir_rewrite import Load, UnsupportedIR, collect, inline_lets, map_stmt_exprs, substitute
+from ..tir_rewrite import Load, UnsupportedIR, collect, inline_let, map_stmt_exprs, substitute
 
 TRIG_OPS = ("tirx.cos", "tirx.sin")
 
@@ -92,7 +92,7 @@ def hoist_trig_tables(func: tirx.PrimFunc):
     if any(not v.same_as(loop.loop_var) for v, loop in zip(realize.iter_values, loops, strict=True)):
         return None
     try:
-        body = map_stmt_exprs(block.body, lambda e: inline_lets(e) if isinstance(e, tirx.Let) else None)
+        body = map_stmt_exprs(block.body, inline_let)
         calls = []
         map_stmt_exprs(body, lambda e: calls.append(e) if _is_trig(e) else None)
     except UnsupportedIR:
