@@ -87,17 +87,30 @@ def build(model, quant, target_name, mcpu, arch, fatbin_archs, output, weights, 
 @click.option("--kernels", "pattern", default=None, help="Only kernels whose name matches this regex.")
 @click.option("--budget", default=8, show_default=True, type=click.IntRange(min=1), help="Knob candidates timed per kernel (defaults included).")
 @click.option("--tokens", default=128, show_default=True, type=click.IntRange(min=1), help="Token count bound to prefill kernels' symbolic dim.")
-def tune(model, quant, target_name, mcpu, arch, db_path, pattern, budget, tokens):  # noqa: PLR0913
-    """Time schedule knob candidates for every kernel; store the winners for `mlcpipe build`."""
+@click.option("--tuner", type=click.Choice(["knobs", "metaschedule"]), default="knobs", show_default=True,
+              help="knobs: time our rules' knob candidates; metaschedule: TVM MetaSchedule search (static-shape kernels), "
+                   "kept where faster than our schedule.")
+@click.option("--trials", default=32, show_default=True, type=click.IntRange(min=1), help="metaschedule: candidates searched per kernel.")
+def tune(model, quant, target_name, mcpu, arch, db_path, pattern, budget, tokens, tuner, trials):  # noqa: PLR0913
+    """Time schedule knob candidates (or a MetaSchedule search) per kernel; store the winners for `mlcpipe build`."""
     from .config import check_quantization, load_model_config
     from .targets import load_target
-    from .tune import report, tune as run_tune
     from .tuning import TuningDB, default_db_path
 
     config = load_model_config(model)
     check_quantization(config, quant)
     target = load_target(target_name, _target_overrides(mcpu, arch))
     db = TuningDB.load(db_path or default_db_path(target.name))
+    if tuner == "metaschedule":
+        from .tune_metaschedule import report, tune_metaschedule
+
+        results = tune_metaschedule(config, quant, target, db, pattern=pattern, trials=trials, log=_log)
+        kept = sum(r.kept for r in results)
+        click.echo(report(results))
+        click.echo(f"\n{len(results)} kernels searched, {kept} MetaSchedule schedules kept; database: {db.path}")
+        return
+    from .tune import report, tune as run_tune
+
     results = run_tune(config, quant, target, db, pattern=pattern, budget=budget, tokens=tokens, log=_log)
     click.echo(report(results))
     click.echo(f"\n{len(results)} kernels tuned; database: {db.path}")

@@ -52,7 +52,7 @@ class KernelTuning:
         return self.default_ms / self.best_ms if self.best_ms else 0.0
 
 
-def _device(kind: str):
+def timing_device(kind: str):
     if kind == "llvm":
         return tvm.cpu()
     if kind == "cuda":
@@ -88,17 +88,34 @@ def _candidates(space: dict[str, list], default: dict, budget: int, seed: int) -
     return [base] + rest[: max(0, budget - 1)]
 
 
-def _run(lib, args, device):
+def compile_kernel(func: tvm.tirx.PrimFunc, target: tvm.target.Target):
+    """One scheduled PrimFunc built on its own, callable as lib["main"]."""
+    with target:
+        return tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=target)
+
+
+def run_kernel(lib, args, device):
+    """Run once on copies of `args`; the last argument (the output) as float32."""
     tensors = [tvm.runtime.tensor(a, device) for a in args]
     lib["main"](*tensors)
     device.sync()
     return tensors[-1].numpy().astype(np.float32)
 
 
-def _time_ms(lib, args, device, repeat: int) -> float:
+def time_kernel_ms(lib, args, device, repeat: int) -> float:
+    """Best of `repeat` timings (each at least 50 ms of calls), in ms."""
     tensors = [tvm.runtime.tensor(a, device) for a in args]
     timer = lib.mod.time_evaluator("main", device, number=1, repeat=repeat, min_repeat_ms=50)
     return float(min(timer(*tensors).results)) * 1e3
+
+
+def output_mismatch(got: np.ndarray, want: np.ndarray, quant: str) -> str | None:
+    """None when two schedules' outputs agree (f16 models: 2% of the output's scale), else why not."""
+    scale = float(np.abs(want).max()) or 1.0
+    tol = 2e-2 if "16" in quant else 1e-4
+    if np.allclose(got, want, rtol=tol, atol=tol * scale):
+        return None
+    return f"max abs err {float(np.abs(got - want).max()):.3g}"
 
 
 def tune(
@@ -117,7 +134,7 @@ def tune(
     from schedules import RULES, with_knobs
     from schedules.signature import kernel_signature
 
-    device = _device(target.kind)
+    device = timing_device(target.kind)
     tvm_target = target.tvm_target()
     kernels = unscheduled_kernels(config, quant, tvm_target)
     regex = re.compile(pattern) if pattern else None
@@ -147,20 +164,18 @@ def tune(
                 entry["error"] = "rule declined these knobs"
                 continue
             try:
-                with tvm_target:
-                    lib = tvm.compile(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), target=tvm_target)
-                got = _run(lib, [a.copy() for a in args], device)
+                lib = compile_kernel(sch.mod["main"], tvm_target)
+                got = run_kernel(lib, args, device)
             except Exception as exc:  # noqa: BLE001 - a failing candidate is reported, never chosen
                 entry["error"] = str(exc).strip().splitlines()[-1][:200]
                 continue
             if want is None:
                 want = got  # the default knobs come first: the reference for the others
-            scale = float(np.abs(want).max()) or 1.0
-            tol = 2e-2 if "16" in quant else 1e-4
-            if not np.allclose(got, want, rtol=tol, atol=tol * scale):
-                entry["error"] = f"output differs from the default knobs (max abs err {float(np.abs(got - want).max()):.3g})"
+            mismatch = output_mismatch(got, want, quant)
+            if mismatch:
+                entry["error"] = f"output differs from the default knobs ({mismatch})"
                 continue
-            entry["ms"] = _time_ms(lib, args, device, repeat)
+            entry["ms"] = time_kernel_ms(lib, args, device, repeat)
         timed = [c for c in tried if c["ms"] is not None]
         if not timed:
             log(f"[tune] {name}: no candidate ran ({tried[0]['error']})")

@@ -8,6 +8,9 @@ A JSON file (default `artifacts/tuning/<target name>.json`, `$MLCPIPE_TUNING_DB`
          "knobs": {"lanes": 16, "rows": 4}, "ms": 0.61, "default_ms": 0.74,
          "sizes": {"seq_len": 1}, "candidates": [{"knobs": {...}, "ms": ...}, ...]}}}}
 
+`mlcpipe tune --tuner metaschedule` writes records with "rule": "MetaSchedule", empty knobs and
+"trace": the best schedule's MetaSchedule trace as TVM JSON (schedules/trace_replay.py).
+
 The target key is the target's JSON (kind, mcpu/arch, ...), so one file can hold several CPUs;
 the kernel signature (schedules.signature) ignores names, so a record serves every model that
 has the same kernel. `mlcpipe tune` writes it (pipeline/tune.py); `mlcpipe build` reads it.
@@ -65,6 +68,8 @@ class TuningDB:
             for sig, rec in table.items():
                 if not isinstance(rec, dict) or not isinstance(rec.get("rule"), str) or not isinstance(rec.get("knobs"), dict):
                     raise ArtifactError(f"{path}: record {sig} of target {key} needs 'rule' (string) and 'knobs' (object)")
+                if rec["rule"] == "MetaSchedule" and not isinstance(rec.get("trace"), str):
+                    raise ArtifactError(f"{path}: record {sig} of target {key} has rule 'MetaSchedule' but no 'trace' (a JSON string)")
         return cls(path, records)
 
     def table(self, target: dict[str, Any]) -> dict[str, dict]:

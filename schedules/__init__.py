@@ -3,8 +3,8 @@
 Each rule follows TVM dlight's contract: `apply(func, target, tunable) -> Schedule | None`, None
 meaning "not mine" so the next rule (or no schedule) is used. Rules are dataclasses whose fields
 are their tuning knobs; `knob_space(func, target)` lists the candidates valid for one kernel.
-A tuning table (pipeline/tuning.py: kernel signature -> rule name + knobs) overrides the
-defaults kernel by kernel.
+A tuning table (pipeline/tuning.py: kernel signature -> rule name + knobs, or a MetaSchedule
+trace: trace_replay.py) overrides the defaults kernel by kernel.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections.abc import Callable, Mapping
 import tvm
 from tvm import tirx
 
+from . import trace_replay
 from .llvm.attention import replace_attention_kernels
 from .gpu import CUDA_RULES, METAL_RULES, WEBGPU_RULES
 from .llvm import LLVM_RULES
@@ -51,7 +52,11 @@ def schedule_func(func: tirx.PrimFunc, target: tvm.target.Target, tuned: Mapping
     """(scheduled func, record) for one PrimFunc; record names the rule, its knobs and where the
     knobs came from ("tuning" or "default"); (func, None) when no rule applies."""
     rules = RULES[target.kind.name]
-    if tuned:
+    if tuned and tuned["rule"] == trace_replay.RULE_NAME:
+        sch = trace_replay.replay(func, tuned["trace"])
+        if sch is not None:
+            return sch.mod["main"], {"rule": trace_replay.RULE_NAME, "knobs": {}, "source": "tuning"}
+    elif tuned:
         rule = rule_by_name(target.kind.name, tuned["rule"])
         if rule is not None:
             tuned_rule = with_knobs(rule, tuned.get("knobs", {}))

@@ -148,7 +148,7 @@ def test_float_gemv_keeps_numerics(quant, knobs, kernels):
 def test_amx_prefill_gemm_keeps_numerics(quant, k_chunk, group, kernels):
     taken = chunks = 0
     for name, func in _prefill(kernels[quant]).items():
-        sch = PrefillGEMMAMX(k_chunk=k_chunk, group=group).apply(func, TARGET, False)
+        sch = PrefillGEMMAMX(k_chunk=k_chunk, group=group, low_batch=0).apply(func, TARGET, False)  # AMX at any token count
         assert sch is not None, name
         chunks += match(func).k // min(k_chunk, match(func).k)
         for tokens in (1, 7, 40):  # a partial 32-token block, two blocks
@@ -160,6 +160,37 @@ def test_amx_prefill_gemm_keeps_numerics(quant, k_chunk, group, kernels):
             assert np.abs(got - want).max() > 0 or tokens == 1  # it really ran in bf16, not a copy of the reference
         taken += 1
     assert taken == 4 and (chunks > 4 or k_chunk == 2048)  # the tiny down_proj (K 256) runs in two chunks
+
+
+@needs_amx
+@needs_vnni
+@pytest.mark.parametrize("low_batch", [4, 8])
+def test_amx_rule_few_token_branch_is_the_int8_gemv_per_token(low_batch, kernels):
+    """Up to `low_batch` tokens, the q4 prefill kernel takes its integer GEMV branch (one pass of
+    exactly 1-4 tokens, or passes of 4 with a partial last one): each token's row equals the
+    NumPy emulation of the VNNI arithmetic; more tokens take the AMX tiles (bf16 operands)."""
+    taken = 0
+    for name, func in _prefill(kernels["q4f16_1"]).items():
+        info = match(func)
+        sch = PrefillGEMMAMX(low_batch=low_batch).apply(func, TARGET, False)
+        lib_func = sch.mod["main"]
+        params = list(func.params)
+        for tokens in (1, 2, 3, 4, 5, 7, 9):
+            args = random_args(func, {"seq_len": tokens}, seed=tokens)
+            got = _outputs(lib_func, args).reshape(tokens, -1)
+            exact = _outputs(func, args).reshape(tokens, -1)
+            if tokens > low_batch:  # AMX: bf16 operands
+                np.testing.assert_allclose(got, exact, atol=1e-2 * np.abs(exact).max(), err_msg=f"{name} {tokens}")
+                continue
+            for t in range(tokens):
+                row = list(args)
+                row[params.index(info.x)] = args[params.index(info.x)][:, t : t + 1]
+                if len(params) == 5:  # the residual input of o_proj / down
+                    row[-2] = args[-2][:, t : t + 1]
+                want = _emulated_kernel(row, info)
+                np.testing.assert_allclose(got[t], want, rtol=2e-3, atol=2e-3 * np.abs(want).max(), err_msg=f"{name} {tokens} {t}")
+        taken += 1
+    assert taken == 4
 
 
 @needs_amx

@@ -115,3 +115,53 @@ def test_signature_is_stable_and_shape_sensitive(tiny_config):
     lm_head = [n for n, s in tiny.items() if "NT_matmul" in n and s not in other.values()]
     assert lm_head, "a kernel with another shape must get another signature"
     assert sum(s in other.values() for s in tiny.values()) >= len(tiny) - 3  # the rest are shared
+
+
+def test_metaschedule_search_is_checked_timed_and_its_trace_replayed_by_build(tiny_config, tmp_path):
+    """MetaSchedule searches one kernel (a few trials); its best schedule is rebuilt from the trace,
+    checked against ours and timed. Its trace, stored in a database, is applied by `mlcpipe build`
+    (the whole model still matches the NumPy Llama); the same trace filed under another kernel's
+    signature does not fit that kernel, which keeps the rules' schedule."""
+    from pipeline.tune_metaschedule import tune_metaschedule
+
+    quant = "q4f16_1"
+    target = load_target("llvm")
+    db = TuningDB(tmp_path / "ms.json")
+    (result,) = tune_metaschedule(tiny_config, quant, target, db, pattern="^rms_norm$", trials=4, log=lambda *_: None)
+    assert result.error is None and result.trace and result.search_ms > 0 and result.ours_rule == "RowNorm"
+    stored = db.table(target.target)
+    assert bool(stored) == result.kept  # kept only when faster than ours
+    if result.kept:
+        (record,) = stored.values()
+        assert record["rule"] == "MetaSchedule" and record["ms"] < record["default_ms"]
+
+    kernels = unscheduled_kernels(tiny_config, quant, target.tvm_target())
+    forced = TuningDB(tmp_path / "forced.json")
+    for name in ("rms_norm", "fused_split_silu_multiply"):
+        forced.put(target.target, kernel_signature(kernels[name]), {"kernel": "rms_norm", "rule": "MetaSchedule", "knobs": {}, "trace": result.trace})
+    forced.save()
+    weights = random_hf_weights(tiny_config, seed=2)
+    hf_dir = write_hf_checkpoint(tmp_path / "hf", tiny_config, weights)
+    params = convert_weights(tiny_config, quant, hf_dir, tmp_path / "weights", log=lambda *_: None)
+    artifact = build(tiny_config, quant, target, output=tmp_path / "art", tuning_db=forced.path, log=lambda *_: None)
+    schedules = {k["name"]: k["schedule"] for k in json.loads((artifact / "manifest.json").read_text())["kernels"]}
+    assert schedules["rms_norm"] == {"rule": "MetaSchedule", "knobs": {}, "source": "tuning"}
+    assert schedules["fused_split_silu_multiply"]["source"] == "default"  # the trace does not fit it
+    engine = Engine(artifact, params)
+    ref = ReferenceLlama(hf_config(tiny_config), as_model_sees_it(quant, weights))
+    check_against_reference(engine, ref, QUANTIZATIONS[quant].model_dtype, PROMPT, 4)
+
+
+def test_metaschedule_tuner_errors_are_one_line(tmp_path):
+    runner = CliRunner()
+    result = runner.invoke(main, ["tune", "--tuner", "metaschedule", "--model", "llama-tiny", "--quant", "q4f16_1", "--target", "webgpu",
+                                  "--db", str(tmp_path / "x.json")])
+    assert result.exit_code == 2
+    assert "MetaSchedule cannot tune webgpu here (allowed: llvm, cuda)" in result.output
+    assert not (tmp_path / "x.json").exists()
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"schema": "mlcpipe-tuning", "version": 1, "records": {"{}": {"sig": {"rule": "MetaSchedule", "knobs": {}}}}}))
+    result = runner.invoke(main, ["build", "--model", "llama-tiny", "--quant", "q4f16_1", "--tuning-db", str(bad), "--output", str(tmp_path / "a")])
+    assert result.exit_code == 2
+    assert "record sig of target {} has rule 'MetaSchedule' but no 'trace'" in result.output
+    assert not (tmp_path / "a").exists()

@@ -31,6 +31,18 @@ block (16 rows of 64 bytes):
   (shuffle network), written as f16 when the epilogue starts with a cast to f16 (the epilogue's
   cast of the widened value gives the same f16; half the bytes to write and read back).
 
+Few tokens (q4 on VNNI CPUs, up to `low_batch` tokens, default 4): the tile path decodes every
+weight row to bf16 whatever the token count, which costs about as much as 4 decode GEMVs (1B
+gate_up: 2.5-3.0 ms at 1 to 16 tokens, the decode GEMV 0.7 ms). The kernel therefore branches on
+the token count: up to `low_batch` tokens it runs the q4 VNNI GEMV arithmetic (gemv_q4_vnni.py:
+int8 activation planes per token, integer dot products) with each chunk of weight words loaded
+once for all tokens of a pass (exactly 1-4 tokens per pass, row_gemv.token_row_loop). Measured
+(2 threads, interleaved): gate_up 3.0 -> 0.70 ms at 1 token, 2.8 -> 0.9-1.0 at 2, 2.9 -> 1.4
+at 3, 2.4 -> 1.5-2.0 at 4 and no gain from 5 (two passes), so 4 is the default; a whole 1B
+q4f16_1 prefill of 1 / 2 / 3 / 4 tokens 159 / 232 / 148 / 143 -> 49 / 61 / 77 / 102 ms, 8 and 16
+tokens unchanged (benchmarks/short_prefill.py). Its activations are ~16-bit (two int8 planes),
+finer than the tiles' bf16.
+
 AMX state needs the kernel's permission (Linux: arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA);
 the kernel asks for it itself at entry (one syscall per call), so any process can run it, and
 raises a TVM error (instead of dying on SIGILL) where the OS refuses.
@@ -42,7 +54,8 @@ f32 GEMM.
 Handles: llvm targets with amx-bf16 and avx512bf16 (weights rounded to bf16 by vcvtneps2bf16),
 many-token NT matmul with f16 activation, static N % 32 == 0, K % 128 == 0 (q4: MLC group size
 dividing 128 words-wise). Anything else: None.
-Knobs: k_chunk, group (the tile shape is fixed by AMX: 2 x 2 tiles per step).
+Knobs: k_chunk, group (the tile shape is fixed by AMX: 2 x 2 tiles per step), low_batch (0: tiles
+at every token count; not searched by `mlcpipe tune`, which times prefill kernels at 128 tokens).
 """
 
 from __future__ import annotations
@@ -56,7 +69,8 @@ from tvm.script import tirx as T
 from tvm.target import Target, codegen
 
 from .dequant_matmul import blocks_after, match_on_cpu
-from .row_gemv import LANES
+from .gemv_q4_vnni import quantize_activation, vnni_chunk
+from .row_gemv import LANES, token_row_loop
 
 TILE = 16  # AMX tile: 16 rows x 64 bytes (32 bf16 along K)
 BLOCK = 2 * TILE  # weight rows per task and tokens per step (2 x 2 tiles)
@@ -65,12 +79,14 @@ CVT_BF16 = "llvm.x86.avx512bf16.cvtneps2bf16.512"
 K_CHUNKS = (512, 1024, 2048, 4096, 8192)
 GROUPS = (8, 4, 2, 1)
 PIECE = 128  # K positions of one decode step (q4: also the span of its K permutation)
+PLANES, FEW_ROWS, FEW_PER_PASS, FEW_PREFETCH = 2, 2, 4, 8  # few-token branch: as the decode GEMV's defaults
 
 
 @dataclasses.dataclass
 class PrefillGEMMAMX(dl.ScheduleRule):
     k_chunk: int = 2048
     group: int = 0  # tasks per parallel group (decode of the next overlapping the current); 0: auto
+    low_batch: int = 4  # q4 on VNNI: up to this many tokens take the integer GEMV branch (0: never)
 
     def knob_space(self, func: tirx.PrimFunc, target: Target) -> dict[str, list]:
         info = _applicable(func, target)
@@ -78,6 +94,8 @@ class PrefillGEMMAMX(dl.ScheduleRule):
             return {}
         chunks = [c for c in K_CHUNKS if c < info.k and info.k % c == 0 and c % PIECE == 0]
         # 0 = the default's choice (8 unquantized, 1 q4), then the explicit sizes
+        # `low_batch` is not searched: `mlcpipe tune` times prefill kernels at --tokens (128), where
+        # the few-token branch does not run
         space = {"group": [0, *(g for g in GROUPS if (info.n // BLOCK) % g == 0)]}
         if chunks:  # else K in one piece only
             space["k_chunk"] = [*chunks, info.k]
@@ -91,9 +109,10 @@ class PrefillGEMMAMX(dl.ScheduleRule):
         chunk = min(self.k_chunk, info.k)
         group = self.group or (1 if info.quantized else 8)
         group = next(g for g in GROUPS if g <= group and (info.n // BLOCK) % g == 0)
-        if info.k % chunk or chunk % PIECE:
+        if info.k % chunk or chunk % PIECE or self.low_batch < 0:
             return None
-        sch = s_tir.Schedule(_build(info, chunk, group))
+        low_batch = self.low_batch if _low_batch_fits(info, target) else 0
+        sch = s_tir.Schedule(_build(info, chunk, group, low_batch))
         sch.parallel(sch.get_loops(sch.get_sblock("x_bf16"))[0])
         epilogue = blocks_after(sch, sch.get_sblock("gemm_amx"))
         if len(epilogue) > 1:  # read C straight from the kernel's buffer
@@ -119,6 +138,11 @@ def _applicable(func, target):
     if info.quantized and (info.group_size % 8 or LANES % (info.group_size // 8)):
         return None
     return info
+
+
+def _low_batch_fits(info, target) -> bool:
+    """The few-token branch: the q4 VNNI GEMV's arithmetic (K a multiple of its 128-weight chunks)."""
+    return info.quantized and codegen.target_has_features("avx512vnni", target) and info.k % (8 * LANES) == 0
 
 
 def transpose_tile(dst, dst_base, dst_stride, src, src_base, src_stride) -> None:
@@ -170,7 +194,7 @@ def _casts_to_f16_first(info) -> bool:
     return isinstance(inner, tvm.ir.TensorLoad) and inner.source.same_as(info.matmul_buffer)
 
 
-def _build(info, chunk: int, group: int) -> tirx.PrimFunc:
+def _build(info, chunk: int, group: int, low_batch: int) -> tirx.PrimFunc:
     inputs = info.placeholders()
     x = inputs[info.param_index(info.x)]
     w = inputs[info.param_index(info.weight)]
@@ -188,13 +212,23 @@ def _build(info, chunk: int, group: int) -> tirx.PrimFunc:
         name="x_bf16",
     )
     ins = [xb, w] + ([inputs[info.param_index(info.scale)]] if info.quantized else [])
+    if low_batch:  # int8 activation planes of the few-token branch (one token's when it does not run)
+        ins += quantize_activation(x, info.k, info.group_size, PLANES, tirx.Select(tokens <= low_batch, tokens, tirx.const(1, str(tokens.ty))))
     # C as a flat [padded * N] buffer: a 2-D extern buffer with a symbolic row stride was read
     # back with the wrong stride by the following stage (TVM 0.27), a flat one is not
     out_dtype = "float16" if _casts_to_f16_first(info) else "float32"
+
+    def body(i, o):
+        amx = _kernel(info, padded, chunk, group, i[0], i[1], i[2] if info.quantized else None, o[0])
+        if not low_batch:
+            return amx
+        few = _few_tokens(info, tokens, low_batch, *i[3:7], i[1], i[2], o[0])
+        return tirx.IfThenElse(tokens <= low_batch, few, amx)
+
     c = te.extern(
         (padded * info.n,),
         ins,
-        lambda i, o: _kernel(info, padded, chunk, group, i[0], i[1], i[2] if info.quantized else None, o[0]),
+        body,
         name="gemm_amx",
         dtype=out_dtype,
         in_buffers=[tirx.decl_buffer(t.shape, t.dtype, name=f"{t.op.name}_buf") for t in ins],
@@ -202,6 +236,27 @@ def _build(info, chunk: int, group: int) -> tirx.PrimFunc:
     )
     mm = te.compute((*x.shape[:-1], info.n), lambda b, m, n: c[m * info.n + n].astype("float32"), name="matmul")
     return info.finish(inputs, mm)
+
+
+def _few_tokens(info, tokens, low_batch, xlo, xhi, w0, a_word, weight, scale, out):
+    """C rows of a few tokens by the q4 VNNI GEMV arithmetic (gemv_q4_vnni.py): the AMX path
+    decodes every weight row to bf16 whatever the token count, which costs as much as ~4 GEMVs
+    (1B gate_up: ~2.9 ms at 1 to 16 tokens against 0.7 ms for one decode GEMV); here the packed
+    weights stream once and feed integer dot products for each token."""
+    chunk, streams = vnni_chunk(info, PLANES, xlo, xhi, w0, a_word, weight, scale)
+
+    def store(t, n, value):
+        T.buffer_store(out, value.astype(out.dtype), [t * info.n + n])
+
+    def loop(per_pass):
+        return token_row_loop(info.n, FEW_ROWS, info.k // (8 * LANES), tokens, per_pass, store, chunk, streams, FEW_PREFETCH)
+
+    # up to FEW_PER_PASS tokens in one pass of exactly that many (a wider pass would compute its
+    # missing tokens too); more in passes of FEW_PER_PASS
+    stmt = loop(min(low_batch, FEW_PER_PASS))
+    for exact in reversed(range(1, min(low_batch, FEW_PER_PASS))):
+        stmt = tirx.IfThenElse(tokens == exact, loop(exact), stmt)
+    return stmt
 
 
 def _kernel(info, padded, chunk, group, xb, weight, scale, out):

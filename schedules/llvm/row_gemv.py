@@ -98,11 +98,33 @@ def lane_sum(v, lanes: int = LANES):
 def row_loop(n_rows: int, rows: int, chunks: int, out, chunk: Callable, streams: Callable, prefetch: int) -> tirx.Stmt:
     """for each task of `rows` rows (parallel): acc[r] += chunk(n, c) for c < chunks; out[.., n] = sum(acc[r]).
     `streams(n, c)` lists the addresses (T.address_of) of row n's data for chunk c, prefetched
-    `prefetch` rows ahead (0: no software prefetch)."""
+    `prefetch` rows ahead (0: no software prefetch). One token: token_row_loop with one pass."""
+    lead = [0] * (len(out.shape) - 1)
+
+    def store(t, n, value):
+        T.buffer_store(out, value, [*lead, n])
+
+    return token_row_loop(n_rows, rows, chunks, 1, 1, store, lambda n, c, t: chunk(n, c), streams, prefetch)
+
+
+def vectorize_epilogue(sch, n: int) -> None:
+    """The epilogue blocks after the extern (cast, residual add): one fused loop each, 16 lanes."""
+    for block in blocks_after(sch, sch.get_sblock("gemv")):
+        loop = sch.fuse(*sch.get_loops(block))
+        if n % LANES == 0:
+            sch.vectorize(sch.split(loop, [None, LANES])[1])
+
+
+def token_row_loop(n_rows: int, rows: int, chunks: int, tokens, per_pass: int, store: Callable, chunk: Callable,
+                   streams: Callable, prefetch: int) -> tirx.Stmt:
+    """row_loop for a few tokens (`tokens`, may be symbolic): per task of `rows` rows, the tokens
+    in passes of `per_pass` (unrolled, rows x per_pass accumulators); every chunk's weight words
+    are loaded once per pass and serve all of its tokens (LLVM merges the identical loads and
+    nibble unpacking of the unrolled tokens), so the weights stream from memory once and from L1
+    for later passes. `chunk(n, c, t)`; `store(t, n, value)` writes token t's result of row n.
+    A last, partial pass recomputes its last token for the missing ones and does not store them."""
     tasks = n_rows // rows
     last = n_rows - 1
-    lead = len(out.shape) - 1
-
     n_streams = len(streams(0, 0))
     if n_streams not in (1, 2):
         raise ValueError(f"row_loop prefetches one or two streams, got {n_streams}")
@@ -113,28 +135,24 @@ def row_loop(n_rows: int, rows: int, chunks: int, out, chunk: Callable, streams:
     @T.prim_func(private=True, check_well_formed=False)
     def body():
         for task in T.parallel(tasks):
-            acc = T.alloc_buffer((rows * LANES,), "float32", scope="local")
-            for r in T.unroll(rows):
-                acc[T.ramp(r * LANES, 1, LANES)] = T.broadcast(T.float32(0), LANES)
-            for c in range(chunks):
+            for tp in range((tokens + per_pass - 1) // per_pass):
+                acc = T.alloc_buffer((rows * per_pass * LANES,), "float32", scope="local")
+                for a in T.unroll(rows * per_pass):
+                    acc[T.ramp(a * LANES, 1, LANES)] = T.broadcast(T.float32(0), LANES)
+                for c in range(chunks):
+                    for r in T.unroll(rows):
+                        if prefetch > 0:
+                            if tp == 0:
+                                T.evaluate(ahead(task * rows + r, c, 0))
+                                if n_streams == 2:
+                                    T.evaluate(ahead(task * rows + r, c, 1))
+                        for t in T.unroll(per_pass):
+                            a = r * per_pass + t
+                            acc[T.ramp(a * LANES, 1, LANES)] = acc[T.ramp(a * LANES, 1, LANES)] + chunk(
+                                task * rows + r, c, T.min(tp * per_pass + t, tokens - 1))
                 for r in T.unroll(rows):
-                    if prefetch > 0:
-                        T.evaluate(ahead(task * rows + r, c, 0))
-                        if n_streams == 2:
-                            T.evaluate(ahead(task * rows + r, c, 1))
-                    acc[T.ramp(r * LANES, 1, LANES)] = acc[T.ramp(r * LANES, 1, LANES)] + chunk(task * rows + r, c)
-            for r in T.unroll(rows):
-                if lead == 2:
-                    out[0, 0, task * rows + r] = lane_sum(acc[T.ramp(r * LANES, 1, LANES)])
-                else:
-                    out[0, task * rows + r] = lane_sum(acc[T.ramp(r * LANES, 1, LANES)])
+                    for t in T.unroll(per_pass):
+                        if tp * per_pass + t < tokens:
+                            store(tp * per_pass + t, task * rows + r, lane_sum(acc[T.ramp((r * per_pass + t) * LANES, 1, LANES)]))
 
     return body.body
-
-
-def vectorize_epilogue(sch, n: int) -> None:
-    """The epilogue blocks after the extern (cast, residual add): one fused loop each, 16 lanes."""
-    for block in blocks_after(sch, sch.get_sblock("gemv")):
-        loop = sch.fuse(*sch.get_loops(block))
-        if n % LANES == 0:
-            sch.vectorize(sch.split(loop, [None, LANES])[1])
