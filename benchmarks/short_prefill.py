@@ -1,9 +1,9 @@
-"""Short prompts: prefill time at 1-16 tokens, with and without the q4 prefill GEMM's few-token branch.
+"""Short prompts: prefill time at 1-16 tokens, with and without the prefill GEMM's few-token branch.
 
-    python -m benchmarks.short_prefill [--quant q4f16_1] [--tokens 1,2,3,4,8,16] [--runs 7] [--threads 2]
+    python -m benchmarks.short_prefill [--model llama-3.2-1b] [--quant q4f16_1] [--tokens 1,2,3,4,8,16] [--runs 7] [--threads 2]
 
-Builds the model twice from the current sources (artifacts/short-prefill/): once with the
-defaults (PrefillGEMMAMX's integer GEMV branch up to `low_batch` = 4 tokens) and once with a
+Builds the model twice from the current sources (artifacts/short-prefill/, or under $MLCPIPE_ARTIFACTS): once with the
+defaults (PrefillGEMMAMX's GEMV branch up to `low_batch` = 4 tokens) and once with a
 tuning database that sets `low_batch` to 0 on every prefill matmul (AMX tiles at every token
 count, the previous behaviour). Both load the same seeded synthetic weights; each prompt length
 is timed alternately on the two engines (median of `runs` after a warm-up) so both see the same
@@ -14,6 +14,7 @@ machine state. Prints a Markdown table; the logits of the two builds are compare
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -26,7 +27,7 @@ from .common import prompt_tokens
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _builds(quant: str, out_root: Path, log) -> dict[str, Path]:
+def _builds(model: str, quant: str, out_root: Path, log) -> dict[str, Path]:
     from pipeline.build import build
     from pipeline.config import load_model_config
     from pipeline.kernel_inputs import symbolic_dims
@@ -35,7 +36,7 @@ def _builds(quant: str, out_root: Path, log) -> dict[str, Path]:
     from pipeline.tuning import TuningDB
     from schedules.signature import kernel_signature
 
-    config, target = load_model_config("llama-3.2-1b"), load_target("llvm")
+    config, target = load_model_config(model), load_target("llvm")
     tiles_only = TuningDB(out_root / "low-batch-0.json")
     for name, func in unscheduled_kernels(config, quant, target.tvm_target()).items():
         if "NT_matmul" in name and symbolic_dims(func):
@@ -58,6 +59,7 @@ def _builds(quant: str, out_root: Path, log) -> dict[str, Path]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="llama-3.2-1b")
     parser.add_argument("--quant", default="q4f16_1")
     parser.add_argument("--tokens", default="1,2,3,4,8,16")
     parser.add_argument("--runs", type=int, default=7)
@@ -72,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     def log(msg):
         print(msg, file=sys.stderr, flush=True)
 
-    arts = _builds(args.quant, ROOT / "artifacts" / "short-prefill", log)
+    arts = _builds(args.model, args.quant, Path(os.environ.get("MLCPIPE_ARTIFACTS", ROOT / "artifacts")) / "short-prefill", log)
     engines = {label: Engine(path, "synthetic", seed=0) for label, path in arts.items()}
     lengths = [int(t) for t in args.tokens.split(",")]
     times: dict[str, dict[int, list[float]]] = {label: {n: [] for n in lengths} for label in engines}
@@ -91,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         a, b = logits.values()
         max_diff[n] = float(np.abs(a - b).max() / (np.abs(a).max() or 1.0))
     labels = list(engines)
-    lines = [f"Llama-3.2-1B {args.quant}, llvm, {args.threads} threads: prefill ms (median of {args.runs}, alternating builds)", "",
+    lines = [f"{args.model} {args.quant}, llvm, {args.threads} threads: prefill ms (median of {args.runs}, alternating builds)", "",
              f"| prompt tokens | {labels[0]} | {labels[1]} | speed-up | max logit diff / max logit |", "|---|---|---|---|---|"]
     for n in lengths:
         old, new = (statistics.median(times[label][n]) for label in labels)

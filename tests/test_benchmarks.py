@@ -102,3 +102,24 @@ def test_harness_runs_side_by_side(artifacts, tmp_path, tiny_config):
         # same prompt, same weights: the harness's two engines generate the same greedy tokens
         assert ours["tokens"] == theirs["tokens"] and len(ours["tokens"]) == DECODE_STEPS
         assert f"greedy tokens = PyTorch fp32's for the first {DECODE_STEPS}/{DECODE_STEPS}" in report
+
+
+def test_short_prefill_benchmark_compares_the_two_builds(monkeypatch, tmp_path):
+    """`python -m benchmarks.short_prefill` on the tiny model: both builds run every prompt length;
+    past `low_batch` tokens they are the same code (equal logits), below it the GEMV branch (on
+    AMX CPUs) gives logits within bf16 precision of the tiles'."""
+    import tvm
+
+    from benchmarks import short_prefill
+    from pipeline.targets import load_target
+
+    monkeypatch.setenv("MLCPIPE_ARTIFACTS", str(tmp_path / "artifacts"))
+    out = tmp_path / "short.md"
+    assert short_prefill.main(["--model", "llama-tiny", "--tokens", "1,2,6", "--runs", "1", "-o", str(out)]) == 0
+    rows = [line.split("|")[1:-1] for line in out.read_text().splitlines() if line.startswith("| ") and line[2].isdigit()]
+    assert [int(r[0]) for r in rows] == [1, 2, 6]
+    diffs = {int(r[0]): float(r[4]) for r in rows}
+    assert all(float(r[1]) > 0 and float(r[2]) > 0 for r in rows)
+    assert diffs[6] == 0.0  # 6 > low_batch: the tiles in both builds
+    if tvm.target.codegen.target_has_features("amx-bf16", load_target("llvm").tvm_target()):
+        assert 0 < diffs[1] < 5e-2 and 0 < diffs[2] < 5e-2  # another arithmetic, same model

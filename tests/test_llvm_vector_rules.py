@@ -164,13 +164,14 @@ def test_amx_prefill_gemm_keeps_numerics(quant, k_chunk, group, kernels):
 
 @needs_amx
 @needs_vnni
-@pytest.mark.parametrize("low_batch", [4, 8])
-def test_amx_rule_few_token_branch_is_the_int8_gemv_per_token(low_batch, kernels):
-    """Up to `low_batch` tokens, the q4 prefill kernel takes its integer GEMV branch (one pass of
-    exactly 1-4 tokens, or passes of 4 with a partial last one): each token's row equals the
-    NumPy emulation of the VNNI arithmetic; more tokens take the AMX tiles (bf16 operands)."""
+@pytest.mark.parametrize("quant, low_batch", [("q4f16_1", 4), ("q4f16_1", 8), ("q0f16", 4)])
+def test_amx_rule_few_token_branch_is_the_gemv_arithmetic_per_token(quant, low_batch, kernels):
+    """Up to `low_batch` tokens, the prefill kernel takes its GEMV branch (one pass of exactly 1-4
+    tokens, or passes of 4 with a partial last one): for q4 each token's row equals the NumPy
+    emulation of the VNNI arithmetic, unquantized rows the f32 kernel; more tokens take the AMX
+    tiles (bf16 operands)."""
     taken = 0
-    for name, func in _prefill(kernels["q4f16_1"]).items():
+    for name, func in _prefill(kernels[quant]).items():
         info = match(func)
         sch = PrefillGEMMAMX(low_batch=low_batch).apply(func, TARGET, False)
         lib_func = sch.mod["main"]
@@ -181,6 +182,9 @@ def test_amx_rule_few_token_branch_is_the_int8_gemv_per_token(low_batch, kernels
             exact = _outputs(func, args).reshape(tokens, -1)
             if tokens > low_batch:  # AMX: bf16 operands
                 np.testing.assert_allclose(got, exact, atol=1e-2 * np.abs(exact).max(), err_msg=f"{name} {tokens}")
+                continue
+            if not info.quantized:  # f32 products and sums, as the kernel's own (other order)
+                np.testing.assert_allclose(got, exact, rtol=2e-3, atol=2e-3 * np.abs(exact).max(), err_msg=f"{name} {tokens}")
                 continue
             for t in range(tokens):
                 row = list(args)

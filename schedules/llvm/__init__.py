@@ -4,7 +4,7 @@ DecodeGEMVQ4VNNI  one-token q4 GEMV on AVX512-VNNI: int8 activations, u8 x s8 do
 DecodeGEMVQ4  one-token q4 GEMV, group scale factored out, nibbles unpacked in registers (f32
               activations: where VNNI is absent, or pinned by a tuning database)
 PrefillGEMMAMX  many-token GEMM on AMX bf16 tiles (f16-activation models), weight tile decoded per task;
-              q4 with 1-4 tokens: a branch with the VNNI GEMV arithmetic (low batch)
+              1-4 tokens: a branch with the decode GEMVs' arithmetic (low batch)
 PrefillGEMM   many-token GEMM, weight tile decoded once per task, register-blocked micro-kernel
 DecodeGEMVFloat  one-token GEMV with unquantized weights: f32 accumulation, prefetched rows
 MatmulNT      any other NT matmul (unquantized decode GEMV, odd shapes): rfactor-vectorised K

@@ -31,17 +31,19 @@ block (16 rows of 64 bytes):
   (shuffle network), written as f16 when the epilogue starts with a cast to f16 (the epilogue's
   cast of the widened value gives the same f16; half the bytes to write and read back).
 
-Few tokens (q4 on VNNI CPUs, up to `low_batch` tokens, default 4): the tile path decodes every
-weight row to bf16 whatever the token count, which costs about as much as 4 decode GEMVs (1B
+Few tokens (up to `low_batch`, default 4; q4 only on VNNI CPUs): the tile path decodes every
+weight row to bf16 whatever the token count, which costs about as much as 4 decode GEMVs (1B q4
 gate_up: 2.5-3.0 ms at 1 to 16 tokens, the decode GEMV 0.7 ms). The kernel therefore branches on
-the token count: up to `low_batch` tokens it runs the q4 VNNI GEMV arithmetic (gemv_q4_vnni.py:
-int8 activation planes per token, integer dot products) with each chunk of weight words loaded
-once for all tokens of a pass (exactly 1-4 tokens per pass, row_gemv.token_row_loop). Measured
-(2 threads, interleaved): gate_up 3.0 -> 0.70 ms at 1 token, 2.8 -> 0.9-1.0 at 2, 2.9 -> 1.4
-at 3, 2.4 -> 1.5-2.0 at 4 and no gain from 5 (two passes), so 4 is the default; a whole 1B
-q4f16_1 prefill of 1 / 2 / 3 / 4 tokens 159 / 232 / 148 / 143 -> 49 / 61 / 77 / 102 ms, 8 and 16
-tokens unchanged (benchmarks/short_prefill.py). Its activations are ~16-bit (two int8 planes),
-finer than the tiles' bf16.
+the token count: up to `low_batch` tokens it runs the decode GEMVs' arithmetic (q4: the VNNI
+integer dot products of gemv_q4_vnni.py on int8 activation planes per token; unquantized: f32
+FMAs as gemv_float.py) with each chunk of weights loaded once for all tokens of a pass (exactly
+1-4 tokens per pass, row_gemv.token_row_loop). Measured (2 threads, interleaved), q4 gate_up:
+3.0 -> 0.70 ms at 1 token, 2.8 -> 0.9-1.0 at 2, 2.9 -> 1.4 at 3, 2.4 -> 1.5-2.0 at 4, no gain
+from 5 (two passes), so 4 is the default; q0f16 gate_up 4.3 -> 1.8 ms at 1 token, 3.7 -> 2.7 at
+4. Whole 1B prefills of 1 / 2 / 3 / 4 tokens (benchmarks/short_prefill.py): q4f16_1 149 / 163 /
+150 / 139 -> 53 / 68 / 81 / 102 ms, q0f16 218 / 205 / 222 / 232 -> 127 / 125 / 158 / 187 ms; 8
+and 16 tokens unchanged. The branch's activations are ~16-bit (q4: two int8 planes) or f32, finer
+than the tiles' bf16.
 
 AMX state needs the kernel's permission (Linux: arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA);
 the kernel asks for it itself at entry (one syscall per call), so any process can run it, and
@@ -69,6 +71,7 @@ from tvm.script import tirx as T
 from tvm.target import Target, codegen
 
 from .dequant_matmul import blocks_after, match_on_cpu
+from .gemv_float import activation_f32, float_chunk
 from .gemv_q4_vnni import quantize_activation, vnni_chunk
 from .row_gemv import LANES, token_row_loop
 
@@ -141,8 +144,8 @@ def _applicable(func, target):
 
 
 def _low_batch_fits(info, target) -> bool:
-    """The few-token branch: the q4 VNNI GEMV's arithmetic (K a multiple of its 128-weight chunks)."""
-    return info.quantized and codegen.target_has_features("avx512vnni", target) and info.k % (8 * LANES) == 0
+    """The few-token branch: unquantized weights (f32 FMAs), or q4 with the VNNI GEMV's arithmetic."""
+    return not info.quantized or codegen.target_has_features("avx512vnni", target)
 
 
 def transpose_tile(dst, dst_base, dst_stride, src, src_base, src_stride) -> None:
@@ -212,8 +215,12 @@ def _build(info, chunk: int, group: int, low_batch: int) -> tirx.PrimFunc:
         name="x_bf16",
     )
     ins = [xb, w] + ([inputs[info.param_index(info.scale)]] if info.quantized else [])
-    if low_batch:  # int8 activation planes of the few-token branch (one token's when it does not run)
-        ins += quantize_activation(x, info.k, info.group_size, PLANES, tirx.Select(tokens <= low_batch, tokens, tirx.const(1, str(tokens.ty))))
+    if low_batch:  # the few-token branch's activation (one token's when the branch does not run)
+        few = tirx.Select(tokens <= low_batch, tokens, tirx.const(1, str(tokens.ty)))
+        if info.quantized:
+            ins += quantize_activation(x, info.k, info.group_size, PLANES, few)  # int8 planes
+        else:
+            ins.append(activation_f32(x, info.k, few))
     # C as a flat [padded * N] buffer: a 2-D extern buffer with a symbolic row stride was read
     # back with the wrong stride by the following stage (TVM 0.27), a flat one is not
     out_dtype = "float16" if _casts_to_f16_first(info) else "float32"
@@ -222,8 +229,11 @@ def _build(info, chunk: int, group: int, low_batch: int) -> tirx.PrimFunc:
         amx = _kernel(info, padded, chunk, group, i[0], i[1], i[2] if info.quantized else None, o[0])
         if not low_batch:
             return amx
-        few = _few_tokens(info, tokens, low_batch, *i[3:7], i[1], i[2], o[0])
-        return tirx.IfThenElse(tokens <= low_batch, few, amx)
+        if info.quantized:
+            row_chunk, streams = vnni_chunk(info, PLANES, *i[3:7], i[1], i[2])
+        else:
+            row_chunk, streams = float_chunk(i[2], i[1])
+        return tirx.IfThenElse(tokens <= low_batch, _few_tokens(info, tokens, low_batch, row_chunk, streams, o[0]), amx)
 
     c = te.extern(
         (padded * info.n,),
@@ -238,18 +248,19 @@ def _build(info, chunk: int, group: int, low_batch: int) -> tirx.PrimFunc:
     return info.finish(inputs, mm)
 
 
-def _few_tokens(info, tokens, low_batch, xlo, xhi, w0, a_word, weight, scale, out):
-    """C rows of a few tokens by the q4 VNNI GEMV arithmetic (gemv_q4_vnni.py): the AMX path
-    decodes every weight row to bf16 whatever the token count, which costs as much as ~4 GEMVs
-    (1B gate_up: ~2.9 ms at 1 to 16 tokens against 0.7 ms for one decode GEMV); here the packed
-    weights stream once and feed integer dot products for each token."""
-    chunk, streams = vnni_chunk(info, PLANES, xlo, xhi, w0, a_word, weight, scale)
+def _few_tokens(info, tokens, low_batch, chunk, streams, out):
+    """C rows of a few tokens by the decode GEMVs' arithmetic (`chunk`, `streams`: q4 VNNI of
+    gemv_q4_vnni.py or f32 FMAs of gemv_float.py): the AMX path decodes every weight row to bf16
+    whatever the token count, which costs as much as ~4 GEMVs (1B q4 gate_up: ~2.9 ms at 1 to 16
+    tokens against 0.7 ms for one decode GEMV); here the weights stream once for all tokens."""
 
     def store(t, n, value):
         T.buffer_store(out, value.astype(out.dtype), [t * info.n + n])
 
+    chunks = info.k // (8 * LANES) if info.quantized else info.k // LANES  # 16 packed words / 16 weights each
+
     def loop(per_pass):
-        return token_row_loop(info.n, FEW_ROWS, info.k // (8 * LANES), tokens, per_pass, store, chunk, streams, FEW_PREFETCH)
+        return token_row_loop(info.n, FEW_ROWS, chunks, tokens, per_pass, store, chunk, streams, FEW_PREFETCH)
 
     # up to FEW_PER_PASS tokens in one pass of exactly that many (a wider pass would compute its
     # missing tokens too); more in passes of FEW_PER_PASS

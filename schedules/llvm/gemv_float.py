@@ -38,16 +38,32 @@ class DecodeGEMVFloat(RowGEMVRule):
         inputs = info.placeholders()
         x = inputs[info.param_index(info.x)]
         w = inputs[info.param_index(info.weight)]
-        lead = [0] * (len(x.shape) - 1)
-        xf = te.compute((info.k,), lambda i: x[(*lead, i)].astype("float32"), name="xf")
 
         def kernel(x32, weight, out):
-            def chunk(n, c):
-                return T.Cast("float32x16", weight[n, T.ramp(c * LANES, 1, LANES)]) * x32[T.ramp(c * LANES, 1, LANES)]
+            chunk, streams = float_chunk(x32, weight)
+            return row_loop(info.n, self.rows, info.k // LANES, out, lambda n, c: chunk(n, c, 0), streams, self.prefetch)
 
-            def streams(n, c):
-                return [T.address_of(weight[n, c * LANES])]
+        return extern_gemv(info, inputs, [activation_f32(x, info.k), w], kernel)
 
-            return row_loop(info.n, self.rows, info.k // LANES, out, chunk, streams, self.prefetch)
 
-        return extern_gemv(info, inputs, [xf, w], kernel)
+def activation_f32(x: te.Tensor, k: int, tokens=1) -> te.Tensor:
+    """The first `tokens` rows (static or symbolic) of the activation as f32 [tokens, K]."""
+    lead = [0] * (len(x.shape) - 2)
+
+    def xf(t, i):
+        return x[(*lead, t, i)].astype("float32") if len(x.shape) > 1 else x[i].astype("float32")
+
+    return te.compute((tokens, k), xf, name="xf")
+
+
+def float_chunk(x32, weight):
+    """(chunk(n, c, t), streams(n, c)): row n's f32 products with token t's activation over
+    weights 16 c .. 16 c + 15 (16 lanes), and the row's weight address for that chunk."""
+
+    def chunk(n, c, t):
+        return T.Cast("float32x16", weight[n, T.ramp(c * LANES, 1, LANES)]) * x32[t, T.ramp(c * LANES, 1, LANES)]
+
+    def streams(n, c):
+        return [T.address_of(weight[n, c * LANES])]
+
+    return chunk, streams
