@@ -89,7 +89,7 @@ PLANES, FEW_ROWS, FEW_PER_PASS, FEW_PREFETCH = 2, 2, 4, 8  # few-token branch: a
 class PrefillGEMMAMX(dl.ScheduleRule):
     k_chunk: int = 2048
     group: int = 0  # tasks per parallel group (decode of the next overlapping the current); 0: auto
-    low_batch: int = 4  # q4 on VNNI: up to this many tokens take the integer GEMV branch (0: never)
+    low_batch: int = 4  # up to this many tokens take the GEMV branch (q4: on VNNI CPUs); 0: never
 
     def knob_space(self, func: tirx.PrimFunc, target: Target) -> dict[str, list]:
         info = _applicable(func, target)
