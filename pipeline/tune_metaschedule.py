@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import re
 import tempfile
 import time
 from collections.abc import Callable
@@ -85,8 +86,6 @@ def tune_metaschedule(
     log: Callable[[str], None] = print,
 ) -> list[SearchResult]:
     """Search every static kernel matching `pattern`; keep MetaSchedule's trace where it is faster."""
-    import re
-
     from schedules import schedule_func
     from schedules.signature import kernel_signature
     from schedules.trace_replay import RULE_NAME, replay
@@ -107,11 +106,12 @@ def tune_metaschedule(
             continue
         if func.attrs is not None and "tirx.is_scheduled" in func.attrs:
             continue  # TVM's own kernels (paged attention, KV-cache copies) come scheduled
+        symbolic = symbolic_dims(func)
+        if symbolic:
+            log(f"[tune] {name}: skipped (symbolic dims {', '.join(symbolic)}: MetaSchedule tunes static shapes only)")
+            continue
         ours, record = schedule_func(func, tvm_target, table.get(kernel_signature(func)))
         if record is None:
-            continue
-        if symbolic_dims(func):
-            log(f"[tune] {name}: skipped (symbolic dims {', '.join(symbolic_dims(func))}: MetaSchedule tunes static shapes only)")
             continue
         args = random_args(func, {}, seed=seed)
         lib = compile_kernel(ours, tvm_target)

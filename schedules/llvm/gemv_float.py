@@ -23,7 +23,7 @@ from tvm.script import tirx as T
 from tvm.target import Target
 
 from .dequant_matmul import match_on_cpu
-from .row_gemv import LANES, RowGEMVRule, extern_gemv, row_loop
+from .row_gemv import LANES, RowGEMVRule, activation_f32_at, extern_gemv, row_loop
 
 
 @dataclasses.dataclass
@@ -48,12 +48,7 @@ class DecodeGEMVFloat(RowGEMVRule):
 
 def activation_f32(x: te.Tensor, k: int, tokens=1) -> te.Tensor:
     """The first `tokens` rows (static or symbolic) of the activation as f32 [tokens, K]."""
-    lead = [0] * (len(x.shape) - 2)
-
-    def xf(t, i):
-        return x[(*lead, t, i)].astype("float32") if len(x.shape) > 1 else x[i].astype("float32")
-
-    return te.compute((tokens, k), xf, name="xf")
+    return te.compute((tokens, k), lambda t, i: activation_f32_at(x, t, i), name="xf")
 
 
 def float_chunk(x32, weight):

@@ -40,13 +40,14 @@ without prefetch, 22.6 GB/s 8 rows ahead (a plain vector sum of the same bytes: 
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 from tvm import te, tirx
 from tvm.script import tirx as T
 from tvm.target import Target, codegen
 
 from .dequant_matmul import match_on_cpu
-from .row_gemv import LANES, RowGEMVRule, extern_gemv, row_loop
+from .row_gemv import LANES, RowGEMVRule, activation_f32_at, extern_gemv, row_loop
 
 NIBBLES = 0x0F0F0F0F
 VPDPBUSD = "llvm.x86.avx512.vpdpbusd.512"  # (i32x16 acc, u8x64, s8x64): 4 products per lane
@@ -89,11 +90,7 @@ def quantize_activation(x: te.Tensor, k: int, group: int, planes: int = 2, token
     per word), w0 int32 [tokens, planes, K/8] (-7 * sum of the word's int8 values) and a_word f32
     [tokens, K/8] (the int8 scale a of the word's group). Plane 0 is round(x / a); plane 1 (if
     any) the rounding residual in units of a / 256, so x = a * (p0 + p1 / 256) to ~16 bits."""
-    lead = [0] * (len(x.shape) - 2)
-
-    def xf(t, idx):
-        return x[(*lead, t, idx)].astype("float32") if len(x.shape) > 1 else x[idx].astype("float32")
-
+    xf = functools.partial(activation_f32_at, x)
     r = te.reduce_axis((0, group), "r")
     amax = te.compute((tokens, k // group), lambda t, g: te.max(te.abs(xf(t, group * g + r)), axis=r), name="amax")
     inv = te.compute(

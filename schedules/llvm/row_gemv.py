@@ -88,31 +88,16 @@ def extern_gemv(info, inputs: list[te.Tensor], ins: list[te.Tensor], body: Calla
     return info.finish(inputs, mm)
 
 
+def activation_f32_at(x: te.Tensor, t, i):
+    """Token t's activation element i as f32 (x: [..., tokens, K], leading dims of extent 1)."""
+    return x[(*([0] * (len(x.shape) - 2)), t, i)].astype("float32")
+
+
 def lane_sum(v, lanes: int = LANES):
     while lanes > 1:
         lanes //= 2
         v = T.Shuffle([v], list(range(lanes))) + T.Shuffle([v], list(range(lanes, 2 * lanes)))
     return T.Shuffle([v], [0])
-
-
-def row_loop(n_rows: int, rows: int, chunks: int, out, chunk: Callable, streams: Callable, prefetch: int) -> tirx.Stmt:
-    """for each task of `rows` rows (parallel): acc[r] += chunk(n, c) for c < chunks; out[.., n] = sum(acc[r]).
-    `streams(n, c)` lists the addresses (T.address_of) of row n's data for chunk c, prefetched
-    `prefetch` rows ahead (0: no software prefetch). One token: token_row_loop with one pass."""
-    lead = [0] * (len(out.shape) - 1)
-
-    def store(t, n, value):
-        T.buffer_store(out, value, [*lead, n])
-
-    return token_row_loop(n_rows, rows, chunks, 1, 1, store, lambda n, c, t: chunk(n, c), streams, prefetch)
-
-
-def vectorize_epilogue(sch, n: int) -> None:
-    """The epilogue blocks after the extern (cast, residual add): one fused loop each, 16 lanes."""
-    for block in blocks_after(sch, sch.get_sblock("gemv")):
-        loop = sch.fuse(*sch.get_loops(block))
-        if n % LANES == 0:
-            sch.vectorize(sch.split(loop, [None, LANES])[1])
 
 
 def token_row_loop(n_rows: int, rows: int, chunks: int, tokens, per_pass: int, store: Callable, chunk: Callable,
@@ -127,7 +112,7 @@ def token_row_loop(n_rows: int, rows: int, chunks: int, tokens, per_pass: int, s
     last = n_rows - 1
     n_streams = len(streams(0, 0))
     if n_streams not in (1, 2):
-        raise ValueError(f"row_loop prefetches one or two streams, got {n_streams}")
+        raise ValueError(f"token_row_loop prefetches one or two streams, got {n_streams}")
 
     def ahead(n, c, i):
         return T.call_llvm_intrin("void", "llvm.prefetch.p0", streams(T.min(n + prefetch, last), c)[i], 0, 3, 1)
@@ -156,3 +141,23 @@ def token_row_loop(n_rows: int, rows: int, chunks: int, tokens, per_pass: int, s
                             store(tp * per_pass + t, task * rows + r, lane_sum(acc[T.ramp((r * per_pass + t) * LANES, 1, LANES)]))
 
     return body.body
+
+
+def row_loop(n_rows: int, rows: int, chunks: int, out, chunk: Callable, streams: Callable, prefetch: int) -> tirx.Stmt:
+    """for each task of `rows` rows (parallel): acc[r] += chunk(n, c) for c < chunks; out[.., n] = sum(acc[r]).
+    `streams(n, c)` lists the addresses (T.address_of) of row n's data for chunk c, prefetched
+    `prefetch` rows ahead (0: no software prefetch). One token: token_row_loop with one pass."""
+    lead = [0] * (len(out.shape) - 1)
+
+    def store(t, n, value):
+        T.buffer_store(out, value, [*lead, n])
+
+    return token_row_loop(n_rows, rows, chunks, 1, 1, store, lambda n, c, t: chunk(n, c), streams, prefetch)
+
+
+def vectorize_epilogue(sch, n: int) -> None:
+    """The epilogue blocks after the extern (cast, residual add): one fused loop each, 16 lanes."""
+    for block in blocks_after(sch, sch.get_sblock("gemv")):
+        loop = sch.fuse(*sch.get_loops(block))
+        if n % LANES == 0:
+            sch.vectorize(sch.split(loop, [None, LANES])[1])
