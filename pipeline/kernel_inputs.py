@@ -70,10 +70,13 @@ def _page_size(func: tvm.tirx.PrimFunc) -> int:
     return 16
 
 
-def kernel_args(func: tvm.tirx.PrimFunc, n: int, seed: int = 0) -> tuple[list, str]:
+def kernel_args(func: tvm.tirx.PrimFunc, n: int, seed: int = 0, heads: dict[str, int] | None = None) -> tuple[list, str]:
     """Inputs for `func` with `n` as the token count; returns (args, label of the sizes).
 
     Scalar parameters get fixed values (SCALARS); int32 index buffers get a valid paged layout.
+    `heads` ({"H": query heads, "D": head dim} of the model) sizes the merge-state kernel's
+    symbolic head dims: TVM's GPU kernel bakes both into its launch (threads, grid) and reads
+    and writes out of bounds with any other H / D.
     """
     rng = np.random.default_rng(seed)
     page = _page_size(func)
@@ -83,6 +86,7 @@ def kernel_args(func: tvm.tirx.PrimFunc, n: int, seed: int = 0) -> tuple[list, s
         "B": 1, "batch_size": 1, "total_len": n, "qo_len": n, "kv_len": n, "seq_len": n, "ntoken": n,
         "max_num_pages": pages, "nnz_pages": pages, "num_pages": pages, "N": n, "H": 4, "D": 32,
     }
+    sizes.update(heads or {})
     dims = symbolic_dims(func)
     sizes = {**{d: n for d in dims}, **{k: v for k, v in sizes.items() if k in dims}}
     page_order = rng.permutation(pages).astype(np.int32)

@@ -18,6 +18,7 @@ from tvm import tirx
 from . import trace_replay
 from .llvm.attention import replace_attention_kernels
 from .gpu import CUDA_RULES, METAL_RULES, WEBGPU_RULES
+from .gpu.merge_state import replace_merge_state_kernels
 from .llvm import LLVM_RULES
 from .signature import kernel_signature
 
@@ -31,8 +32,12 @@ RULES = {
 
 # Whole-kernel replacements run before the rules: TVM-provided kernels (already marked scheduled)
 # that we swap for our own with the same signature and contract. name -> pass(mod) -> (mod, names)
+# MergeStateBarrier: TVM's GPU `_merge_state_inplace` races on S (schedules/gpu/merge_state.py).
 REPLACEMENTS = {
     "llvm": {"AttentionCPU": replace_attention_kernels},
+    "cuda": {"MergeStateBarrier": replace_merge_state_kernels},
+    "metal": {"MergeStateBarrier": replace_merge_state_kernels},
+    "webgpu": {"MergeStateBarrier": replace_merge_state_kernels},
 }
 
 
