@@ -138,6 +138,20 @@ def _parse_tokens(text: str) -> list[int]:
         raise click.BadParameter(f"{text!r}: expected comma-separated integers, e.g. 1,2,3") from None
 
 
+def _rpc_options(command):
+    """--rpc / --rpc-tracker / --rpc-key: run the artifact on a TVM RPC server (`python -m tvm.exec.rpc_server`)."""
+    command = click.option("--rpc-key", default=None, help="Key of the RPC server (rpc_server --key) or of the tracker's device.")(command)
+    command = click.option("--rpc-tracker", default=None, metavar="HOST:PORT", help="Get an RPC server from this TVM tracker (with --rpc-key).")(command)
+    return click.option("--rpc", default=None, metavar="HOST:PORT",
+                        help="Upload the library to this TVM RPC server and run it there (e.g. a Mac for metal artifacts).")(command)
+
+
+def _rpc_session(rpc, rpc_tracker, rpc_key):
+    from .rpc import open_session
+
+    return open_session(rpc, rpc_tracker, rpc_key)
+
+
 @main.command()
 @click.option("--artifact", type=click.Path(path_type=Path), required=True, help="Artifact directory from `mlcpipe build`.")
 @click.option("--weights", default=None, help="Weights dir from convert-weights, or 'synthetic' (default: <artifact>/params).")
@@ -146,11 +160,17 @@ def _parse_tokens(text: str) -> list[int]:
 @click.option("--tokenizer", type=click.Path(path_type=Path), default=None, help="tokenizer.json to encode/decode text.")
 @click.option("--max-new-tokens", default=16, show_default=True, type=click.IntRange(min=1))
 @click.option("--seed", default=0, show_default=True, help="Seed for --weights synthetic.")
-def run(artifact, weights, prompt_tokens, prompt, tokenizer, max_new_tokens, seed):
+@click.option("--save-logits", type=click.Path(path_type=Path), default=None, metavar="FILE.npy",
+              help="Write the logits of every generated step (float32, (max_new_tokens, vocab_size)) here.")
+@_rpc_options
+def run(artifact, weights, prompt_tokens, prompt, tokenizer, max_new_tokens, seed, save_logits, rpc, rpc_tracker, rpc_key):  # noqa: PLR0913
     """Greedy generation; the last line of output is the generated token ids."""
-    from .runtime import Engine
+    from .runtime import Engine, check_logits_path
+    from .runtime import save_logits as write_logits
     from .tokenizer import find_tokenizer
 
+    if save_logits is not None:
+        check_logits_path(save_logits)
     if (prompt_tokens is None) == (prompt is None):
         raise click.UsageError("give exactly one of --prompt-tokens or --prompt")
     tok = find_tokenizer(tokenizer, weights)
@@ -160,8 +180,11 @@ def run(artifact, weights, prompt_tokens, prompt, tokenizer, max_new_tokens, see
         tokens = tok.encode(prompt)
     else:
         tokens = _parse_tokens(prompt_tokens)
-    engine = Engine(artifact, weights, seed=seed)
-    out = engine.generate(tokens, max_new_tokens)
+    engine = Engine(artifact, weights, seed=seed, remote=_rpc_session(rpc, rpc_tracker, rpc_key))
+    logits = []
+    out = engine.generate(tokens, max_new_tokens, on_logits=lambda step, values: logits.append(values))
+    if save_logits is not None:
+        write_logits(save_logits, logits)
     if tok is not None:
         click.echo(tok.decode(out))
     click.echo(",".join(str(t) for t in out))
@@ -172,14 +195,18 @@ def run(artifact, weights, prompt_tokens, prompt, tokenizer, max_new_tokens, see
 @click.option("--sizes", default="1,7", show_default=True, help="Values bound to symbolic dims (tokens).")
 @click.option("--kernels", "pattern", default=None, help="Only kernels whose name matches this regex.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-def check(artifact, sizes, pattern, as_json):
+@_rpc_options
+def check(artifact, sizes, pattern, as_json, rpc, rpc_tracker, rpc_key):
     """Kernel conformance: run every kernel on the target, compare with llvm / NumPy."""
+    from .artifact import read_manifest
     from .conformance import check_artifact, report_json
 
     def progress(i, n, name):
         click.echo(f"[{i + 1}/{n}] {name}", err=True)
 
-    report = check_artifact(artifact, tuple(int(s) for s in _parse_tokens(sizes)), pattern, progress=progress)
+    read_manifest(artifact)  # a bad --artifact is reported before connecting
+    session = _rpc_session(rpc, rpc_tracker, rpc_key)
+    report = check_artifact(artifact, tuple(int(s) for s in _parse_tokens(sizes)), pattern, progress=progress, remote=session)
     click.echo(report_json(report) if as_json else report.table() + "\n\n" + report.summary)
     sys.exit(0 if report.ok else 1)
 
@@ -201,8 +228,10 @@ PROFILE_FORMATS = ["md", "text", "json", "csv", "trace", "html", "events", "phas
 @click.option("--peak-gbps", type=float, default=None, help="Peak memory bandwidth for the bandwidth columns (default: target preset).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None, help="Write the report here (default: stdout).")
 @click.option("--save-json", type=click.Path(path_type=Path), default=None, help="Also keep the raw profile JSON here.")
+@_rpc_options
 @click.pass_context
-def profile(ctx, artifact, model, quant, target_name, weights, prompt_len, gen_len, runs, warmup, fmt, peak_gbps, output, save_json):  # noqa: PLR0913
+def profile(ctx, artifact, model, quant, target_name, weights, prompt_len, gen_len, runs, warmup, fmt, peak_gbps, output, save_json,  # noqa: PLR0913
+            rpc, rpc_tracker, rpc_key):
     """Profile a model run: kernel statistics tables (see also `profile compare`)."""
     if ctx.invoked_subcommand is not None:
         return
@@ -217,7 +246,8 @@ def profile(ctx, artifact, model, quant, target_name, weights, prompt_len, gen_l
     if artifact is None:
         artifact = _cached_build(model, quant, target_name)
     manifest = read_manifest(artifact)
-    replay = manifest["target"]["kind"] == "webgpu"  # kernel replay on wgpu (lavapipe here): slow, smaller defaults
+    session = _rpc_session(rpc, rpc_tracker, rpc_key)
+    replay = manifest["target"]["kind"] == "webgpu" and session is None  # kernel replay on wgpu (lavapipe here): slow, smaller defaults
     prompt_len, gen_len, runs = (v if v is not None else d for v, d in zip((prompt_len, gen_len, runs), (32, 8, 2) if replay else (128, 32, 3)))
     total = (warmup + runs) * 2
     if replay:
@@ -227,6 +257,15 @@ def profile(ctx, artifact, model, quant, target_name, weights, prompt_len, gen_l
         with click.progressbar(length=total, label="replaying on webgpu", file=sys.stderr, show_pos=True) as bar:
             data = profile_replay(artifact, llvm_artifact, prompt_len, gen_len, runs, warmup, weights=weights,
                                   progress=lambda label, done, n: bar.update(1))
+    elif session is not None:  # over RPC: see pipeline/profiler/remote.py for what is measured
+        from .profiler.remote import profile_remote
+        from .profiler.replay import model_config_of
+
+        engine = Engine(artifact, weights, remote=session)
+        is_llvm = manifest["target"]["kind"] == "llvm"
+        record = Engine(artifact if is_llvm else _cached_build(model_config_of(artifact), manifest["quantization"], "llvm"), weights)
+        with click.progressbar(length=total, label="profiling over RPC", file=sys.stderr, show_pos=True) as bar:
+            data = profile_remote(engine, record, prompt_len, gen_len, runs, warmup, progress=lambda label, done, n: bar.update(1))
     else:
         engine = Engine(artifact, weights)
         with click.progressbar(length=total, label="profiling", file=sys.stderr, show_pos=True) as bar:

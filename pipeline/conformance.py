@@ -177,16 +177,40 @@ def _executor(kind: str) -> Callable | None:
     return None
 
 
-def check_artifact(artifact: str | Path, sizes: tuple[int, ...] = (1, 7), pattern: str | None = None, seed: int = 0, progress=None) -> CheckReport:
+def _remote_executor(session, artifact: Path, manifest: dict) -> Callable:
+    """Function (kernel name, args) -> arrays running that kernel of the artifact's shipped library,
+    uploaded to a TVM RPC session, on the remote's device."""
+    from .rpc import describe, remote_device, upload_library
+
+    device = remote_device(session, manifest["target"]["kind"], describe(session))
+    lib = upload_library(session, artifact / manifest["library"], describe(session))
+
+    def run(name: str, args: list) -> list:
+        tensors = [tvm.runtime.tensor(a, device) if isinstance(a, np.ndarray) else a for a in args]
+        lib.get_function(name, query_imports=True)(*tensors)
+        device.sync()
+        return [t.numpy() if isinstance(t, tvm.runtime.Tensor) else t for t in tensors]
+
+    return run
+
+
+def check_artifact(artifact: str | Path, sizes: tuple[int, ...] = (1, 7), pattern: str | None = None, seed: int = 0, progress=None,
+                   remote=None) -> CheckReport:
+    """`remote`: a TVM RPC session (`pipeline.rpc.open_session`): the kernels of the artifact's
+    library run on the remote's device instead."""
     artifact = Path(artifact)
     manifest = read_manifest(artifact)
     kind = manifest["target"]["kind"]
+    remote_run = _remote_executor(remote, artifact, manifest) if remote is not None else None
     roles = {k["name"]: k.get("role", "other") for k in manifest["kernels"]}
     unscheduled = _load_tir(artifact, "unscheduled.json")
     scheduled = _load_tir(artifact, "scheduled.json")
     target = tvm.target.Target(manifest["target"])
-    run = _executor(kind)
-    counterparts = _attention_counterparts(json.loads((artifact / "mlc-chat-config.json").read_text()), _model_dtype(manifest)) if kind != "llvm" else {}
+    run = _executor(kind) if remote_run is None else (lambda func, target, args: None)
+    chat_config = json.loads((artifact / "mlc-chat-config.json").read_text())
+    counterparts = _attention_counterparts(chat_config, _model_dtype(manifest)) if kind != "llvm" else {}
+    model_config = chat_config["model_config"]
+    heads = {"H": model_config["num_attention_heads"], "D": model_config["head_dim"]}
     results: list[KernelResult] = []
     names = sorted(gv.name_hint for gv in scheduled.get_global_vars())
     if pattern:
@@ -208,7 +232,7 @@ def check_artifact(artifact: str | Path, sizes: tuple[int, ...] = (1, 7), patter
             results.append(KernelResult(name, role, "-", "skip", note="no llvm reference for this GPU-only kernel"))
             continue
         for size in sizes if symbolic_dims(func_u) else (sizes[0],):
-            args, label = kernel_args(func_u, size, seed=seed)
+            args, label = kernel_args(func_u, size, seed=seed, heads=heads)
             if not symbolic_dims(func_u):
                 label = "static"
             want = run_on_llvm(reference, _copy(args), key=f"{artifact}:{name}")
@@ -222,7 +246,7 @@ def check_artifact(artifact: str | Path, sizes: tuple[int, ...] = (1, 7), patter
                         results.append(KernelResult(name, role, label, "FAIL", None, rel_np, note))
                         continue
             try:
-                got = run(func_s, target, _copy(args))
+                got = run(func_s, target, _copy(args)) if remote_run is None else remote_run(name, _copy(args))
             except Exception as exc:  # a kernel that cannot run is a failure, reported
                 results.append(KernelResult(name, role, label, "FAIL", note=f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"))
                 continue
@@ -231,7 +255,12 @@ def check_artifact(artifact: str | Path, sizes: tuple[int, ...] = (1, 7), patter
     executed = sum(r.status in ("pass", "FAIL") for r in results)
     passed = sum(r.status == "pass" for r in results)
     skipped = sum(r.status == "skip" for r in results)
-    summary = f"{kind}: executed {executed} kernel runs, {passed} passed, {executed - passed} failed, {skipped} kernels skipped"
+    where = kind
+    if remote is not None:
+        from .rpc import describe
+
+        where = f"{kind} on {describe(remote)}"
+    summary = f"{where}: executed {executed} kernel runs, {passed} passed, {executed - passed} failed, {skipped} kernels skipped"
     return CheckReport(str(artifact), kind, True, results, summary)
 
 

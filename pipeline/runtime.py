@@ -15,11 +15,18 @@ from .artifact import RUNTIME_CONFIG, ArtifactError, read_manifest
 from .weights import TENSOR_CACHE
 
 
+METAL_HINT = "metal artifacts run on a Mac: serve `python -m tvm.exec.rpc_server` there and pass --rpc HOST:PORT"
+
+
 def _device_for(target_kind: str) -> tvm.runtime.Device:
     if target_kind == "llvm":
         return tvm.cpu()
     if target_kind == "cuda" and tvm.cuda(0).exist:
         return tvm.cuda(0)
+    if target_kind == "metal":
+        if tvm.metal(0).exist:  # a Mac whose TVM has the Metal runtime
+            return tvm.metal(0)
+        raise ArtifactError(METAL_HINT)
     runnable = ["llvm"] + (["cuda"] if tvm.cuda(0).exist else [])
     raise ArtifactError(f"artifact target '{target_kind}' cannot run on this machine (runnable here: {', '.join(runnable)})")
 
@@ -27,24 +34,46 @@ def _device_for(target_kind: str) -> tvm.runtime.Device:
 class Engine:
     """A compiled model with its weights, ready to prefill and decode one sequence at a time."""
 
-    def __init__(self, artifact: str | Path, weights: str | Path | None = None, seed: int = 0):
+    def __init__(self, artifact: str | Path, weights: str | Path | None = None, seed: int = 0, remote=None):
+        """`remote`: a TVM RPC session (`pipeline.rpc.open_session`): the library is uploaded and
+        loaded there, the weights go to its device, and every step runs on it."""
         self.artifact = Path(artifact)
         self.manifest = read_manifest(self.artifact)
         self.config = json.loads((self.artifact / RUNTIME_CONFIG).read_text())
         self.vocab_size = int(self.config["vocab_size"])
         self.context_window = int(self.config["context_window_size"])
         self.prefill_chunk = int(self.config["prefill_chunk_size"])
-        self.device = _device_for(self.manifest["target"]["kind"])
+        self.remote = remote
+        self._remote_funcs: dict = {}
+        self._remote_shapes: dict = {}
+        kind = self.manifest["target"]["kind"]
+        library = self.artifact / self.manifest["library"]
+        if not library.is_file():
+            raise ArtifactError(f"{self.artifact}: library {self.manifest['library']} missing")
         started = time.perf_counter()
-        lib = tvm.runtime.load_module(str(self.artifact / self.manifest["library"]))
-        self.vm = relax.VirtualMachine(lib, self.device)
-        self.params = self._load_params(weights, seed)
+        if remote is None:
+            self.device = _device_for(kind)
+            self.lib = tvm.runtime.load_module(str(library))
+        else:
+            from .rpc import describe, remote_device, upload_library
+
+            self.device = remote_device(remote, kind, describe(remote))
+            self.lib = upload_library(remote, library, describe(remote))
+        self.vm = relax.VirtualMachine(self.lib, self.device)
+        arrays = self._load_params(weights, seed)
+        if remote is None:
+            self.params = [tvm.runtime.tensor(array, self.device) for array in arrays]
+            self._params_arg = self.params  # what the VM functions take as their parameter tuple
+        else:
+            self.params = []  # the weights live on the remote, in the Array object `_params_arg`
+            self._params_arg = self._remote_param_array(arrays)
         self.load_seconds = time.perf_counter() - started
         self._embed, self._prefill, self._decode = (self.vm[n] for n in ("embed", "prefill", "decode"))
         self.kv_cache = None
 
     # ---- weights ---------------------------------------------------------------------------
-    def _load_params(self, weights, seed: int) -> list[tvm.runtime.Tensor]:
+    def _load_params(self, weights, seed: int) -> list[np.ndarray]:
+        """The weights as host arrays in the manifest's parameter order, checked against it."""
         if weights is None:
             weights = self.artifact / "params"
         if str(weights) == "synthetic":
@@ -66,8 +95,26 @@ class Engine:
                     f"--weights {weights}: parameter '{name}' is {list(array.shape)} {array.dtype}; "
                     f"the artifact expects {spec['shape']} {spec['dtype']} (built for another model or quantization?)"
                 )
-            params.append(tvm.runtime.tensor(array, self.device))
+            params.append(array)
         return params
+
+    def _remote_param_array(self, arrays: list[np.ndarray]):
+        """The parameters as an Array object on the remote. A tensor sent as an argument reaches
+        the remote as a DLTensor view whose shape lives in the RPC call's scratch memory, so
+        `ffi.Array(*tensors)` would keep dangling views: each tensor is copied into TVM's tensor
+        cache over there instead (one upload at a time), and the Array is taken from the cache."""
+        update = self.global_func("vm.builtin.tensor_cache.update")
+        remove = self.global_func("vm.builtin.tensor_cache.remove")
+        prefix = f"mlcpipe.{id(self):x}."
+        names = [prefix + spec["name"] for spec in self.manifest["parameters"]]
+        for name, array in zip(names, arrays):
+            uploaded = tvm.runtime.tensor(array, self.device)
+            update(name, uploaded, True)
+            del uploaded  # frees the remote upload; the cache has its own copy
+        array = self.global_func("vm.builtin.param_array_from_cache_by_name_unpacked")(*names)
+        for name in names:  # the Array holds the tensors now
+            remove(name)
+        return array
 
     def _synthetic_params(self, seed: int) -> dict[str, np.ndarray]:
         from .config import parse_model_config
@@ -95,20 +142,42 @@ class Engine:
                 f"context window of {self.context_window} tokens (context_window_size in the model config)"
             )
 
+    # ---- local or remote runtime objects ---------------------------------------------------
+    def global_func(self, name: str):
+        """A global function of the runtime the model runs in (the remote's over RPC)."""
+        if self.remote is None:
+            return tvm.get_global_func(name)
+        if name not in self._remote_funcs:  # each lookup is a network round trip
+            self._remote_funcs[name] = self.remote.get_function(name)
+        return self._remote_funcs[name]
+
+    def shape(self, *dims: int):
+        """An ffi.Shape living where the model runs (shapes cannot be sent over RPC)."""
+        if self.remote is None:
+            return tvm.runtime.ShapeTuple(list(dims))
+        if dims not in self._remote_shapes:
+            self._remote_shapes[dims] = self.global_func("ffi.Shape")(*dims)
+        return self._remote_shapes[dims]
+
     def reset(self) -> None:
         create = self.vm["create_paged_kv_cache"]
         sizes = (1, self.context_window, self.prefill_chunk, int(self.config["page_size"]), 0)
-        self.kv_cache = create(*(tvm.runtime.ShapeTuple([n]) for n in sizes))
-        tvm.get_global_func("vm.builtin.kv_state_add_sequence")(self.kv_cache, 0)
+        self.kv_cache = create(*(self.shape(n) for n in sizes))
+        self.global_func("vm.builtin.kv_state_add_sequence")(self.kv_cache, 0)
 
     def _forward(self, func, tokens: np.ndarray) -> np.ndarray:
         ids = tvm.runtime.tensor(tokens.astype("int32"), self.device)
-        embed = self._embed(ids, self.params)
+        embed = self._embed(ids, self._params_arg)
         embed = embed._create_view((1, len(tokens), embed.shape[-1]))
-        begin = tvm.get_global_func("vm.builtin.kv_state_begin_forward")
-        end = tvm.get_global_func("vm.builtin.kv_state_end_forward")
-        begin(self.kv_cache, tvm.runtime.ShapeTuple([0]), tvm.runtime.ShapeTuple([len(tokens)]))
-        logits, self.kv_cache = func(embed, self.kv_cache, self.params)
+        begin = self.global_func("vm.builtin.kv_state_begin_forward")
+        end = self.global_func("vm.builtin.kv_state_end_forward")
+        begin(self.kv_cache, self.shape(0), self.shape(len(tokens)))
+        out = func(embed, self.kv_cache, self._params_arg)
+        if self.remote is None:
+            logits, self.kv_cache = out
+        else:  # the (logits, kv_cache) tuple stays on the remote: take its items there
+            get_item = self.global_func("ffi.ArrayGetItem")
+            logits, self.kv_cache = get_item(out, 0), get_item(out, 1)
         end(self.kv_cache)
         return logits.numpy().reshape(-1)
 
@@ -138,3 +207,34 @@ class Engine:
             if step + 1 < max_new_tokens:
                 logits = self.decode(out[-1])
         return out
+
+
+def check_logits_path(path: str | Path) -> Path:
+    """The --save-logits path, refused (ValueError) unless its directory exists."""
+    path = Path(path)
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise ValueError(f"--save-logits {path}: is a directory; give a file name such as {path / 'logits.npy'}")
+    if not parent.is_dir():
+        raise ValueError(f"--save-logits {path}: directory {parent} does not exist")
+    return path
+
+
+def save_logits(path: str | Path, steps: Sequence[np.ndarray]) -> Path:
+    """Write the logits of every generated step as one float32 array (steps, vocab_size) in .npy
+    format: into a temp file beside `path`, then renamed over it."""
+    import os
+    import tempfile
+
+    path = check_logits_path(path)
+    array = np.stack([np.asarray(s, dtype=np.float32).reshape(-1) for s in steps])
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent if str(path.parent) else ".")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            os.fchmod(f.fileno(), 0o644)  # mkstemp makes it 0600
+            np.save(f, array)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path

@@ -90,18 +90,23 @@ def unb64(text: str, dtype: str, shape) -> np.ndarray:
 class DawnRunner:
     """One node process holding one WebGPU device and (after `open`) one model session."""
 
-    def __init__(self, adapter: str | None = None):
-        self.adapter = resolve_adapter(adapter)
-        node = shutil.which("node")
-        if node is None:
-            raise RunnerError(f"node (Node.js) not found on PATH, needed to run webgpu artifacts: {_SETUP_HINT}")
-        modules = node_modules()
-        if not (modules / "webgpu").is_dir() or not (modules / "@mlc-ai" / "web-runtime").is_dir():
-            raise RunnerError(f"npm packages webgpu and @mlc-ai/web-runtime not found in {modules}: {_SETUP_HINT}")
-        env = adapter_env(self.adapter)
+    def __init__(self, adapter: str | None = None, browser: bool = False):
+        if browser:  # headless Chromium (web/browser_runner.mjs, same protocol): see browser.py
+            from .browser import browser_command
+
+            self.adapter, argv, env = browser_command(adapter)
+        else:
+            self.adapter = resolve_adapter(adapter)
+            node = shutil.which("node")
+            if node is None:
+                raise RunnerError(f"node (Node.js) not found on PATH, needed to run webgpu artifacts: {_SETUP_HINT}")
+            modules = node_modules()
+            if not (modules / "webgpu").is_dir() or not (modules / "@mlc-ai" / "web-runtime").is_dir():
+                raise RunnerError(f"npm packages webgpu and @mlc-ai/web-runtime not found in {modules}: {_SETUP_HINT}")
+            argv, env = [node, str(RUNNER)], adapter_env(self.adapter)
         self._stderr: deque[str] = deque(maxlen=50)
         self.proc = subprocess.Popen(
-            [node, str(RUNNER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             env=env, text=True, bufsize=1,
         )
         threading.Thread(target=self._drain, daemon=True).start()
@@ -148,6 +153,15 @@ class DawnRunner:
         self.close()
 
 
+def checked_prefill_chunk(requested: int | None, built: int) -> int:
+    """A runtime prefill chunk: at most the one the artifact was built for (its buffers' size)."""
+    if requested is None:
+        return built
+    if not 1 <= requested <= built:
+        raise ValueError(f"--prefill-chunk {requested}: allowed 1..{built} (prefill_chunk_size of the artifact)")
+    return requested
+
+
 def kernel_of(entry_point: str) -> str:
     """The TIR function a WGSL entry point belongs to (`<func>_kernel`, `<func>_kernel_1`, ...)."""
     return re.sub(r"_kernel(_\d+)?$", "", entry_point)
@@ -158,20 +172,21 @@ class WebGPUEngine(Generation):
     prefill, decode. With `timed`, every kernel of each step is timed by timestamp queries
     (`last_kernels`: [(kernel, ns)] of the last step)."""
 
-    def __init__(self, artifact: str | Path, weights: str | Path | None = None, seed: int = 0, adapter: str | None = None):
+    def __init__(self, artifact: str | Path, weights: str | Path | None = None, seed: int = 0, adapter: str | None = None,
+                 browser: bool = False, prefill_chunk: int | None = None):
         self.artifact = Path(artifact)
         self.manifest = read_manifest(self.artifact)
         self.config = json.loads((self.artifact / RUNTIME_CONFIG).read_text())
         self.vocab_size = int(self.config["vocab_size"])
         self.context_window = int(self.config["context_window_size"])
-        self.prefill_chunk = int(self.config["prefill_chunk_size"])
+        self.prefill_chunk = checked_prefill_chunk(prefill_chunk, int(self.config["prefill_chunk_size"]))
         self.hidden = int(self.config["model_config"]["hidden_size"])
         self.timed = False
         self.last_kernels: list[tuple[str, int]] = []
         self._tmp = None
         weights_dir = self._weights_dir(weights, seed)
         check_tensor_cache(weights_dir, self.manifest["parameters"])
-        self.runner = DawnRunner(adapter)
+        self.runner = DawnRunner(adapter, browser=browser)
         self.adapter = self.runner.adapter
         try:
             reply = self.runner.request(
@@ -207,17 +222,6 @@ class WebGPUEngine(Generation):
         self.last_step_ms = float(reply["ms"])
         return unb64(reply["logits"], "float32", (-1,))
 
-    def run_kernel(self, name: str, args: list) -> list:
-        """Run kernel `name` of the shipped lib.wasm on NumPy arrays / scalars; the arrays after the call."""
-        wire = []
-        for a in args:
-            if isinstance(a, np.ndarray):
-                wire.append({"tensor": True, "shape": list(a.shape), "dtype": str(a.dtype), "bytes": b64(a)})
-            else:
-                wire.append({"value": a, "dtype": "int32" if isinstance(a, (int, np.integer)) else "float32"})
-        reply = self.runner.request("kernel", name=name, args=wire)
-        return [unb64(o, a.dtype, a.shape) if isinstance(a, np.ndarray) else a for o, a in zip(reply["outputs"], args)]
-
     def close(self) -> None:
         if getattr(self, "runner", None) is not None:
             self.runner.close()
@@ -230,6 +234,36 @@ class WebGPUEngine(Generation):
 
     def __exit__(self, *exc):
         self.close()
+
+
+class KernelRunner:
+    """Kernels of an artifact's shipped lib.wasm run one by one in Dawn (for `mlcpipe check`)."""
+
+    def __init__(self, artifact: str | Path, adapter: str | None = None):
+        manifest = read_manifest(Path(artifact))
+        self.runner = DawnRunner(adapter)
+        self.adapter = self.runner.adapter
+        try:
+            reply = self.runner.request("open", adapter=self.adapter, wasm=str(Path(artifact) / manifest["library"]), weights=None,
+                                        params=[], needs_f16=any(p["dtype"] == "float16" for p in manifest["parameters"]))
+        except RunnerError:
+            self.runner.close()
+            raise
+        self.adapter_info = reply["adapter"]
+
+    def __call__(self, name: str, args: list) -> list:
+        """Run kernel `name` on NumPy arrays / scalars; returns the arguments after the call."""
+        wire = []
+        for a in args:
+            if isinstance(a, np.ndarray):
+                wire.append({"tensor": True, "shape": list(a.shape), "dtype": str(a.dtype), "bytes": b64(a)})
+            else:
+                wire.append({"value": a, "dtype": "int32" if isinstance(a, (int, np.integer)) else "float32"})
+        reply = self.runner.request("kernel", name=name, args=wire)
+        return [unb64(o, a.dtype, a.shape) if isinstance(a, np.ndarray) else a for o, a in zip(reply["outputs"], args)]
+
+    def close(self) -> None:
+        self.runner.close()
 
 
 def check_tensor_cache(weights_dir: Path, parameters: list[dict]) -> None:

@@ -1,0 +1,260 @@
+"""Profile an artifact that runs on a TVM RPC server (`mlcpipe profile --rpc HOST:PORT`).
+
+The Relax VM instrument that `measure.profile` uses cannot work over RPC (a Python callback
+cannot be sent to the remote), so the two modes are measured this way:
+- low-overhead: the real generation runs on the remote device (`Engine(remote=...)`), each
+  forward step timed by this machine's wall clock. These times include the RPC round trips of a
+  step (token upload, ~6 remote calls, logits download); one round trip's median is reported as
+  `method.rpc_round_trip_ms`. The metrics (TTFT, prefill, decode ms/token, tok/s) come from
+  this mode, as in a local profile.
+- per-kernel: the kernel call sequence of one generation is recorded locally on llvm (the
+  artifact itself when it is an llvm one, else the same model and quantization built for llvm,
+  kernel names mapped as `profile.replay` does), then every call is timed on the remote device
+  by TVM's remote `time_evaluator` with the recorded arguments: device-side time, averaged
+  over `number` back-to-back launches, no RPC in it. The kernels timed are compiled from the
+  artifact's own scheduled TIR (tir/scheduled.json) for its target, uploaded as a second
+  library: the shipped library's kernels cannot be handed to the remote time evaluator (it looks
+  names up in the loaded module's root, the VM executable, not in its imports).
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import tvm
+
+from ..artifact import ArtifactError
+from ..runtime import Engine
+from .kernel_map import map_kernels
+from .measure import RecordedCall, RecordedTensor, _kernel_params, _percentiles, _prompt, _run_once, record_calls, uncounted_params
+from .schema import overhead_metrics, profile_header
+
+NUMBER = 5  # launches averaged per time_evaluator measurement
+
+
+def kernel_library(artifact: Path, manifest: dict, out_dir: Path) -> Path:
+    """Compile every kernel of the artifact's tir/scheduled.json for its target into a library
+    whose root module holds the kernels (so a remote time_evaluator finds them by name)."""
+    from ..backends import backend
+    from ..build import TIR_CONFIG
+
+    path = artifact / "tir" / "scheduled.json"
+    if not path.is_file():
+        raise ArtifactError(f"{artifact}: tir/scheduled.json missing (artifact built by an older mlcpipe? rebuild it)")
+    scheduled = tvm.ir.load_json(path.read_text())
+    mod = tvm.IRModule({gv: f.with_attr("global_symbol", gv.name_hint) for gv, f in scheduled.functions_items()})
+    kind = manifest["target"]["kind"]
+    spec = SimpleNamespace(target=manifest["target"], options=manifest.get("target_options") or {}, kind=kind)
+    target = tvm.target.Target(manifest["target"])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    impl = backend(kind)
+    with target, impl.compile_context(spec), tvm.transform.PassContext(config=TIR_CONFIG.get(kind, {})):
+        executable = tvm.compile(mod, target=target)
+    # a file name of its own: the shipped library is loaded on the remote already
+    if kind == "metal":
+        from ..backends import metal
+
+        tar = out_dir / "kernels.tar"
+        executable.export_library(str(tar))
+        objects = metal._extract_objects(tar, out_dir)
+        library = out_dir / "mlcpipe-kernels.dylib"
+        metal.link_dylib(objects, library, metal._min_version(spec))
+        return library
+    impl.export(executable, spec, out_dir)
+    library = out_dir / f"mlcpipe-kernels{Path(impl.LIBRARY).suffix}"
+    (out_dir / impl.LIBRARY).rename(library)
+    return library
+
+
+def round_trip_ms(session, repeat: int = 20) -> float:
+    """Median wall time of one trivial remote call."""
+    make_shape = session.get_function("ffi.Shape")
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        make_shape(1)
+        times.append((time.perf_counter() - start) * 1e3)
+    return float(np.median(times))
+
+
+class _RemoteCalls:
+    """Recorded calls made ready on the remote: arguments uploaded once per kernel, position and
+    shape (int32 ones also per data), one time evaluator per kernel, one timing per distinct
+    call and run (calls with the same kernel and arguments are the same launch)."""
+
+    def __init__(self, module, device, scheduled_params: dict[str, list[str]]):
+        self.module, self.device, self.params = module, device, scheduled_params
+        self.arrays: dict[tuple, tvm.runtime.Tensor] = {}
+        self.timers: dict[str, Callable] = {}
+        self.cache: dict[tuple, float] = {}
+
+    @staticmethod
+    def key(kernel: str, call: RecordedCall) -> tuple:
+        return (kernel, tuple(
+            (a.shape, a.dtype, a.data.tobytes() if a.dtype == "int32" else None) if isinstance(a, RecordedTensor) else a
+            for a in call.args
+        ))  # fmt: skip
+
+    def args(self, kernel: str, call: RecordedCall) -> list:
+        if kernel in self.params and len(call.args) != len(self.params[kernel]):
+            raise ArtifactError(f"{kernel} (replaying llvm {call.kernel}): {len(call.args)} recorded arguments, the kernel takes {len(self.params[kernel])}")
+        out = []
+        for pos, arg in enumerate(call.args):
+            if not isinstance(arg, RecordedTensor):
+                out.append(arg)
+                continue
+            array_key = (kernel, pos, arg.shape, arg.dtype, arg.data.tobytes() if arg.dtype == "int32" else None)
+            if array_key not in self.arrays:
+                self.arrays[array_key] = tvm.runtime.tensor(arg.data, self.device)
+            out.append(self.arrays[array_key])
+        return out
+
+    def time_ms(self, kernel: str, call: RecordedCall, run: int) -> float:
+        key = (run, self.key(kernel, call))
+        if key not in self.cache:
+            if kernel not in self.timers:
+                self.timers[kernel] = self.module.time_evaluator(kernel, self.device, number=NUMBER, repeat=1)
+            self.cache[key] = float(self.timers[kernel](*self.args(kernel, call)).mean) * 1e3
+        return self.cache[key]
+
+
+def profile_remote(
+    engine: Engine,
+    record_engine: Engine,
+    prompt_len: int = 128,
+    gen_len: int = 32,
+    runs: int = 3,
+    warmup: int = 1,
+    seed: int = 0,
+    progress: Callable[[str, int, int], None] | None = None,
+) -> dict:
+    """Profile `engine` (an Engine on an RPC session); `record_engine`: a local llvm Engine of the
+    same model and quantization, whose kernel call sequence the per-kernel mode times."""
+    from ..rpc import describe, upload_library
+
+    if engine.remote is None:
+        raise ValueError("profile_remote needs an Engine opened with remote=<RPC session>")
+    manifest, llvm_manifest = engine.manifest, record_engine.manifest
+    for field in ("config_hash", "quantization"):
+        if manifest.get(field) != llvm_manifest.get(field):
+            raise ArtifactError(f"{record_engine.artifact}: field '{field}' is {llvm_manifest.get(field)!r}, the artifact's is {manifest.get(field)!r}: both must come from the same model config and quantization")
+    where = describe(engine.remote)
+    prompt = _prompt(engine, prompt_len, gen_len, seed)
+    calls = record_calls(record_engine, prompt_len, gen_len, seed)
+    mapping = map_kernels(sorted({c.kernel for c in calls}), llvm_manifest, manifest)
+    kernels = [mapping[c.kernel] for c in calls]
+
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="mlcpipe-rpc-kernels-") as tmp:
+        library = kernel_library(engine.artifact, manifest, Path(tmp))
+        module = upload_library(engine.remote, library, where)
+    kernels_load_ms = (time.perf_counter() - started) * 1e3
+    params = _kernel_params(engine.artifact)
+    pool = _RemoteCalls(module, engine.device, params)
+    rtt = round_trip_ms(engine.remote)
+
+    total, done = (warmup + runs) * 2, 0
+    low_steps: list[dict] = []
+    steps: list[dict] = []
+    samples: list[dict] = []
+    tokens: list[int] = []
+    groups: list[tuple[str, int, list[int]]] = []
+    for i, call in enumerate(calls):
+        if not groups or groups[-1][:2] != (call.phase, call.step):
+            groups.append((call.phase, call.step, []))
+        groups[-1][2].append(i)
+    step_tokens = {"prefill": prompt_len, "decode": 1}
+    for run in range(warmup + runs):
+        raw: list[dict] = []
+        tokens = _run_once(engine, prompt, gen_len, None, None, run, raw)  # low-overhead: the real run
+        low_steps.extend(raw)
+        done += 1
+        if progress:
+            progress("low-overhead", done, total)
+        clock = 0.0  # per-kernel: device time laid end to end
+        for phase, step, indices in groups:
+            step_start = clock
+            for i in indices:
+                ms = pool.time_ms(kernels[i], calls[i], run)
+                samples.append({"kernel": kernels[i], "parent": calls[i].parent, "phase": phase, "step": step, "run": run,
+                                "warmup": run < warmup, "start_ms": clock, "ms": ms})
+                clock += ms
+            steps.append({"mode": "per-kernel", "run": run, "warmup": run < warmup, "phase": phase, "step": step,
+                          "tokens": step_tokens[phase], "start_ms": step_start, "ms": clock - step_start})
+        done += 1
+        if progress:
+            progress("per-kernel", done, total)
+
+    low = [{"mode": "low-overhead", "run": s["run"], "warmup": s["run"] < warmup, "phase": s["phase"], "step": s["step"],
+            "tokens": s["tokens"], "start_ms": s["start_ns"] / 1e6, "ms": s["ns"] / 1e6} for s in low_steps]
+
+    def measured(step_list: list[dict], phase: str) -> list[float]:
+        return [s["ms"] for s in step_list if not s["warmup"] and s["phase"] == phase]
+
+    low_prefill, low_decode = measured(low, "prefill"), measured(low, "decode")
+    low_total = sum(low_prefill) + sum(low_decode)
+    per_kernel_total = sum(measured(steps, "prefill")) + sum(measured(steps, "decode"))
+    prefill_ms = float(np.median(low_prefill))
+    p50_decode = float(np.median(low_decode)) if low_decode else 0.0
+    skip = uncounted_params(params, manifest)
+    moved: dict[tuple[str, str], int] = {}
+    shapes: dict[tuple[str, str], list] = {}
+    for kernel, call in zip(kernels, calls):
+        if (kernel, call.phase) not in moved:
+            moved[(kernel, call.phase)] = sum(
+                int(np.prod(a.shape)) * tvm.runtime.DataType(a.dtype).bits // 8
+                for pos, a in enumerate(call.args) if isinstance(a, RecordedTensor) and pos not in skip.get(kernel, set()))
+            shapes[(kernel, call.phase)] = [list(a.shape) if isinstance(a, RecordedTensor) else None for a in call.args]
+    roles = {k["name"]: k.get("role", "other") for k in manifest["kernels"]}
+    weight_bytes = sum(int(np.prod(p["shape"])) * tvm.runtime.DataType(p["dtype"]).bits // 8 for p in manifest["parameters"])
+    kind = manifest["target"]["kind"]
+    return {
+        **profile_header(manifest),
+        "device": f"{kind} device {engine.device} of {where}",
+        "method": {
+            "kind": "rpc",
+            "remote": where,
+            "rpc_round_trip_ms": rtt,
+            "metrics": "low-overhead mode: wall time on this machine of each forward step of the real generation on the "
+                       "remote, RPC round trips included (a few per step; see rpc_round_trip_ms)",
+            "samples": f"per-kernel mode: remote time_evaluator (device time, mean of {NUMBER} launches) of every call of the "
+                       "llvm call sequence, on kernels compiled from the artifact's tir/scheduled.json; samples laid end to end",
+            "call_sequence": f"recorded on llvm ({record_engine.artifact}): {len(calls)} kernel calls per generation",
+            "kernel_map": {k: v for k, v in sorted(mapping.items()) if k != v},
+            "kernel_library_ms": kernels_load_ms,
+        },
+        "num_layers": engine.config["model_config"]["num_hidden_layers"],
+        "config": {"prompt_len": prompt_len, "gen_len": gen_len, "runs": runs, "warmup_runs": warmup, "seed": seed, "threads": None},
+        "metrics": {
+            "load_ms": engine.load_seconds * 1e3,
+            "ttft_ms": prefill_ms,
+            "prefill_ms": prefill_ms,
+            "prefill_tok_s": prompt_len / (prefill_ms / 1e3) if prefill_ms else 0.0,
+            "decode_ms_per_token": _percentiles(low_decode),
+            "decode_tok_s": 1e3 / p50_decode if p50_decode else 0.0,
+            "warmup_prefill_ms": [s["ms"] for s in low if s["warmup"] and s["phase"] == "prefill"],
+            "peak_host_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+            "weight_bytes": weight_bytes,
+            "overhead": overhead_metrics(per_kernel_total, low_total),
+        },
+        "generated_tokens": tokens,
+        "kernels": {
+            name: {
+                "role": roles.get(name, "other"),
+                "bytes": {phase: b for (k, phase), b in moved.items() if k == name},
+                "arg_shapes": {phase: sh for (k, phase), sh in shapes.items() if k == name},
+            }
+            for name in sorted(roles)
+        },
+        "steps": low + steps,
+        "samples": samples,
+        "environment": {"remote": where, "load_average": list(os.getloadavg())},
+    }
+
