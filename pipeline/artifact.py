@@ -82,3 +82,13 @@ def file_digests(root: Path, exclude: tuple[str, ...] = (MANIFEST,), skip_dirs: 
                 continue
             out[rel] = {"sha256": sha256_file(path), "bytes": path.stat().st_size}
     return dict(sorted(out.items()))
+
+
+def model_config_of(artifact: str | Path):
+    """The model config an artifact was built from (its runtime config keeps all of it)."""
+    from .config import parse_model_config
+
+    path = Path(artifact) / RUNTIME_CONFIG
+    if not path.is_file():
+        raise ArtifactError(f"{artifact}: {RUNTIME_CONFIG} missing; rebuild the artifact")
+    return parse_model_config(json.loads(path.read_text())["model_config"], str(path))

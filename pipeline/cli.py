@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from pathlib import Path
 
@@ -138,18 +139,38 @@ def _parse_tokens(text: str) -> list[int]:
         raise click.BadParameter(f"{text!r}: expected comma-separated integers, e.g. 1,2,3") from None
 
 
-def _rpc_options(command):
-    """--rpc / --rpc-tracker / --rpc-key: run the artifact on a TVM RPC server (`python -m tvm.exec.rpc_server`)."""
-    command = click.option("--rpc-key", default=None, help="Key of the RPC server (rpc_server --key) or of the tracker's device.")(command)
-    command = click.option("--rpc-tracker", default=None, metavar="HOST:PORT", help="Get an RPC server from this TVM tracker (with --rpc-key).")(command)
-    return click.option("--rpc", default=None, metavar="HOST:PORT",
-                        help="Upload the library to this TVM RPC server and run it there (e.g. a Mac for metal artifacts).")(command)
+def _device_options(command):
+    """Where the artifact runs: --rpc / --rpc-tracker / --rpc-key (TVM's runtime on another machine:
+    llvm, cuda, metal) or --adapter / --browser (a WebGPU runtime for webgpu artifacts)."""
+    options = [
+        click.option("--rpc", default=None, metavar="HOST:PORT",
+                     help="Upload the library to this TVM RPC server and run it there (e.g. a Mac for metal artifacts)."),
+        click.option("--rpc-tracker", default=None, metavar="HOST:PORT", help="Get an RPC server from this TVM tracker (with --rpc-key)."),
+        click.option("--rpc-key", default=None, help="Key of the RPC server (rpc_server --key) or of the tracker's device."),
+        click.option("--adapter", type=click.Choice(["auto", "gles", "swiftshader", "gpu"]), default=None,
+                     help="webgpu: Dawn adapter (gles: OpenGL ES on llvmpipe; swiftshader: Vulkan on SwiftShader; gpu: a real GPU; "
+                          "default auto: gpu, else swiftshader, else gles)."),
+        click.option("--browser", is_flag=True, help="webgpu: run in headless Chromium (page on 127.0.0.1) instead of node."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
 
 
-def _rpc_session(rpc, rpc_tracker, rpc_key):
+def _run_options(rpc, rpc_tracker, rpc_key, adapter, browser, prefill_chunk=None):
+    from .backends import RunOptions
     from .rpc import open_session
 
-    return open_session(rpc, rpc_tracker, rpc_key)
+    if (rpc or rpc_tracker) and (adapter or browser):
+        raise click.UsageError("--rpc/--rpc-tracker run TVM's runtime elsewhere; --adapter/--browser choose a WebGPU runtime here: give one kind")
+    return RunOptions(remote=open_session(rpc, rpc_tracker, rpc_key), adapter=adapter, browser=browser, prefill_chunk=prefill_chunk)
+
+
+def _backend_of(artifact: Path):
+    from .artifact import read_manifest
+    from .backends import backend
+
+    return backend(read_manifest(artifact)["target"]["kind"])
 
 
 @main.command()
@@ -162,10 +183,13 @@ def _rpc_session(rpc, rpc_tracker, rpc_key):
 @click.option("--seed", default=0, show_default=True, help="Seed for --weights synthetic.")
 @click.option("--save-logits", type=click.Path(path_type=Path), default=None, metavar="FILE.npy",
               help="Write the logits of every generated step (float32, (max_new_tokens, vocab_size)) here.")
-@_rpc_options
-def run(artifact, weights, prompt_tokens, prompt, tokenizer, max_new_tokens, seed, save_logits, rpc, rpc_tracker, rpc_key):  # noqa: PLR0913
+@click.option("--prefill-chunk", type=click.IntRange(min=1), default=None,
+              help="Prefill in chunks of this many tokens (at most the artifact's prefill_chunk_size, the default).")
+@_device_options
+def run(artifact, weights, prompt_tokens, prompt, tokenizer, max_new_tokens, seed, save_logits, prefill_chunk,  # noqa: PLR0913
+        rpc, rpc_tracker, rpc_key, adapter, browser):
     """Greedy generation; the last line of output is the generated token ids."""
-    from .runtime import Engine, check_logits_path
+    from .runtime import check_logits_path
     from .runtime import save_logits as write_logits
     from .tokenizer import find_tokenizer
 
@@ -180,9 +204,14 @@ def run(artifact, weights, prompt_tokens, prompt, tokenizer, max_new_tokens, see
         tokens = tok.encode(prompt)
     else:
         tokens = _parse_tokens(prompt_tokens)
-    engine = Engine(artifact, weights, seed=seed, remote=_rpc_session(rpc, rpc_tracker, rpc_key))
-    logits = []
-    out = engine.generate(tokens, max_new_tokens, on_logits=lambda step, values: logits.append(values))
+    options = _run_options(rpc, rpc_tracker, rpc_key, adapter, browser, prefill_chunk)
+    engine = _backend_of(artifact).open_engine(artifact, weights, seed, options)
+    try:
+        logits = []
+        out = engine.generate(tokens, max_new_tokens, on_logits=lambda step, values: logits.append(values))
+    finally:
+        if hasattr(engine, "close"):
+            engine.close()
     if save_logits is not None:
         write_logits(save_logits, logits)
     if tok is not None:
@@ -195,9 +224,9 @@ def run(artifact, weights, prompt_tokens, prompt, tokenizer, max_new_tokens, see
 @click.option("--sizes", default="1,7", show_default=True, help="Values bound to symbolic dims (tokens).")
 @click.option("--kernels", "pattern", default=None, help="Only kernels whose name matches this regex.")
 @click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
-@_rpc_options
-def check(artifact, sizes, pattern, as_json, rpc, rpc_tracker, rpc_key):
-    """Kernel conformance: run every kernel on the target, compare with llvm / NumPy."""
+@_device_options
+def check(artifact, sizes, pattern, as_json, rpc, rpc_tracker, rpc_key, adapter, browser):  # noqa: PLR0913
+    """Kernel conformance: every kernel of the shipped library run on its device, compared with llvm / NumPy."""
     from .artifact import read_manifest
     from .conformance import check_artifact, report_json
 
@@ -205,8 +234,11 @@ def check(artifact, sizes, pattern, as_json, rpc, rpc_tracker, rpc_key):
         click.echo(f"[{i + 1}/{n}] {name}", err=True)
 
     read_manifest(artifact)  # a bad --artifact is reported before connecting
-    session = _rpc_session(rpc, rpc_tracker, rpc_key)
-    report = check_artifact(artifact, tuple(int(s) for s in _parse_tokens(sizes)), pattern, progress=progress, remote=session)
+    size_list = tuple(int(s) for s in _parse_tokens(sizes))
+    if not size_list or any(s < 1 for s in size_list):
+        raise click.BadParameter(f"{sizes!r}: expected comma-separated token counts >= 1, e.g. 1,7", param_hint="--sizes")
+    options = _run_options(rpc, rpc_tracker, rpc_key, adapter, browser)
+    report = check_artifact(artifact, size_list, pattern, progress=progress, options=options)
     click.echo(report_json(report) if as_json else report.table() + "\n\n" + report.summary)
     sys.exit(0 if report.ok else 1)
 
@@ -228,48 +260,40 @@ PROFILE_FORMATS = ["md", "text", "json", "csv", "trace", "html", "events", "phas
 @click.option("--peak-gbps", type=float, default=None, help="Peak memory bandwidth for the bandwidth columns (default: target preset).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None, help="Write the report here (default: stdout).")
 @click.option("--save-json", type=click.Path(path_type=Path), default=None, help="Also keep the raw profile JSON here.")
-@_rpc_options
+@_device_options
 @click.pass_context
 def profile(ctx, artifact, model, quant, target_name, weights, prompt_len, gen_len, runs, warmup, fmt, peak_gbps, output, save_json,  # noqa: PLR0913
-            rpc, rpc_tracker, rpc_key):
+            rpc, rpc_tracker, rpc_key, adapter, browser):
     """Profile a model run: kernel statistics tables (see also `profile compare`)."""
     if ctx.invoked_subcommand is not None:
         return
     from .artifact import read_manifest
-    from .profiler.measure import profile as run_profile
     from .profiler.reports import render
     from .profiler.schema import save_profile
-    from .runtime import Engine
 
     if (artifact is None) == (quant is None):
         raise click.UsageError("give --artifact DIR, or --quant (with --model/--target) to build and profile")
     if artifact is None:
         artifact = _cached_build(model, quant, target_name)
     manifest = read_manifest(artifact)
-    session = _rpc_session(rpc, rpc_tracker, rpc_key)
-    replay = manifest["target"]["kind"] == "webgpu" and session is None  # kernel replay on wgpu (lavapipe here): slow, smaller defaults
-    prompt_len, gen_len, runs = (v if v is not None else d for v, d in zip((prompt_len, gen_len, runs), (32, 8, 2) if replay else (128, 32, 3)))
+    device = _backend_of(artifact)
+    options = dataclasses.replace(_run_options(rpc, rpc_tracker, rpc_key, adapter, browser), timed=True)
+    prompt_len, gen_len, runs = (v if v is not None else d for v, d in zip((prompt_len, gen_len, runs), device.PROFILE_DEFAULTS))
     total = (warmup + runs) * 2
-    if replay:
-        from .profiler.replay import model_config_of, profile_replay
 
-        llvm_artifact = _cached_build(model_config_of(artifact), manifest["quantization"], "llvm")
-        with click.progressbar(length=total, label="replaying on webgpu", file=sys.stderr, show_pos=True) as bar:
-            data = profile_replay(artifact, llvm_artifact, prompt_len, gen_len, runs, warmup, weights=weights,
-                                  progress=lambda label, done, n: bar.update(1))
-    elif session is not None:  # over RPC: see pipeline/profiler/remote.py for what is measured
-        from .profiler.remote import profile_remote
-        from .profiler.replay import model_config_of
+    def llvm_twin() -> Path:  # the same model built for llvm (profiles over RPC record its call sequence)
+        from .artifact import model_config_of
 
-        engine = Engine(artifact, weights, remote=session)
-        is_llvm = manifest["target"]["kind"] == "llvm"
-        record = Engine(artifact if is_llvm else _cached_build(model_config_of(artifact), manifest["quantization"], "llvm"), weights)
-        with click.progressbar(length=total, label="profiling over RPC", file=sys.stderr, show_pos=True) as bar:
-            data = profile_remote(engine, record, prompt_len, gen_len, runs, warmup, progress=lambda label, done, n: bar.update(1))
-    else:
-        engine = Engine(artifact, weights)
-        with click.progressbar(length=total, label="profiling", file=sys.stderr, show_pos=True) as bar:
-            data = run_profile(engine, prompt_len, gen_len, runs, warmup, progress=lambda label, done, n: bar.update(1))
+        return _cached_build(model_config_of(artifact), manifest["quantization"], "llvm")
+
+    engine = device.open_engine(artifact, weights, 0, options)
+    try:
+        with click.progressbar(length=total, label=f"profiling {manifest['target']['kind']}", file=sys.stderr, show_pos=True) as bar:
+            data = device.profile(engine, options, weights, llvm_twin, prompt_len=prompt_len, gen_len=gen_len, runs=runs,
+                                  warmup=warmup, progress=lambda label, done, n: bar.update(1))
+    finally:
+        if hasattr(engine, "close"):
+            engine.close()
     if peak_gbps is None:
         from .targets import load_target
 

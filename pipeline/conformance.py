@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -141,7 +140,7 @@ def _is_thread_bound(func: tvm.tirx.PrimFunc) -> bool:
     return "thread_binding" in func.script() or "launch_thread" in func.script()
 
 
-def _compare(got: list, want: list) -> tuple[float, float, bool]:
+def _compare(got: list, want: list, tolerance: dict[str, float] | None = None) -> tuple[float, float, bool]:
     worst_abs, worst_rel, ok = 0.0, 0.0, True
     for g, w in zip(got, want):
         if not isinstance(w, np.ndarray):
@@ -160,53 +159,25 @@ def _compare(got: list, want: list) -> tuple[float, float, bool]:
         scale = max(np.abs(w32[finite]).max(), 1e-6)
         err_abs, err_rel = float(diff.max()), float(diff.max() / scale)
         worst_abs, worst_rel = max(worst_abs, err_abs), max(worst_rel, err_rel)
-        ok &= err_rel <= _TOLERANCE.get(str(g.dtype), 1e-4)
+        ok &= err_rel <= {**_TOLERANCE, **(tolerance or {})}.get(str(g.dtype), 1e-4)
     return worst_abs, worst_rel, ok
 
 
-def _executor(kind: str) -> Callable | None:
-    """Function (scheduled func, target, args) -> arrays that runs on the target, or None."""
-    if kind == "llvm":
-        return lambda func, target, args: run_on_llvm(func, args)
-    if kind == "webgpu":
-        from .runners.webgpu import run_primfunc
-
-        return run_primfunc
-    if kind == "cuda" and tvm.cuda(0).exist:
-        return lambda func, target, args: run_compiled(func, target, tvm.cuda(0), args)
-    return None
-
-
-def _remote_executor(session, artifact: Path, manifest: dict) -> Callable:
-    """Function (kernel name, args) -> arrays running that kernel of the artifact's shipped library,
-    uploaded to a TVM RPC session, on the remote's device."""
-    from .rpc import describe, remote_device, upload_library
-
-    device = remote_device(session, manifest["target"]["kind"], describe(session))
-    lib = upload_library(session, artifact / manifest["library"], describe(session))
-
-    def run(name: str, args: list) -> list:
-        tensors = [tvm.runtime.tensor(a, device) if isinstance(a, np.ndarray) else a for a in args]
-        lib.get_function(name, query_imports=True)(*tensors)
-        device.sync()
-        return [t.numpy() if isinstance(t, tvm.runtime.Tensor) else t for t in tensors]
-
-    return run
-
-
 def check_artifact(artifact: str | Path, sizes: tuple[int, ...] = (1, 7), pattern: str | None = None, seed: int = 0, progress=None,
-                   remote=None) -> CheckReport:
-    """`remote`: a TVM RPC session (`pipeline.rpc.open_session`): the kernels of the artifact's
-    library run on the remote's device instead."""
+                   options=None) -> CheckReport:
+    """Every kernel of the artifact's shipped library run on its device (the backend's
+    `kernel_runner`: here, over TVM RPC, or in a WebGPU runtime, per `options`), or the backend's
+    static checks where it cannot run."""
+    from .backends import RunOptions, backend
+
     artifact = Path(artifact)
     manifest = read_manifest(artifact)
     kind = manifest["target"]["kind"]
-    remote_run = _remote_executor(remote, artifact, manifest) if remote is not None else None
+    options = options or RunOptions()
+    device = backend(kind)
     roles = {k["name"]: k.get("role", "other") for k in manifest["kernels"]}
     unscheduled = _load_tir(artifact, "unscheduled.json")
     scheduled = _load_tir(artifact, "scheduled.json")
-    target = tvm.target.Target(manifest["target"])
-    run = _executor(kind) if remote_run is None else (lambda func, target, args: None)
     chat_config = json.loads((artifact / "mlc-chat-config.json").read_text())
     counterparts = _attention_counterparts(chat_config, _model_dtype(manifest)) if kind != "llvm" else {}
     model_config = chat_config["model_config"]
@@ -215,102 +186,62 @@ def check_artifact(artifact: str | Path, sizes: tuple[int, ...] = (1, 7), patter
     names = sorted(gv.name_hint for gv in scheduled.get_global_vars())
     if pattern:
         names = [n for n in names if re.search(pattern, n)]
+    if not names:
+        raise ArtifactError(f"--kernels {pattern!r}: matches none of the {len(scheduled.get_global_vars())} kernels of {artifact}")
+    run = device.kernel_runner(artifact, manifest, options)
     if run is None:
-        results = _static_checks(artifact, manifest, names, roles)
-        summary = _not_executed_summary(kind)
-        return CheckReport(str(artifact), kind, False, results, summary)
-    for index, name in enumerate(names):
-        if progress:
-            progress(index, len(names), name)
-        func_s, func_u = scheduled[name], unscheduled[name]
-        role = roles.get(name, "other")
-        if _NOT_RANDOMIZABLE.match(name):
-            results.append(KernelResult(name, role, "-", "skip", note="tree attention / page copies: unused by the mlcpipe runtime"))
-            continue
-        reference = counterparts.get(name, func_u)
-        if _is_thread_bound(reference):
-            results.append(KernelResult(name, role, "-", "skip", note="no llvm reference for this GPU-only kernel"))
-            continue
-        for size in sizes if symbolic_dims(func_u) else (sizes[0],):
-            args, label = kernel_args(func_u, size, seed=seed, heads=heads)
-            if not symbolic_dims(func_u):
-                label = "static"
-            want = run_on_llvm(reference, _copy(args), key=f"{artifact}:{name}")
-            note = "llvm ref: TVM CPU kernel" if name in counterparts else ""
-            if role in _LINEAR_ROLES and "dequantize" in name:
-                expected = numpy_dequant_matmul(name, manifest["quantization"], args)
-                if expected is not None:
-                    _, rel_np, ok_np = _compare([expected], [want[-1]])
-                    note = f"llvm vs numpy {rel_np:.1e}" + ("" if ok_np else " MISMATCH")
-                    if not ok_np:
-                        results.append(KernelResult(name, role, label, "FAIL", None, rel_np, note))
-                        continue
-            try:
-                got = run(func_s, target, _copy(args)) if remote_run is None else remote_run(name, _copy(args))
-            except Exception as exc:  # a kernel that cannot run is a failure, reported
-                results.append(KernelResult(name, role, label, "FAIL", note=f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"))
+        rows = device.static_checks(artifact, manifest, names, roles)
+        results = [KernelResult(name, role, "-", status, note=note) for name, role, status, note in rows]
+        return CheckReport(str(artifact), kind, False, results, device.not_executed(options))
+    try:
+        for index, name in enumerate(names):
+            if progress:
+                progress(index, len(names), name)
+            func_u = unscheduled[name]
+            role = roles.get(name, "other")
+            if _NOT_RANDOMIZABLE.match(name):
+                results.append(KernelResult(name, role, "-", "skip", note="tree attention / page copies: unused by the mlcpipe runtime"))
                 continue
-            err_abs, err_rel, ok = _compare(got, want)
-            results.append(KernelResult(name, role, label, "pass" if ok else "FAIL", err_abs, err_rel, note))
+            reference = counterparts.get(name, func_u)
+            if _is_thread_bound(reference):
+                results.append(KernelResult(name, role, "-", "skip", note="no llvm reference for this GPU-only kernel"))
+                continue
+            for size in sizes if symbolic_dims(func_u) else (sizes[0],):
+                args, label = kernel_args(func_u, size, seed=seed, heads=heads)
+                if not symbolic_dims(func_u):
+                    label = "static"
+                want = run_on_llvm(reference, _copy(args), key=f"{artifact}:{name}")
+                note = "llvm ref: TVM CPU kernel" if name in counterparts else ""
+                if role in _LINEAR_ROLES and "dequantize" in name:
+                    expected = numpy_dequant_matmul(name, manifest["quantization"], args)
+                    if expected is not None:
+                        _, rel_np, ok_np = _compare([expected], [want[-1]])
+                        note = f"llvm vs numpy {rel_np:.1e}" + ("" if ok_np else " MISMATCH")
+                        if not ok_np:
+                            results.append(KernelResult(name, role, label, "FAIL", None, rel_np, note))
+                            continue
+                try:
+                    got = run(name, _copy(args))
+                except Exception as exc:  # a kernel that cannot run is a failure, reported
+                    results.append(KernelResult(name, role, label, "FAIL", note=f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"))
+                    continue
+                err_abs, err_rel, ok = _compare(got, want, getattr(run, "tolerance", None))
+                results.append(KernelResult(name, role, label, "pass" if ok else "FAIL", err_abs, err_rel, note))
+    finally:
+        if hasattr(run, "close"):
+            run.close()
     executed = sum(r.status in ("pass", "FAIL") for r in results)
     passed = sum(r.status == "pass" for r in results)
     skipped = sum(r.status == "skip" for r in results)
     where = kind
-    if remote is not None:
+    if options.remote is not None:
         from .rpc import describe
 
-        where = f"{kind} on {describe(remote)}"
+        where = f"{kind} on {describe(options.remote)}"
+    elif getattr(run, "adapter", None):
+        where = f"{kind} on {run.adapter} ({run.adapter_info.get('description') or run.adapter_info.get('device', '')})"
     summary = f"{where}: executed {executed} kernel runs, {passed} passed, {executed - passed} failed, {skipped} kernels skipped"
     return CheckReport(str(artifact), kind, True, results, summary)
-
-
-def _static_checks(artifact: Path, manifest: dict, names: list[str], roles: dict[str, str]) -> list[KernelResult]:
-    kind = manifest["target"]["kind"]
-    source_file = manifest.get("kernel_source")
-    source = (artifact / source_file).read_text() if source_file and (artifact / source_file).is_file() else ""
-    results = []
-    if kind == "cuda":
-        from .backends.cuda import embedded_cuda_formats, ptxas_report, verify_fatbin
-
-        archs = manifest.get("target_options", {}).get("fatbin_archs") or [manifest["target"].get("arch", "sm_80")]
-        library = artifact / manifest["library"]
-        present = verify_fatbin(library)
-        formats = embedded_cuda_formats(library)
-        lib_ok = formats == ["fatbin"] and set(archs) <= set(present)
-        results.append(KernelResult(f"<{manifest['library']}>", "library", "-", "static" if lib_ok else "FAIL",
-                                    note=f"embedded {formats}, fatbin archs {present} (wanted {archs})"))
-        report = ptxas_report(source, archs)
-        for name in names:
-            kernels = {k: v for k, v in report.items() if k == name or k.startswith(name + "_kernel")}
-            if not kernels:
-                results.append(KernelResult(name, roles.get(name, "other"), "-", "skip", note="host-side function: no device kernel"))
-                continue
-            for kname, per_arch in sorted(kernels.items()):
-                info = "; ".join(f"{a}: {v['registers']} regs, spills {v['spill_stores']}/{v['spill_loads']} B st/ld" for a, v in sorted(per_arch.items()))
-                results.append(KernelResult(kname, roles.get(name, "other"), "-", "compiled", note=info))
-    elif kind == "metal":
-        from .backends.metal import exported_symbols, macho_header, required_symbols
-
-        library = artifact / manifest["library"]
-        symbols = set(exported_symbols(library))
-        needed = set(required_symbols(artifact / "lib.tar"))
-        missing = sorted(needed - symbols)
-        header = macho_header(library)
-        results.append(KernelResult(f"<{manifest['library']}>", "library", "-", "FAIL" if missing else "static",
-                                    note=(f"missing exports {missing[:3]}" if missing else f"exports all {len(needed)} symbols TVM's loader needs; Mach-O {header}")))
-        for name in names:
-            present = bool(re.search(rf"kernel void {re.escape(name)}(_kernel)?\w*\(", source))
-            results.append(KernelResult(name, roles.get(name, "other"), "-", "static" if present else "skip",
-                                        note="MSL kernel present" if present else "host-side function: no device kernel"))
-    return results
-
-
-def _not_executed_summary(kind: str) -> str:
-    if kind == "cuda":
-        return "cuda: NOT EXECUTED (no CUDA device here): every kernel compiled by nvcc/ptxas for the fatbin archs; registers and spills reported"
-    if kind == "metal":
-        return "metal: NOT EXECUTED (Metal cannot run on this machine): MSL source of every kernel present, dylib exports checked"
-    return f"{kind}: NOT EXECUTED"
 
 
 def report_json(report: CheckReport) -> str:

@@ -12,6 +12,15 @@ from collections.abc import Sequence
 import numpy as np
 
 
+def checked_prefill_chunk(requested: int | None, built: int) -> int:
+    """A runtime prefill chunk: at most the one the artifact was built for (its buffers' size)."""
+    if requested is None:
+        return built
+    if not 1 <= requested <= built:
+        raise ValueError(f"--prefill-chunk {requested}: allowed 1..{built} (prefill_chunk_size of the artifact)")
+    return requested
+
+
 class Generation(ABC):
     vocab_size: int
     context_window: int

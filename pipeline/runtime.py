@@ -12,6 +12,7 @@ import tvm
 from tvm import relax
 
 from .artifact import RUNTIME_CONFIG, ArtifactError, read_manifest
+from .generation import Generation, checked_prefill_chunk
 from .weights import TENSOR_CACHE
 
 
@@ -31,10 +32,11 @@ def _device_for(target_kind: str) -> tvm.runtime.Device:
     raise ArtifactError(f"artifact target '{target_kind}' cannot run on this machine (runnable here: {', '.join(runnable)})")
 
 
-class Engine:
+class Engine(Generation):
     """A compiled model with its weights, ready to prefill and decode one sequence at a time."""
 
-    def __init__(self, artifact: str | Path, weights: str | Path | None = None, seed: int = 0, remote=None):
+    def __init__(self, artifact: str | Path, weights: str | Path | None = None, seed: int = 0, remote=None,
+                 prefill_chunk: int | None = None):
         """`remote`: a TVM RPC session (`pipeline.rpc.open_session`): the library is uploaded and
         loaded there, the weights go to its device, and every step runs on it."""
         self.artifact = Path(artifact)
@@ -42,7 +44,7 @@ class Engine:
         self.config = json.loads((self.artifact / RUNTIME_CONFIG).read_text())
         self.vocab_size = int(self.config["vocab_size"])
         self.context_window = int(self.config["context_window_size"])
-        self.prefill_chunk = int(self.config["prefill_chunk_size"])
+        self.prefill_chunk = checked_prefill_chunk(prefill_chunk, int(self.config["prefill_chunk_size"]))
         self.remote = remote
         self._remote_funcs: dict = {}
         self._remote_shapes: dict = {}
@@ -128,20 +130,6 @@ class Engine:
             stored.update(scheme.quantize_param(name, weight))
         return stored
 
-    # ---- generation ------------------------------------------------------------------------
-    def check_tokens(self, tokens: Sequence[int], max_new_tokens: int = 0) -> None:
-        if len(tokens) == 0:
-            raise ValueError("prompt is empty: give at least one token id")
-        bad = [t for t in tokens if not 0 <= int(t) < self.vocab_size]
-        if bad:
-            raise ValueError(f"token id {bad[0]} is out of range: allowed 0..{self.vocab_size - 1} (vocab_size {self.vocab_size})")
-        total = len(tokens) + max_new_tokens
-        if total > self.context_window:
-            raise ValueError(
-                f"prompt of {len(tokens)} tokens + {max_new_tokens} new tokens = {total} exceeds the "
-                f"context window of {self.context_window} tokens (context_window_size in the model config)"
-            )
-
     # ---- local or remote runtime objects ---------------------------------------------------
     def global_func(self, name: str):
         """A global function of the runtime the model runs in (the remote's over RPC)."""
@@ -165,7 +153,8 @@ class Engine:
         self.kv_cache = create(*(self.shape(n) for n in sizes))
         self.global_func("vm.builtin.kv_state_add_sequence")(self.kv_cache, 0)
 
-    def _forward(self, func, tokens: np.ndarray) -> np.ndarray:
+    def _step(self, kind: str, tokens: np.ndarray) -> np.ndarray:
+        func = self._prefill if kind == "prefill" else self._decode
         ids = tvm.runtime.tensor(tokens.astype("int32"), self.device)
         embed = self._embed(ids, self._params_arg)
         embed = embed._create_view((1, len(tokens), embed.shape[-1]))
@@ -180,33 +169,6 @@ class Engine:
             logits, self.kv_cache = get_item(out, 0), get_item(out, 1)
         end(self.kv_cache)
         return logits.numpy().reshape(-1)
-
-    def prefill(self, tokens: Sequence[int]) -> np.ndarray:
-        """Run the prompt (in chunks of prefill_chunk_size); logits of its last token."""
-        self.check_tokens(tokens)
-        tokens = np.asarray(tokens, dtype=np.int64)
-        logits = None
-        for start in range(0, len(tokens), self.prefill_chunk):
-            logits = self._forward(self._prefill, tokens[start : start + self.prefill_chunk])
-        return logits
-
-    def decode(self, token: int) -> np.ndarray:
-        self.check_tokens([token])
-        return self._forward(self._decode, np.asarray([token]))
-
-    def generate(self, prompt: Sequence[int], max_new_tokens: int, on_logits=None) -> list[int]:
-        """Greedy generation; `on_logits(step, logits)` sees the logits of every step."""
-        self.check_tokens(prompt, max_new_tokens)
-        self.reset()
-        logits = self.prefill(prompt)
-        out: list[int] = []
-        for step in range(max_new_tokens):
-            if on_logits is not None:
-                on_logits(step, logits)
-            out.append(int(np.argmax(logits)))
-            if step + 1 < max_new_tokens:
-                logits = self.decode(out[-1])
-        return out
 
 
 def check_logits_path(path: str | Path) -> Path:
@@ -238,3 +200,28 @@ def save_logits(path: str | Path, steps: Sequence[np.ndarray]) -> Path:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def library_kernel_runner(artifact: Path, manifest: dict, remote=None):
+    """(kernel name, args) -> args after the call: one kernel of the artifact's shipped library on
+    its device, here or on a TVM RPC session's (for `mlcpipe check`)."""
+    library = Path(artifact) / manifest["library"]
+    if not library.is_file():
+        raise ArtifactError(f"{artifact}: library {manifest['library']} missing")
+    kind = manifest["target"]["kind"]
+    if remote is None:
+        device = _device_for(kind)
+        lib = tvm.runtime.load_module(str(library))
+    else:
+        from .rpc import describe, remote_device, upload_library
+
+        device = remote_device(remote, kind, describe(remote))
+        lib = upload_library(remote, library, describe(remote))
+
+    def run(name: str, args: list) -> list:
+        tensors = [tvm.runtime.tensor(a, device) if isinstance(a, np.ndarray) else a for a in args]
+        lib.get_function(name, query_imports=True)(*tensors)
+        device.sync()
+        return [t.numpy() if isinstance(t, tvm.runtime.Tensor) else t for t in tensors]
+
+    return run

@@ -1,5 +1,5 @@
-"""`mlcpipe check` on llvm: every kernel against the unscheduled function (and NumPy for the fused
-dequantize matmuls); a wrong kernel is caught."""
+"""`mlcpipe check` on llvm: every kernel of the shipped lib.so against the unscheduled function (and
+NumPy for the fused dequantize matmuls); a wrong kernel is caught."""
 
 from __future__ import annotations
 
@@ -30,17 +30,45 @@ def test_check_passes_every_kernel_on_llvm(llvm_artifact):
     assert any(r.sizes == "seq_len=7" for r in fused)
 
 
+def test_check_runs_the_shipped_library(llvm_artifact, tiny_config, tmp_path):
+    """The kernels come from the artifact's lib.so, not from its TIR: a library whose rms_norm was
+    built with another epsilon (swapped in) fails that kernel, and only the norms."""
+    import dataclasses
+    import shutil
+
+    other = build(dataclasses.replace(tiny_config, rms_norm_eps=0.5), "q4f32_1", load_target("llvm"),
+                  output=tmp_path / "other", log=lambda *_: None)
+    swapped = tmp_path / "swapped"
+    shutil.copytree(llvm_artifact, swapped)
+    shutil.copyfile(other / "lib.so", swapped / "lib.so")
+    report = conformance.check_artifact(swapped, sizes=(3,), pattern="^rms_norm|NT_matmul")
+    status = {r.kernel: r.status for r in report.results}
+    assert not report.ok
+    assert {k for k, v in status.items() if v == "FAIL"} == {k for k in status if k.startswith("rms_norm")}
+    assert any(v == "pass" for k, v in status.items() if "NT_matmul" in k)
+
+
 def test_check_catches_a_wrong_kernel(llvm_artifact, monkeypatch):
-    def perturbed(kind):
-        def run(func, target, args):
-            out = conformance.run_on_llvm(func, args)
-            return [a * np.asarray(1.01, a.dtype) if a.dtype.kind == "f" else a for a in out]
+    from pipeline.backends import llvm as backend
+
+    def perturbed(artifact, manifest, options):
+        def run(name, args):
+            out = run_shipped(name, args)
+            return [a * np.asarray(1.01, a.dtype) if isinstance(a, np.ndarray) and a.dtype.kind == "f" else a for a in out]
+        run_shipped = original(artifact, manifest, options)
         return run
 
-    monkeypatch.setattr(conformance, "_executor", perturbed)
+    original = backend.kernel_runner
+    monkeypatch.setattr(backend, "kernel_runner", perturbed)
     report = conformance.check_artifact(llvm_artifact, pattern="NT_matmul|rms_norm")
     assert not report.ok
     assert all(r.status == "FAIL" for r in report.results if r.status != "skip")
+
+
+def test_check_refuses_a_pattern_that_matches_nothing(llvm_artifact):
+    result = mlcpipe("check", "--artifact", str(llvm_artifact), "--kernels", "no_such_kernel")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines()[-1].startswith("error: --kernels 'no_such_kernel': matches none of the")
 
 
 def test_check_cli_prints_table(llvm_artifact):

@@ -94,7 +94,7 @@ COLUMNS = {
 def test_kernel_statistics_arithmetic(prof, fmt):
     text = render(prof, fmt)
     col = COLUMNS[fmt]
-    assert text.startswith(f"## Profiling Analysis: Llama Tiny q4f16_1 on {prof['device']}\n\n<small>\n")
+    assert text.startswith(f"## Profiling Analysis: {prof['display_name']} {prof['quantization']} on {prof['device']}\n\n<small>\n")
     stats = parse_table(text, "Kernel Execution Statistics")
     top = parse_table(text, "Top 10 Most Time-Consuming Kernels")
     groups = _sample_groups(prof)

@@ -237,8 +237,9 @@ def test_link_failure_is_a_one_line_error(tmp_path):
     assert message.startswith("emcc failed to link lib.wasm") and "setup-debian.sh" in message and "\n" not in message
 
 
-def test_mlcpipe_check_passes_every_kernel_on_lavapipe(artifact):
-    """Kernel conformance of the whole tiny artifact: every kernel executed through wgpu."""
+def test_mlcpipe_check_passes_every_kernel(artifact):
+    """Kernel conformance of the whole tiny artifact: every kernel of lib.wasm executed in Dawn
+    (f32), or on lavapipe through wgpu where no Dawn adapter here has shader-f16 (f16)."""
     from pipeline.conformance import check_artifact
 
     report = check_artifact(artifact)
@@ -248,4 +249,4 @@ def test_mlcpipe_check_passes_every_kernel_on_lavapipe(artifact):
     roles = {r.role for r in report.results if r.status == "pass"}
     assert {"qkv", "o_proj", "gate_up", "down", "lm_head", "attention", "norm", "rope", "swiglu", "embedding", "kv append"} <= roles
     assert {"batch_prefill_paged_kv", "batch_decode_paged_kv", "batch_prefill_ragged_kv", "tir_attention_merge_state"} <= passed
-    assert report.summary.startswith("webgpu: executed")
+    assert report.summary.startswith("webgpu on ")

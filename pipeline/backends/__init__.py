@@ -1,17 +1,35 @@
-"""Per-target export of a built Relax executable into an artifact directory.
+"""One backend module per target kind (llvm, cuda, metal, webgpu), small and flat.
 
-Each backend module (one per target kind, small and flat) provides:
-    LIBRARY: str                 file name of the loadable library in the artifact
-    SOURCE_FILE: str | None      file name of the generated kernel source, if any
-    export(executable, target, out_dir) -> list[str]   writes LIBRARY (+ extras), returns names
+Build side:
+    LIBRARY, SOURCE_FILE                               the library / kernel source file names
+    export(executable, target, out_dir) -> list[str]   writes LIBRARY (+ extras)
     kernel_source(executable) -> str                   the device code (CUDA C, MSL, WGSL)
-    compile_context(target_spec) -> context manager    active around relax.build (e.g. installs
-                                                       the nvcc callback that makes a fatbin)
+    compile_context(target_spec) -> context manager    active around relax.build
+Run side (`run`, `check`, `profile` ask these, given a RunOptions):
+    open_engine(artifact, weights, seed, options)      the model, ready to generate
+    kernel_runner(artifact, manifest, options)         (name, args) -> args, one shipped kernel
+                                                       on the device; None: not executable here
+    static_checks(artifact, manifest, names, roles)    rows (kernel, role, status, note) when not
+    not_executed(options) -> str                       ... and the summary line saying so
+    PROFILE_DEFAULTS, profile(engine, options, weights, llvm_twin, **sizes) -> profile dict
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """Where an artifact runs: a TVM RPC session (llvm, cuda, metal), or a WebGPU adapter
+    (gles, swiftshader, gpu, auto) in node or in headless Chromium; a smaller prefill chunk."""
+
+    remote: object = None
+    adapter: str | None = None
+    browser: bool = False
+    prefill_chunk: int | None = None
+    timed: bool = False  # for `profile`: pick a device that can time kernels
 
 
 def backend(kind: str):

@@ -31,6 +31,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from .native import PROFILE_DEFAULTS, open_engine, profile  # noqa: F401  (run side: TVM's own runtime)
+
 LIBRARY = "lib.so"
 SOURCE_FILE = "kernels.cu"
 
@@ -462,3 +464,40 @@ def _source_of(module) -> str:
         if text and not text.startswith(("\x50\xed", "\x7fELF")):
             return str(text)
     return ""
+
+
+def kernel_runner(artifact, manifest, options):
+    """The fatbin's kernels on this machine's CUDA device (or over TVM RPC); None without one."""
+    import tvm
+
+    from .native import kernel_runner as run_shipped
+
+    return run_shipped(artifact, manifest, options, local=tvm.cuda(0).exist)
+
+
+def static_checks(artifact, manifest, names, roles) -> list[tuple]:
+    """Without a GPU: the library embeds one fatbin with every arch, each kernel compiles in ptxas."""
+    source_file = manifest.get("kernel_source")
+    source = (Path(artifact) / source_file).read_text() if source_file and (Path(artifact) / source_file).is_file() else ""
+    archs = manifest.get("target_options", {}).get("fatbin_archs") or [manifest["target"].get("arch", "sm_80")]
+    library = Path(artifact) / manifest["library"]
+    present = verify_fatbin(library)
+    formats = embedded_cuda_formats(library)
+    lib_ok = formats == ["fatbin"] and set(archs) <= set(present)
+    rows = [(f"<{manifest['library']}>", "library", "static" if lib_ok else "FAIL",
+             f"embedded {formats}, fatbin archs {present} (wanted {archs})")]
+    report = ptxas_report(source, archs)
+    for name in names:
+        kernels = {k: v for k, v in report.items() if k == name or k.startswith(name + "_kernel")}
+        if not kernels:
+            rows.append((name, roles.get(name, "other"), "skip", "host-side function: no device kernel"))
+            continue
+        for kname, per_arch in sorted(kernels.items()):
+            info = "; ".join(f"{a}: {v['registers']} regs, spills {v['spill_stores']}/{v['spill_loads']} B st/ld" for a, v in sorted(per_arch.items()))
+            rows.append((kname, roles.get(name, "other"), "compiled", info))
+    return rows
+
+
+def not_executed(options) -> str:
+    del options
+    return "cuda: NOT EXECUTED (no CUDA device here): every kernel compiled by nvcc/ptxas for the fatbin archs; registers and spills reported"

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 from pathlib import Path
 
+from .native import PROFILE_DEFAULTS, open_engine, profile  # noqa: F401  (run side: TVM's own runtime)
+
 LIBRARY = "lib.so"
 SOURCE_FILE = None
 
@@ -23,3 +25,19 @@ def export(executable, target, out_dir: Path) -> list[str]:
 def kernel_source(executable) -> str:
     del executable
     return ""
+
+
+def kernel_runner(artifact, manifest, options):
+    from .native import kernel_runner as run_shipped
+
+    return run_shipped(artifact, manifest, options, local=True)
+
+
+def static_checks(artifact, manifest, names, roles) -> list[tuple]:
+    del artifact, manifest, names, roles
+    return []
+
+
+def not_executed(options) -> str:
+    del options
+    return "llvm: NOT EXECUTED"

@@ -30,6 +30,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from .native import PROFILE_DEFAULTS, open_engine, profile  # noqa: F401  (run side: TVM's own runtime)
 from .reproducible import fix_macho_uuid, normalize_tar
 
 LIBRARY = "lib.dylib"
@@ -215,3 +216,32 @@ def required_symbols(tar_path) -> list[str]:
         for obj in _extract_objects(Path(tar_path), Path(tmp)):
             needed |= {s for s in exported_symbols(obj) if s.startswith(("__tvm_ffi", "__TVMFFI"))}
     return sorted(needed)
+
+
+def kernel_runner(artifact, manifest, options):
+    """Metal kernels run only on a Mac: over TVM RPC (`--rpc`)."""
+    from .native import kernel_runner as run_shipped
+
+    return run_shipped(artifact, manifest, options, local=False)
+
+
+def static_checks(artifact, manifest, names, roles) -> list[tuple]:
+    """Without a Mac: the dylib exports every symbol TVM's loader needs, each kernel's MSL is there."""
+    library = Path(artifact) / manifest["library"]
+    source_file = manifest.get("kernel_source")
+    source = (Path(artifact) / source_file).read_text() if source_file and (Path(artifact) / source_file).is_file() else ""
+    needed = set(required_symbols(Path(artifact) / TARBALL))
+    missing = sorted(needed - set(exported_symbols(library)))
+    rows = [(f"<{manifest['library']}>", "library", "FAIL" if missing else "static",
+             f"missing exports {missing[:3]}" if missing else f"exports all {len(needed)} symbols TVM's loader needs; Mach-O {macho_header(library)}")]
+    for name in names:
+        present = bool(re.search(rf"kernel void {re.escape(name)}(_kernel)?\w*\(", source))
+        rows.append((name, roles.get(name, "other"), "static" if present else "skip",
+                     "MSL kernel present" if present else "host-side function: no device kernel"))
+    return rows
+
+
+def not_executed(options) -> str:
+    del options
+    return ("metal: NOT EXECUTED (Metal runs on a Mac: `mlcpipe check --rpc HOST:PORT` against a rpc_server there): "
+            "MSL source of every kernel present, dylib exports checked")

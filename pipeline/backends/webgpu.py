@@ -34,6 +34,7 @@ from pathlib import Path
 
 LIBRARY = "lib.wasm"
 SOURCE_FILE = "kernels.wgsl"
+PROFILE_DEFAULTS = (32, 8, 2)  # prompt tokens, generated tokens, measured runs (software adapters are slow)
 
 _SETUP_HINT = "install with scripts/setup-debian.sh"
 _OWN_HEADERS = Path(__file__).resolve().parent / "web_runtime"
@@ -267,3 +268,73 @@ def runtime_objects() -> list[str]:
                 shutil.rmtree(out_dir)
             build.rename(out_dir)
     return [str(o) for o in objects]
+
+
+# ---- run side: the real WebGPU runtime (Dawn for node, or headless Chromium) -------------------
+
+
+def _refuse_rpc(options) -> None:
+    if options.remote is not None:
+        raise ValueError("--rpc runs TVM's runtime (llvm, cuda, metal artifacts); a webgpu artifact runs in a WebGPU "
+                         "runtime here: choose it with --adapter (gles, swiftshader, gpu) or --browser")
+
+
+def open_engine(artifact, weights, seed, options):
+    from ..runners.dawn import WebGPUEngine
+
+    _refuse_rpc(options)
+    return WebGPUEngine(artifact, weights, seed=seed, adapter=options.adapter, browser=options.browser,
+                        prefill_chunk=options.prefill_chunk, timed_adapter=options.timed)
+
+
+def kernel_runner(artifact, manifest, options):
+    """The shipped lib.wasm's kernels in Dawn. f16 kernels need an adapter with shader-f16; where
+    none is chosen and the one found lacks it, they run on Mesa lavapipe through wgpu instead,
+    compiled from the artifact's scheduled TIR by the same codegen (`LavapipeKernels`)."""
+    from ..runners.dawn import KernelRunner, RunnerError
+
+    _refuse_rpc(options)
+    try:
+        return KernelRunner(artifact, options.adapter, browser=options.browser)
+    except RunnerError as exc:
+        if "shader-f16" not in str(exc) or options.adapter not in (None, "auto") or options.browser:
+            raise
+        return LavapipeKernels(artifact, manifest)
+
+
+class LavapipeKernels:
+    """(name, args) -> args: an artifact's scheduled TIR kernel compiled to WGSL and run on Mesa
+    lavapipe through wgpu (f16 included), for f16 artifacts where Dawn has no shader-f16 here."""
+
+    adapter = "lavapipe (wgpu; kernels from tir/scheduled.json: no Dawn adapter with shader-f16 here)"
+
+    def __init__(self, artifact, manifest):
+        import tvm
+
+        from ..runners import webgpu as lavapipe
+
+        self._lavapipe = lavapipe
+        self._scheduled = tvm.ir.load_json((Path(artifact) / "tir" / "scheduled.json").read_text())
+        self._target = tvm.target.Target(manifest["target"])
+        self.adapter_info = lavapipe.adapter_info()
+
+    def __call__(self, name: str, args: list) -> list:
+        return self._lavapipe.run_primfunc(self._scheduled[name], self._target, args)
+
+
+def static_checks(artifact, manifest, names, roles) -> list[tuple]:
+    del artifact, manifest, names, roles
+    return []
+
+
+def not_executed(options) -> str:
+    del options
+    return "webgpu: NOT EXECUTED"
+
+
+def profile(engine, options, weights, llvm_twin, **kwargs) -> dict:
+    """Every kernel of the real run timed by WebGPU timestamp queries."""
+    del options, weights, llvm_twin
+    from ..profiler.webgpu import profile as measure
+
+    return measure(engine, **kwargs)

@@ -21,12 +21,15 @@ from pathlib import Path
 import numpy as np
 
 from ..artifact import RUNTIME_CONFIG, ArtifactError, read_manifest
-from ..generation import Generation
+from ..generation import Generation, checked_prefill_chunk
 from ..weights import TENSOR_CACHE
 
 RUNNER = Path(__file__).resolve().parent / "web" / "node_runner.mjs"
 ADAPTERS = ("gles", "swiftshader", "gpu")
 SWIFTSHADER_ICD = Path("/usr/lib/chromium/vk_swiftshader_icd.json")
+# check tolerances per adapter: SwiftShader's exp / sin / cos / inverseSqrt are approximations
+# within Vulkan's precision bounds (sin/cos: 2^-11 absolute), ~2e-4 of a RoPE output
+ADAPTER_TOLERANCE = {"swiftshader": {"float32": 5e-4}}
 _SETUP_HINT = "run scripts/setup-debian.sh (it installs node, the adapters' system packages and `npm ci`)"
 
 
@@ -40,9 +43,13 @@ def node_modules() -> Path:
     return Path(__file__).resolve().parents[2] / "node_modules"
 
 
-def _vulkan_icds() -> list[Path]:
+def _gpu_present() -> bool:
+    """A GPU's Vulkan driver can be used: an NVIDIA device with its ICD, or a DRM render node."""
     dirs = [Path("/usr/share/vulkan/icd.d"), Path("/etc/vulkan/icd.d")]
-    return [p for d in dirs if d.is_dir() for p in sorted(d.glob("*.json")) if "lvp" not in p.name and "swiftshader" not in p.name]
+    icds = [p.name for d in dirs if d.is_dir() for p in d.glob("*.json")]
+    nvidia = Path("/dev/nvidia0").exists() and any("nvidia" in name for name in icds)
+    render = any(Path("/dev/dri").glob("renderD*")) if Path("/dev/dri").is_dir() else False
+    return nvidia or (render and any("lvp" not in n for n in icds))
 
 
 def adapter_env(adapter: str) -> dict[str, str]:
@@ -57,20 +64,21 @@ def adapter_env(adapter: str) -> dict[str, str]:
             raise RunnerError(f"--adapter swiftshader needs {SWIFTSHADER_ICD} (Debian package chromium): {_SETUP_HINT}")
         env["VK_ICD_FILENAMES"] = str(SWIFTSHADER_ICD)
     elif adapter == "gpu":
-        if not _vulkan_icds() and "VK_ICD_FILENAMES" not in os.environ:
-            raise RunnerError("--adapter gpu: no Vulkan driver of a GPU is installed here (no ICD in /usr/share/vulkan/icd.d); "
-                              "use --adapter gles or swiftshader")
+        if not _gpu_present() and "VK_ICD_FILENAMES" not in os.environ:
+            raise RunnerError("--adapter gpu: no GPU with a Vulkan driver here (no /dev/nvidia0 with NVIDIA's ICD, no /dev/dri "
+                              "render node); use --adapter gles or swiftshader")
     else:
         raise RunnerError(f"--adapter {adapter!r}: allowed {', '.join(ADAPTERS)} or auto")
     return env
 
 
-def resolve_adapter(adapter: str | None) -> str:
-    """`auto` (or None): a real GPU when a Vulkan driver is installed, else SwiftShader, else GLES."""
+def resolve_adapter(adapter: str | None, timed: bool = False) -> str:
+    """`auto` (or None): a real GPU, else GLES (exact f32, fast), else SwiftShader; with `timed`
+    (kernels timed by timestamp queries, which GLES lacks) a GPU, else SwiftShader."""
     if adapter not in (None, "auto"):
         adapter_env(adapter)
         return adapter
-    for candidate in ("gpu", "swiftshader", "gles"):
+    for candidate in ("gpu", "swiftshader") if timed else ("gpu", "gles", "swiftshader"):
         try:
             adapter_env(candidate)
             return candidate
@@ -90,13 +98,13 @@ def unb64(text: str, dtype: str, shape) -> np.ndarray:
 class DawnRunner:
     """One node process holding one WebGPU device and (after `open`) one model session."""
 
-    def __init__(self, adapter: str | None = None, browser: bool = False):
+    def __init__(self, adapter: str | None = None, browser: bool = False, timed: bool = False):
         if browser:  # headless Chromium (web/browser_runner.mjs, same protocol): see browser.py
             from .browser import browser_command
 
             self.adapter, argv, env = browser_command(adapter)
         else:
-            self.adapter = resolve_adapter(adapter)
+            self.adapter = resolve_adapter(adapter, timed)
             node = shutil.which("node")
             if node is None:
                 raise RunnerError(f"node (Node.js) not found on PATH, needed to run webgpu artifacts: {_SETUP_HINT}")
@@ -153,15 +161,6 @@ class DawnRunner:
         self.close()
 
 
-def checked_prefill_chunk(requested: int | None, built: int) -> int:
-    """A runtime prefill chunk: at most the one the artifact was built for (its buffers' size)."""
-    if requested is None:
-        return built
-    if not 1 <= requested <= built:
-        raise ValueError(f"--prefill-chunk {requested}: allowed 1..{built} (prefill_chunk_size of the artifact)")
-    return requested
-
-
 def kernel_of(entry_point: str) -> str:
     """The TIR function a WGSL entry point belongs to (`<func>_kernel`, `<func>_kernel_1`, ...)."""
     return re.sub(r"_kernel(_\d+)?$", "", entry_point)
@@ -173,7 +172,7 @@ class WebGPUEngine(Generation):
     (`last_kernels`: [(kernel, ns)] of the last step)."""
 
     def __init__(self, artifact: str | Path, weights: str | Path | None = None, seed: int = 0, adapter: str | None = None,
-                 browser: bool = False, prefill_chunk: int | None = None):
+                 browser: bool = False, prefill_chunk: int | None = None, timed_adapter: bool = False):
         self.artifact = Path(artifact)
         self.manifest = read_manifest(self.artifact)
         self.config = json.loads((self.artifact / RUNTIME_CONFIG).read_text())
@@ -186,7 +185,7 @@ class WebGPUEngine(Generation):
         self._tmp = None
         weights_dir = self._weights_dir(weights, seed)
         check_tensor_cache(weights_dir, self.manifest["parameters"])
-        self.runner = DawnRunner(adapter, browser=browser)
+        self.runner = DawnRunner(adapter, browser=browser, timed=timed_adapter)
         self.adapter = self.runner.adapter
         try:
             reply = self.runner.request(
@@ -239,9 +238,9 @@ class WebGPUEngine(Generation):
 class KernelRunner:
     """Kernels of an artifact's shipped lib.wasm run one by one in Dawn (for `mlcpipe check`)."""
 
-    def __init__(self, artifact: str | Path, adapter: str | None = None):
+    def __init__(self, artifact: str | Path, adapter: str | None = None, browser: bool = False):
         manifest = read_manifest(Path(artifact))
-        self.runner = DawnRunner(adapter)
+        self.runner = DawnRunner(adapter, browser=browser)
         self.adapter = self.runner.adapter
         try:
             reply = self.runner.request("open", adapter=self.adapter, wasm=str(Path(artifact) / manifest["library"]), weights=None,
@@ -250,6 +249,7 @@ class KernelRunner:
             self.runner.close()
             raise
         self.adapter_info = reply["adapter"]
+        self.tolerance = ADAPTER_TOLERANCE.get(self.adapter, {})
 
     def __call__(self, name: str, args: list) -> list:
         """Run kernel `name` on NumPy arrays / scalars; returns the arguments after the call."""
