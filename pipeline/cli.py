@@ -256,7 +256,7 @@ PROFILE_FORMATS = ["md", "text", "json", "csv", "trace", "html", "events", "phas
 @click.option("--gen-len", default=None, show_default="32; webgpu 8", type=click.IntRange(min=1))
 @click.option("--runs", default=None, show_default="3; webgpu 2", type=click.IntRange(min=1))
 @click.option("--warmup", default=1, show_default=True, type=click.IntRange(min=0))
-@click.option("--format", "fmt", type=click.Choice(PROFILE_FORMATS), default="md", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(PROFILE_FORMATS), default=None, show_default="md; phase with --browser")
 @click.option("--peak-gbps", type=float, default=None, help="Peak memory bandwidth for the bandwidth columns (default: target preset).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None, help="Write the report here (default: stdout).")
 @click.option("--save-json", type=click.Path(path_type=Path), default=None, help="Also keep the raw profile JSON here.")
@@ -277,7 +277,9 @@ def profile(ctx, artifact, model, quant, target_name, weights, prompt_len, gen_l
         artifact = _cached_build(model, quant, target_name)
     manifest = read_manifest(artifact)
     device = _backend_of(artifact)
-    options = dataclasses.replace(_run_options(rpc, rpc_tracker, rpc_key, adapter, browser), timed=True)
+    options = dataclasses.replace(_run_options(rpc, rpc_tracker, rpc_key, adapter, browser), timed=True, console=_log)
+    if browser and fmt is None:
+        fmt = "phase"  # the browser harness's per-phase GPU profile reports and metrics lines
     prompt_len, gen_len, runs = (v if v is not None else d for v, d in zip((prompt_len, gen_len, runs), device.PROFILE_DEFAULTS))
     total = (warmup + runs) * 2
 
@@ -304,7 +306,7 @@ def profile(ctx, artifact, model, quant, target_name, weights, prompt_len, gen_l
     data["peak_gbps"] = peak_gbps
     if save_json:
         save_profile(data, save_json)
-    text = render(data, fmt, peak_gbps=peak_gbps)
+    text = render(data, fmt or "md", peak_gbps=peak_gbps)
     if output:
         output.write_text(text)
         click.echo(str(output), err=True)

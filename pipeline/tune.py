@@ -29,7 +29,6 @@ from .kernel_inputs import random_args, symbolic_dims
 from .targets import TargetSpec
 from .tuning import TuningDB
 
-TIMED_KINDS = ("llvm", "cuda")
 
 
 class TuneError(ValueError):
@@ -53,17 +52,10 @@ class KernelTuning:
 
 
 def timing_device(kind: str):
-    if kind == "llvm":
-        return tvm.cpu()
-    if kind == "cuda":
-        dev = tvm.cuda()
-        if not dev.exist:
-            raise TuneError("tune --target cuda: no CUDA device on this machine (run it where a GPU is, e.g. the lent H100)")
-        return dev
-    raise TuneError(
-        f"tune --target {kind}: cannot time {kind} kernels here (allowed: {', '.join(TIMED_KINDS)}); "
-        "lavapipe runs WebGPU on the CPU, so its timings do not rank GPU schedules: use `mlcpipe check` for numerics"
-    )
+    """The device kernels of this target kind are timed on, as its backend says."""
+    from .backends import backend
+
+    return backend(kind).timing_device()
 
 
 def unscheduled_kernels(config: ModelConfig, quant: str, target: tvm.target.Target) -> dict[str, tvm.tirx.PrimFunc]:

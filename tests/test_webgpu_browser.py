@@ -148,3 +148,16 @@ def test_browser_runs_one_kernel(browser_engine):
     want = x / np.sqrt((x.astype("float64") ** 2).mean(-1, keepdims=True) + 1e-5) * w
     assert np.abs(got - want).max() / np.abs(want).max() < 1e-5
     assert np.array_equal(unb64(outs[0], "float32", x.shape), x)
+
+
+def test_cli_profile_browser_prints_the_phase_reports(artifact):
+    """`mlcpipe profile --browser`: the real run in the page, seed 002's per-phase GPU profile
+    reports and metrics lines on stdout, the page's console on stderr."""
+    from .test_errors import mlcpipe
+
+    proc = mlcpipe("profile", "--artifact", str(artifact), "--browser", "--prompt-len", "8", "--gen-len", "3", "--runs", "1")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = proc.stdout
+    assert "[Profile] Prefill (prefill):" in out and "[Profile] Decode (N=" in out and "GPU Profile Report" in out
+    assert "[Perf] TTFT:" in out and "tok/s" in out
+    assert "[browser:log] [GPU]" in proc.stderr

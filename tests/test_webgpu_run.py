@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from pipeline.build import build
 from pipeline.cli import main
 from pipeline.quantization import QUANTIZATIONS
+from pipeline.runners import dawn
 from pipeline.runners.dawn import RunnerError, WebGPUEngine
 from pipeline.targets import load_target
 from pipeline.weights import convert_weights
@@ -87,8 +88,44 @@ def test_runner_errors_are_one_line(model, monkeypatch, tmp_path):
     _, artifact, params, _ = model
     with pytest.raises(RunnerError, match="--adapter 'metal'"):
         WebGPUEngine(artifact, params, adapter="metal")
+    # no GPU here: --adapter gpu is refused before node starts
+    result = CliRunner().invoke(main, ["run", "--artifact", str(artifact), "--weights", str(params), "--adapter", "gpu",
+                                       "--prompt-tokens", "1,2,3"])
+    assert result.exit_code == 2 and result.output.strip().splitlines()[-1].startswith("error: --adapter gpu: no GPU with a Vulkan driver here")
+    # an adapter whose system package is missing
+    monkeypatch.setattr(dawn, "SWIFTSHADER_ICD", tmp_path / "vk_swiftshader_icd.json")
+    with pytest.raises(RunnerError, match="--adapter swiftshader needs .*chromium"):
+        WebGPUEngine(artifact, params, adapter="swiftshader")
+    # a webgpu artifact is not a TVM RPC artifact
+    result = CliRunner().invoke(main, ["run", "--artifact", str(artifact), "--weights", str(params), "--rpc", "127.0.0.1:1",
+                                       "--prompt-tokens", "1,2,3"])
+    assert result.exit_code == 2 and result.output.strip().splitlines()[-1].startswith("error:")
     monkeypatch.setenv("PATH", str(tmp_path))  # no node on PATH
     result = CliRunner().invoke(main, ["run", "--artifact", str(artifact), "--weights", str(params), "--adapter", "gles",
                                        "--prompt-tokens", "1,2,3"])
     assert result.exit_code == 2
     assert result.output.strip().splitlines()[-1].startswith("error: node (Node.js) not found")
+
+
+def test_check_webgpu_on_swiftshader(model):
+    """`mlcpipe check --adapter swiftshader`: every kernel of lib.wasm in Dawn's Vulkan backend."""
+    from pipeline.backends import RunOptions
+    from pipeline.conformance import check_artifact
+
+    _, artifact, _, _ = model
+    report = check_artifact(artifact, sizes=(7,), options=RunOptions(adapter="swiftshader"))
+    assert report.executed and report.ok, report.table()
+    assert report.summary.startswith("webgpu on swiftshader") and "0 failed" in report.summary
+
+
+def test_cuda_artifact_without_a_gpu_is_one_line(gqa_config, tmp_path):
+    """A cuda artifact where no CUDA device is: `run` says so in one line; `check` falls back to
+    nvcc/ptxas and says NOT EXECUTED."""
+    import tvm
+
+    if tvm.cuda(0).exist:
+        pytest.skip("this machine has a CUDA device")
+    artifact = build(gqa_config, "q4f32_1", load_target("cuda"), output=tmp_path / "cuda", log=lambda *_: None)
+    result = CliRunner().invoke(main, ["run", "--artifact", str(artifact), "--weights", "synthetic", "--prompt-tokens", "1,2,3"])
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines()[-1] == "error: artifact target 'cuda' cannot run on this machine (runnable here: llvm)"

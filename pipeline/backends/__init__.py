@@ -12,6 +12,7 @@ Run side (`run`, `check`, `profile` ask these, given a RunOptions):
     static_checks(artifact, manifest, names, roles)    rows (kernel, role, status, note) when not
     not_executed(options) -> str                       ... and the summary line saying so
     PROFILE_DEFAULTS, profile(engine, options, weights, llvm_twin, **sizes) -> profile dict
+    timing_device()                                    the device `mlcpipe tune` times kernels on
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ class RunOptions:
     browser: bool = False
     prefill_chunk: int | None = None
     timed: bool = False  # for `profile`: pick a device that can time kernels
+    console: object = None  # callable(line): the browser page's console lines, as they come
 
 
 def backend(kind: str):

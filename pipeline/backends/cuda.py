@@ -501,3 +501,12 @@ def static_checks(artifact, manifest, names, roles) -> list[tuple]:
 def not_executed(options) -> str:
     del options
     return "cuda: NOT EXECUTED (no CUDA device here): every kernel compiled by nvcc/ptxas for the fatbin archs; registers and spills reported"
+
+
+def timing_device():
+    """`mlcpipe tune` times cuda kernels on this machine's GPU."""
+    import tvm
+
+    if not tvm.cuda().exist:
+        raise ValueError("tune --target cuda: no CUDA device on this machine (run it where a GPU is, e.g. the lent H100)")
+    return tvm.cuda()

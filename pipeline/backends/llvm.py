@@ -41,3 +41,10 @@ def static_checks(artifact, manifest, names, roles) -> list[tuple]:
 def not_executed(options) -> str:
     del options
     return "llvm: NOT EXECUTED"
+
+
+def timing_device():
+    """`mlcpipe tune` times llvm kernels on this CPU."""
+    import tvm
+
+    return tvm.cpu()

@@ -245,3 +245,8 @@ def not_executed(options) -> str:
     del options
     return ("metal: NOT EXECUTED (Metal runs on a Mac: `mlcpipe check --rpc HOST:PORT` against a rpc_server there): "
             "MSL source of every kernel present, dylib exports checked")
+
+
+def timing_device():
+    raise ValueError("tune --target metal: Metal kernels cannot be timed here (allowed: llvm, cuda); "
+                     "`mlcpipe check --rpc` runs them on a Mac")

@@ -284,7 +284,7 @@ def open_engine(artifact, weights, seed, options):
 
     _refuse_rpc(options)
     return WebGPUEngine(artifact, weights, seed=seed, adapter=options.adapter, browser=options.browser,
-                        prefill_chunk=options.prefill_chunk, timed_adapter=options.timed)
+                        prefill_chunk=options.prefill_chunk, timed_adapter=options.timed, console=options.console)
 
 
 def kernel_runner(artifact, manifest, options):
@@ -338,3 +338,8 @@ def profile(engine, options, weights, llvm_twin, **kwargs) -> dict:
     from ..profiler.webgpu import profile as measure
 
     return measure(engine, **kwargs)
+
+
+def timing_device():
+    raise ValueError("tune --target webgpu: cannot time webgpu kernels here (allowed: llvm, cuda); the software "
+                     "adapters run WebGPU on the CPU, so their timings do not rank GPU schedules: use `mlcpipe check` for numerics")

@@ -47,7 +47,7 @@ def _bytes_at(args: list[dict], tokens: int, skip: set[int]) -> tuple[int, list]
 def device_description(engine: WebGPUEngine) -> str:
     info = engine.adapter_info
     name = info.get("description") or info.get("device") or info.get("vendor") or "?"
-    return f"WebGPU {engine.adapter}: {name} (Dawn for node)"
+    return f"WebGPU {engine.adapter}: {name} ({info.get('browser') or 'Dawn for node'})"
 
 
 def profile(engine: WebGPUEngine, prompt_len: int = 32, gen_len: int = 8, runs: int = 2, warmup: int = 1,
@@ -128,7 +128,8 @@ def profile(engine: WebGPUEngine, prompt_len: int = 32, gen_len: int = 8, runs: 
         "num_layers": engine.config["model_config"]["num_hidden_layers"],
         "config": {"prompt_len": prompt_len, "gen_len": gen_len, "runs": runs, "warmup_runs": warmup, "seed": seed,
                    "threads": None, "adapter": engine.adapter},
-        "method": {"kind": "real run", "timer": "timestamp-query", "runtime": "Dawn (npm webgpu) + @mlc-ai/web-runtime",
+        "method": {"kind": "real run", "timer": "timestamp-query",
+                   "runtime": f"{engine.adapter_info.get('browser') or 'Dawn (npm webgpu)'} + @mlc-ai/web-runtime",
                    "adapter": engine.adapter_info, "bytes": "manifest argument shapes at the step's token count"},
         "metrics": {
             "load_ms": engine.load_seconds * 1e3,

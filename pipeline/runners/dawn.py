@@ -98,7 +98,9 @@ def unb64(text: str, dtype: str, shape) -> np.ndarray:
 class DawnRunner:
     """One node process holding one WebGPU device and (after `open`) one model session."""
 
-    def __init__(self, adapter: str | None = None, browser: bool = False, timed: bool = False):
+    def __init__(self, adapter: str | None = None, browser: bool = False, timed: bool = False, console=None):
+        """`console(line)`: sees the runtime's console lines (the page's, `[browser:log] ...`)."""
+        self._console = console
         if browser:  # headless Chromium (web/browser_runner.mjs, same protocol): see browser.py
             from .browser import browser_command
 
@@ -122,6 +124,8 @@ class DawnRunner:
     def _drain(self) -> None:
         for line in self.proc.stderr:
             self._stderr.append(line.rstrip())
+            if self._console is not None and line.startswith("[browser:"):
+                self._console(line.rstrip())
 
     def request(self, op: str, **fields) -> dict:
         if self.proc.poll() is not None:
@@ -172,7 +176,7 @@ class WebGPUEngine(Generation):
     (`last_kernels`: [(kernel, ns)] of the last step)."""
 
     def __init__(self, artifact: str | Path, weights: str | Path | None = None, seed: int = 0, adapter: str | None = None,
-                 browser: bool = False, prefill_chunk: int | None = None, timed_adapter: bool = False):
+                 browser: bool = False, prefill_chunk: int | None = None, timed_adapter: bool = False, console=None):
         self.artifact = Path(artifact)
         self.manifest = read_manifest(self.artifact)
         self.config = json.loads((self.artifact / RUNTIME_CONFIG).read_text())
@@ -185,7 +189,7 @@ class WebGPUEngine(Generation):
         self._tmp = None
         weights_dir = self._weights_dir(weights, seed)
         check_tensor_cache(weights_dir, self.manifest["parameters"])
-        self.runner = DawnRunner(adapter, browser=browser, timed=timed_adapter)
+        self.runner = DawnRunner(adapter, browser=browser, timed=timed_adapter, console=console)
         self.adapter = self.runner.adapter
         try:
             reply = self.runner.request(
