@@ -6,10 +6,14 @@ An engine provides `vocab_size`, `context_window`, `prefill_chunk`, `reset()` an
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
+
+from .artifact import RUNTIME_CONFIG, read_manifest
 
 
 def checked_prefill_chunk(requested: int | None, built: int) -> int:
@@ -25,6 +29,15 @@ class Generation(ABC):
     vocab_size: int
     context_window: int
     prefill_chunk: int
+
+    def _open_artifact(self, artifact, prefill_chunk: int | None) -> None:
+        """The artifact's manifest and runtime config, and the sizes generation checks against."""
+        self.artifact = Path(artifact)
+        self.manifest = read_manifest(self.artifact)
+        self.config = json.loads((self.artifact / RUNTIME_CONFIG).read_text())
+        self.vocab_size = int(self.config["vocab_size"])
+        self.context_window = int(self.config["context_window_size"])
+        self.prefill_chunk = checked_prefill_chunk(prefill_chunk, int(self.config["prefill_chunk_size"]))
 
     def check_tokens(self, tokens: Sequence[int], max_new_tokens: int = 0) -> None:
         if len(tokens) == 0:

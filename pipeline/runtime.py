@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -11,8 +10,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .artifact import RUNTIME_CONFIG, ArtifactError, read_manifest
-from .generation import Generation, checked_prefill_chunk
+from .artifact import RUNTIME_CONFIG, ArtifactError
+from .generation import Generation
 from .weights import TENSOR_CACHE
 
 
@@ -39,12 +38,7 @@ class Engine(Generation):
                  prefill_chunk: int | None = None):
         """`remote`: a TVM RPC session (`pipeline.rpc.open_session`): the library is uploaded and
         loaded there, the weights go to its device, and every step runs on it."""
-        self.artifact = Path(artifact)
-        self.manifest = read_manifest(self.artifact)
-        self.config = json.loads((self.artifact / RUNTIME_CONFIG).read_text())
-        self.vocab_size = int(self.config["vocab_size"])
-        self.context_window = int(self.config["context_window_size"])
-        self.prefill_chunk = checked_prefill_chunk(prefill_chunk, int(self.config["prefill_chunk_size"]))
+        self._open_artifact(artifact, prefill_chunk)
         self.remote = remote
         self._remote_funcs: dict = {}
         self._remote_shapes: dict = {}

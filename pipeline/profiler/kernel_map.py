@@ -1,6 +1,6 @@
 """Which kernel of one artifact does the work of a kernel of another artifact of the same model.
 
-Used to replay an llvm call sequence on a GPU artifact. A kernel maps to, in this order, the
+Used to time an llvm call sequence on a GPU artifact over RPC. A kernel maps to, in this order, the
 first candidate of the other artifact that has the same role and argument signature (dtypes and
 shapes, symbolic dims by name):
   1. the same name (the Relax graph is the same, so the fused kernels usually keep their names);

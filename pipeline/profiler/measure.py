@@ -24,7 +24,7 @@ import tvm
 from ..kernel_info import KV_CACHE_CREATE
 from ..runtime import Engine
 
-from .schema import overhead_metrics, profile_header
+from .schema import overhead_metrics, profile_header, run_records
 
 
 def device_description(target_kind: str) -> str:
@@ -238,7 +238,7 @@ def _prompt(engine: Engine, prompt_len: int, gen_len: int, seed: int) -> list[in
 
 def record_calls(engine: Engine, prompt_len: int, gen_len: int, seed: int = 0) -> list[RecordedCall]:
     """One generation as `profile` runs it (same prompt for the same seed), every kernel call
-    recorded in call order with its arguments: the call sequence a kernel replay runs."""
+    recorded in call order with its arguments: the call sequence `profile --rpc` times on the remote."""
     recorder = _Recorder({k["name"] for k in engine.manifest["kernels"]}, {}, engine.device, record_calls=True)
     make_kv = _wrapped_kv_cache_factory(engine, recorder)
     engine.vm.set_instrument(recorder.instrument)
@@ -328,15 +328,6 @@ def profile(
             }
             for name in sorted(kernels)
         },
-        "steps": [
-            {"mode": mode, "run": s["run"], "warmup": s["run"] < warmup, "phase": s["phase"], "step": s["step"],
-             "tokens": s["tokens"], "start_ms": s["start_ns"] / 1e6, "ms": s["ns"] / 1e6}
-            for mode, step_list in (("low-overhead", low_steps), ("per-kernel", steps)) for s in step_list
-        ],
-        "samples": [
-            {"kernel": name, "parent": parent, "phase": phase, "step": step, "run": run, "warmup": run < warmup,
-             "start_ms": start / 1e6, "ms": dur / 1e6}
-            for name, parent, phase, step, run, start, dur in recorder.samples
-        ],
+        **run_records(low_steps, steps, recorder.samples, warmup),
         "environment": {"TVM_NUM_THREADS": os.environ.get("TVM_NUM_THREADS"), "load_average": list(os.getloadavg())},
     }

@@ -9,7 +9,7 @@ cannot be sent to the remote), so the two modes are measured this way:
   this mode, as in a local profile.
 - per-kernel: the kernel call sequence of one generation is recorded locally on llvm (the
   artifact itself when it is an llvm one, else the same model and quantization built for llvm,
-  kernel names mapped as `profile.replay` does), then every call is timed on the remote device
+  kernel names mapped by `kernel_map`), then every call is timed on the remote device
   by TVM's remote `time_evaluator` with the recorded arguments: device-side time, averaged
   over `number` back-to-back launches, no RPC in it. The kernels timed are compiled from the
   artifact's own scheduled TIR (tir/scheduled.json) for its target, uploaded as a second

@@ -11,8 +11,8 @@ Top-level keys:
   kernels     {name: {role, bytes: {phase: bytes moved per call}}}
   steps       [{mode: "low-overhead"|"per-kernel", run, warmup, phase: "prefill"|"decode", step, tokens, start_ms, ms}]
   samples     [{kernel, parent: "vm"|"kv_cache", phase, step, run, warmup, start_ms, ms}]   (every kernel call)
-  method      (optional; webgpu kernel replay) {kind: "kernel replay", timer: "timestamp-query"|"wall",
-               call_sequence, kernel_map {llvm name: webgpu name}, metrics, load_ms}
+  method      (optional) how the samples were taken: {kind: "real run", timer: "timestamp-query",
+               runtime, adapter, bytes} for webgpu; {kind: "rpc", ...} over TVM RPC
 Statistics exclude warm-up samples (warmup: true), which stay in the file.
 """
 
@@ -109,4 +109,21 @@ def overhead_metrics(per_kernel_total_ms: float, low_overhead_total_ms: float) -
         "low_overhead_total_ms": low,
         "per_kernel_total_ms": per_kernel_total_ms,
         "percent": 100.0 * (per_kernel_total_ms - low) / low if low else 0.0,
+    }
+
+
+def run_records(low_steps: list[dict], steps: list[dict], samples: list[tuple], warmup: int) -> dict:
+    """The profile's `steps` (both modes; each {run, phase, step, tokens, start_ns, ns}) and
+    `samples` ((kernel, parent, phase, step, run, start_ns, ns) per kernel call)."""
+    return {
+        "steps": [
+            {"mode": mode, "run": s["run"], "warmup": s["run"] < warmup, "phase": s["phase"], "step": s["step"],
+             "tokens": s["tokens"], "start_ms": s["start_ns"] / 1e6, "ms": s["ns"] / 1e6}
+            for mode, step_list in (("low-overhead", low_steps), ("per-kernel", steps)) for s in step_list
+        ],
+        "samples": [
+            {"kernel": name, "parent": parent, "phase": phase, "step": step, "run": run, "warmup": run < warmup,
+             "start_ms": start / 1e6, "ms": dur / 1e6}
+            for name, parent, phase, step, run, start, dur in samples
+        ],
     }

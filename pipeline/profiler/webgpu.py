@@ -19,7 +19,7 @@ import numpy as np
 from ..artifact import ArtifactError
 from ..runners.dawn import WebGPUEngine
 from .measure import _kernel_params, _percentiles, uncounted_params
-from .schema import overhead_metrics, profile_header
+from .schema import overhead_metrics, profile_header, run_records
 
 _SINGLE = re.compile(r"^(B|batch_size|num_seq)$")  # one sequence
 
@@ -152,15 +152,6 @@ def profile(engine: WebGPUEngine, prompt_len: int = 32, gen_len: int = 8, runs: 
             }
             for name in names
         },
-        "steps": [
-            {"mode": mode, "run": s["run"], "warmup": s["run"] < warmup, "phase": s["phase"], "step": s["step"],
-             "tokens": s["tokens"], "start_ms": s["start_ns"] / 1e6, "ms": s["ns"] / 1e6}
-            for mode, step_list in (("low-overhead", low_steps), ("per-kernel", steps)) for s in step_list
-        ],
-        "samples": [
-            {"kernel": name, "parent": parent, "phase": phase, "step": step, "run": run, "warmup": run < warmup,
-             "start_ms": start / 1e6, "ms": dur / 1e6}
-            for name, parent, phase, step, run, start, dur in samples
-        ],
+        **run_records(low_steps, steps, samples, warmup),
         "environment": {"load_average": list(os.getloadavg())},
     }

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from ..artifact import RUNTIME_CONFIG, ArtifactError, read_manifest
-from ..generation import Generation, checked_prefill_chunk
+from ..generation import Generation
 from ..weights import TENSOR_CACHE
 
 RUNNER = Path(__file__).resolve().parent / "web" / "node_runner.mjs"
@@ -177,12 +177,7 @@ class WebGPUEngine(Generation):
 
     def __init__(self, artifact: str | Path, weights: str | Path | None = None, seed: int = 0, adapter: str | None = None,
                  browser: bool = False, prefill_chunk: int | None = None, timed_adapter: bool = False, console=None):
-        self.artifact = Path(artifact)
-        self.manifest = read_manifest(self.artifact)
-        self.config = json.loads((self.artifact / RUNTIME_CONFIG).read_text())
-        self.vocab_size = int(self.config["vocab_size"])
-        self.context_window = int(self.config["context_window_size"])
-        self.prefill_chunk = checked_prefill_chunk(prefill_chunk, int(self.config["prefill_chunk_size"]))
+        self._open_artifact(artifact, prefill_chunk)
         self.hidden = int(self.config["model_config"]["hidden_size"])
         self.timed = False
         self.last_kernels: list[tuple[str, int]] = []

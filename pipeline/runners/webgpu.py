@@ -44,7 +44,7 @@ with subgroups) unless its workgroup is a single subgroup (1-D, at most that man
 TVM lowers cross-thread reductions for 32-lane subgroups, which gives wrong sums on 8 lanes
 (dlight's rms_norm: NaN on lavapipe).
 
-Repeated and timed calls (the profiler's kernel replay): `prepare(func, target, args)` uploads
+Repeated and timed calls: `prepare(func, target, args)` uploads
 the arrays (or takes `DeviceArray`s from `upload`, shared between calls) and builds everything a
 call needs once; `time_calls(calls)` dispatches prepared calls back to back and times them
 (`timer_kind()`: WebGPU timestamp queries where the adapter has them, else synchronised wall time).

@@ -11,7 +11,7 @@ import readline from "node:readline";
 import * as dawn from "webgpu";
 import * as tvmjs from "@mlc-ai/web-runtime";
 
-import { ModelSession, openDevice } from "./session.mjs";
+import { ModelSession, openDevice, sessionOps } from "./session.mjs";
 
 const reply = (obj) => process.stdout.write(JSON.stringify(obj) + "\n");
 console.log = (...args) => console.error(...args);
@@ -72,27 +72,7 @@ const ops = {
     }
     return { ok: true, adapter: gpu.info, load_ms: session.loadMs, weights_ms: weightsMs };
   },
-  async reset(req) {
-    session.reset(req.sizes);
-    return { ok: true };
-  },
-  async forward(req) {
-    session.timer.enabled = Boolean(req.timed);
-    const t0 = performance.now();
-    const logits = await session.forward(req.kind, req.tokens, req.hidden);
-    const ms = performance.now() - t0;
-    const kernels = req.timed ? await session.timer.take() : [];
-    session.timer.enabled = false;
-    return { ok: true, logits: b64(logits), ms, kernels };
-  },
-  async kernel(req) {
-    const args = req.args.map((a) => (a.tensor ? { ...a, bytes: unb64(a.bytes) } : a));
-    const outs = await session.runKernel(req.name, args);
-    return { ok: true, outputs: outs.map((o) => (o ? b64(o) : null)) };
-  },
-  async errors() {
-    return { ok: true, errors: gpu ? gpu.errors.splice(0) : [] };
-  },
+  ...sessionOps(() => ({ session, gpu }), { b64, unb64 }),
 };
 
 const lines = readline.createInterface({ input: process.stdin });

@@ -3,7 +3,7 @@
 // lib.wasm and its weights (tensor-cache.json + shards) over HTTP from the runner's server;
 // tensors come and go as base64 strings. Every op resolves to a reply object ({ok: true, ...} or
 // {ok: false, error}), never throws.
-import { ModelSession, openDevice } from "./session.mjs";
+import { ModelSession, openDevice, sessionOps } from "./session.mjs";
 
 const tvmjs = globalThis.tvmjs; // TVM's web runtime: a UMD bundle loaded as a classic script (page.html)
 
@@ -102,27 +102,7 @@ const ops = {
     }
     return { ok: true, adapter: { ...gpu.info, browser: navigator.userAgent }, load_ms: session.loadMs, weights_ms: weightsMs };
   },
-  async reset(req) {
-    session.reset(req.sizes);
-    return { ok: true };
-  },
-  async forward(req) {
-    session.timer.enabled = Boolean(req.timed);
-    const t0 = performance.now();
-    const logits = await session.forward(req.kind, req.tokens, req.hidden);
-    const ms = performance.now() - t0;
-    const kernels = req.timed ? await session.timer.take() : [];
-    session.timer.enabled = false;
-    return { ok: true, logits: b64(logits), ms, kernels };
-  },
-  async kernel(req) {
-    const args = req.args.map((a) => (a.tensor ? { ...a, bytes: unb64(a.bytes) } : a));
-    const outs = await session.runKernel(req.name, args);
-    return { ok: true, outputs: outs.map((o) => (o ? b64(o) : null)) };
-  },
-  async errors() {
-    return { ok: true, errors: gpu ? gpu.errors.splice(0) : [] };
-  },
+  ...sessionOps(() => ({ session, gpu }), { b64, unb64 }),
 };
 
 /** Run one op of the runner's protocol; a device loss ends the op (and every later one). */

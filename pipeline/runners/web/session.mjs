@@ -190,3 +190,33 @@ export class ModelSession {
     return out;
   }
 }
+
+/** The runner protocol's ops on an open session (node and browser alike; `open` is theirs):
+ *  `state()` gives {session, gpu}; `codec` {b64, unb64} moves bytes as base64 text. */
+export function sessionOps(state, { b64, unb64 }) {
+  return {
+    async reset(req) {
+      state().session.reset(req.sizes);
+      return { ok: true };
+    },
+    async forward(req) {
+      const { session } = state();
+      session.timer.enabled = Boolean(req.timed);
+      const t0 = performance.now();
+      const logits = await session.forward(req.kind, req.tokens, req.hidden);
+      const ms = performance.now() - t0;
+      const kernels = req.timed ? await session.timer.take() : [];
+      session.timer.enabled = false;
+      return { ok: true, logits: b64(logits), ms, kernels };
+    },
+    async kernel(req) {
+      const args = req.args.map((a) => (a.tensor ? { ...a, bytes: unb64(a.bytes) } : a));
+      const outs = await state().session.runKernel(req.name, args);
+      return { ok: true, outputs: outs.map((o) => (o ? b64(o) : null)) };
+    },
+    async errors() {
+      const { gpu } = state();
+      return { ok: true, errors: gpu ? gpu.errors.splice(0) : [] };
+    },
+  };
+}
