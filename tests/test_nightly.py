@@ -74,6 +74,7 @@ def source(tmp_path_factory):
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
     for name in ("pipeline", "schedules", "configs"):
         shutil.copytree(REPO / name, snap / name, ignore=ignore)
+    (snap / "node_modules").symlink_to(REPO / "node_modules")  # the checkout's npm packages (WebGPU runner)
     SNAPSHOT = snap
     yield snap
     SNAPSHOT = None

@@ -38,9 +38,10 @@ class RunnerError(ValueError):
 
 
 def node_modules() -> Path:
-    """The npm packages the runner imports: node resolves them from the checkout's
+    """The npm packages the runners import: $MLCPIPE_NODE_MODULES, else the checkout's
     node_modules (package.json at the repository root, installed by `npm ci`)."""
-    return Path(__file__).resolve().parents[2] / "node_modules"
+    env = os.environ.get("MLCPIPE_NODE_MODULES")
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "node_modules"
 
 
 def _gpu_present() -> bool:
@@ -114,6 +115,7 @@ class DawnRunner:
             if not (modules / "webgpu").is_dir() or not (modules / "@mlc-ai" / "web-runtime").is_dir():
                 raise RunnerError(f"npm packages webgpu and @mlc-ai/web-runtime not found in {modules}: {_SETUP_HINT}")
             argv, env = [node, str(RUNNER)], adapter_env(self.adapter)
+        env["MLCPIPE_NODE_MODULES"] = str(node_modules())
         self._stderr: deque[str] = deque(maxlen=50)
         self.proc = subprocess.Popen(
             argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

@@ -12,13 +12,14 @@ import http from "node:http";
 import os from "node:os";
 import path from "node:path";
 import readline from "node:readline";
-import { createRequire } from "node:module";
-import { fileURLToPath } from "node:url";
+import { fileURLToPath, pathToFileURL } from "node:url";
 
-import puppeteer from "puppeteer-core";
+// The npm packages (`npm ci` in the checkout): $MLCPIPE_NODE_MODULES, set by pipeline/runners/dawn.py.
+const MODULES = process.env.MLCPIPE_NODE_MODULES;
+const { default: puppeteer } = await import(pathToFileURL(path.join(MODULES, "puppeteer-core", "lib", "puppeteer", "puppeteer-core.js")).href);
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
-const RUNTIME_JS = createRequire(import.meta.url).resolve("@mlc-ai/web-runtime"); // lib/index.js (UMD)
+const RUNTIME_JS = path.join(MODULES, "@mlc-ai", "web-runtime", "lib", "index.js"); // UMD
 const CHROMIUM = process.env.MLCPIPE_CHROMIUM || "/usr/bin/chromium";
 const LAUNCH_MS = 60_000;
 const OP_MS = 1000 * Number(process.env.MLCPIPE_BROWSER_TIMEOUT_S || 600); // one request to the page

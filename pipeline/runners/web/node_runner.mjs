@@ -6,12 +6,15 @@ import fs from "node:fs";
 import path from "node:path";
 import readline from "node:readline";
 
-// Static imports, resolved from the repository's node_modules (`npm ci`): importing Dawn with a
-// dynamic import() made it abort with a futex error once a device existed.
-import * as dawn from "webgpu";
-import * as tvmjs from "@mlc-ai/web-runtime";
+import { pathToFileURL } from "node:url";
 
 import { ModelSession, openDevice, sessionOps } from "./session.mjs";
+
+// The npm packages (`npm ci` in the checkout): $MLCPIPE_NODE_MODULES, set by pipeline/runners/dawn.py.
+const modules = process.env.MLCPIPE_NODE_MODULES;
+const load = (file) => import(pathToFileURL(path.join(modules, file)).href);
+const dawn = await load("webgpu/index.js");
+const tvmjs = await load("@mlc-ai/web-runtime/lib/index.js");
 
 const reply = (obj) => process.stdout.write(JSON.stringify(obj) + "\n");
 console.log = (...args) => console.error(...args);
