@@ -56,11 +56,7 @@ def artifact(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def node_logits(artifact) -> np.ndarray:
     """The prompt's last logits from Dawn for node on SwiftShader."""
-    try:
-        engine = WebGPUEngine(artifact, adapter="swiftshader")
-    except RunnerError as exc:
-        pytest.skip(f"Dawn for node on SwiftShader: {exc}")
-    with engine:
+    with WebGPUEngine(artifact, adapter="swiftshader") as engine:
         engine.reset()
         return engine.prefill(PROMPT)
 
@@ -90,8 +86,7 @@ def test_browser_logits_match_node(browser_engine, node_logits):
 
 
 def test_browser_timestamps(browser_engine, artifact):
-    if "timestamp-query" not in browser_engine.adapter_info["features"]:
-        pytest.skip("the page's adapter has no timestamp-query")
+    assert "timestamp-query" in browser_engine.adapter_info["features"]  # Chromium's SwiftShader adapter has it
     kernels = {k["name"] for k in json.loads((artifact / "manifest.json").read_text())["kernels"]}
     browser_engine.reset()
     browser_engine.timed = True
