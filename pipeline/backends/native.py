@@ -14,11 +14,15 @@ from . import RunOptions
 PROFILE_DEFAULTS = (128, 32, 3)  # prompt tokens, generated tokens, measured runs
 
 
+def _refuse_web_options(options: RunOptions) -> None:
+    if options.adapter or options.browser:
+        raise ValueError("--adapter / --browser choose a WebGPU runtime: they apply to webgpu artifacts only")
+
+
 def open_engine(artifact: Path, weights, seed: int, options: RunOptions):
     from ..runtime import Engine
 
-    if options.adapter or options.browser:
-        raise ValueError("--adapter / --browser choose a WebGPU runtime: they apply to webgpu artifacts only")
+    _refuse_web_options(options)
     return Engine(artifact, weights, seed=seed, remote=options.remote, prefill_chunk=options.prefill_chunk)
 
 
@@ -27,6 +31,7 @@ def kernel_runner(artifact: Path, manifest: dict, options: RunOptions, local: bo
     artifact's device (the remote's over RPC); None when `local` is False and there is no RPC."""
     from ..runtime import library_kernel_runner
 
+    _refuse_web_options(options)
     if options.remote is None and not local:
         return None
     return library_kernel_runner(Path(artifact), manifest, options.remote)
