@@ -15,8 +15,11 @@ from .artifact import MANIFEST, RUNTIME_CONFIG, atomic_directory, file_digests, 
 from .backends import backend
 from .kernel_info import kernel_roles, kv_cache_kernel_slots, launch_config
 from .config import REPO_ROOT, ModelConfig, check_quantization
+from .mlc_contract import mlc_chat_config
 from .model import MODELS
+from .model.sampler import attach_sampler
 from .passes import run_pipeline
+from .passes.function_table import DEFAULT_MAX_BATCH_SIZE, AttachMetadata, add_kv_cache_alias
 from .tuning import TuningDB, default_db_path
 from .quantization import QUANTIZATIONS
 from .targets import TargetSpec
@@ -47,10 +50,58 @@ def create_model(config: ModelConfig, quant: str, target: tvm.target.Target):
 
 
 def export_model(config: ModelConfig, quant: str, target: tvm.target.Target):
+    """(Relax module, named parameters): the model's functions plus `create_tir_paged_kv_cache`
+    (MLC-LLM's name for `create_paged_kv_cache`, same kernels)."""
     with target:
         model = create_model(config, quant, target)
         mod, named_params, _ = model.export_tvm(spec=model.get_default_spec(), allow_extern=True)
-    return mod, named_params
+    mod = attach_sampler(mod, target, config.vocab_size, max_batch_size(config))  # MLC-LLM's sampler functions
+    return add_kv_cache_alias(mod), named_params
+
+
+def max_batch_size(config: ModelConfig) -> int:
+    """Sequences one batched call may take, as the library's metadata states it (MLC-LLM's
+    runtime caps its batch at this): the config's `max_batch_size` if it has one, else MLC's
+    default."""
+    return int(getattr(config, "max_batch_size", None) or DEFAULT_MAX_BATCH_SIZE)
+
+
+def variable_bounds(config: ModelConfig) -> dict[str, int]:
+    """Upper bounds of the functions' symbolic dims (as MLC-LLM's compile states them)."""
+    return {
+        "seq_len": config.prefill_chunk_size,
+        "batch_size": max_batch_size(config),
+        "total_seq_len": config.context_window_size,
+    }
+
+
+def model_metadata(config: ModelConfig, quant: str, named_params) -> dict[str, Any]:
+    """What `_metadata` returns, less `memory_usage` (added by the pass after memory planning):
+    the fields MLC-LLM's ModelMetadata::FromJSON reads (cpp/metadata/model.cc)."""
+    return {
+        "model_type": config.architecture,
+        "quantization": quant,
+        "context_window_size": config.context_window_size,
+        "sliding_window_size": -1,
+        "attention_sink_size": -1,
+        "prefill_chunk_size": config.prefill_chunk_size,
+        "tensor_parallel_shards": 1,
+        "pipeline_parallel_stages": 1,
+        "disaggregation": False,
+        "kv_state_kind": "kv_cache",
+        "max_batch_size": max_batch_size(config),
+        "params": [
+            {"name": name, "shape": [int(s) for s in param.shape], "dtype": str(param.dtype),
+             "preprocs": [], "pipeline_stages": [0]}
+            for name, param in named_params
+        ],
+        "kv_cache": {
+            "num_hidden_layers": config.num_hidden_layers,
+            "num_attention_heads": config.num_attention_heads,
+            "num_key_value_heads": config.num_key_value_heads,
+            "head_dim": config.head_dim,
+        },
+    }
 
 
 def _arg_record(param) -> dict[str, Any]:
@@ -80,18 +131,9 @@ def package_versions() -> dict[str, str]:
 
 
 def runtime_config(config: ModelConfig, quant: str) -> dict[str, Any]:
-    return {
-        "model": config.name,
-        "model_type": config.architecture,
-        "quantization": quant,
-        "model_dtype": QUANTIZATIONS[quant].model_dtype,
-        "vocab_size": config.vocab_size,
-        "hidden_size": config.hidden_size,
-        "context_window_size": config.context_window_size,
-        "prefill_chunk_size": config.prefill_chunk_size,
-        "page_size": config.page_size,
-        "model_config": config.as_dict(),
-    }
+    """The artifact's mlc-chat-config.json (MLC-LLM's format plus mlcpipe's runtime fields; no
+    tokenizer files beside it: those go with the converted weights)."""
+    return mlc_chat_config(config, quant)
 
 
 def build(
@@ -143,6 +185,7 @@ def build(
         mod = run_pipeline(
             mod, tvm_target, dump_dir=tmp / "ir" if dump_ir else None, on_phase=_record,
             tuning=tuning, on_kernel=schedules.__setitem__,
+            after_memory_plan=AttachMetadata(model_metadata(config, quant, named_params), variable_bounds(config)),
         )
         log("[mlcpipe] generating code")
         target_backend = backend(target.kind)

@@ -20,6 +20,8 @@ CONFIG_DIR = Path(os.environ.get("MLCPIPE_CONFIGS", REPO_ROOT / "configs"))
 MODELS_DIR = CONFIG_DIR / "models"
 
 SUPPORTED_ARCHITECTURES = ("llama",)
+DEFAULT_MAX_BATCH_SIZE = 80  # MLC-LLM's compile-time batch bound (`max_batch_size` of its model configs)
+DEFAULT_CONV_TEMPLATE = "LM"  # plain completion (pipeline/conv_templates.py)
 
 
 class ConfigError(ValueError):
@@ -36,6 +38,34 @@ class RopeScaling:
 
     def as_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass(frozen=True)
+class ConvTemplate:
+    """A conversation template in MLC-LLM's `Conversation` format (fields in its order)."""
+
+    name: str | None
+    system_template: str
+    system_message: str
+    system_prefix_token_ids: tuple[int, ...] | None
+    add_role_after_system_message: bool
+    roles: dict[str, str]
+    role_templates: dict[str, str]
+    messages: tuple[tuple[str, str | None], ...]
+    seps: tuple[str, ...]
+    role_content_sep: str
+    role_empty_sep: str
+    stop_str: tuple[str, ...]
+    stop_token_ids: tuple[int, ...]
+    function_string: str
+    use_function_calling: bool
+
+    def as_dict(self) -> dict[str, Any]:
+        """The JSON object MLC-LLM and WebLLM read (lists, not tuples)."""
+        return json.loads(json.dumps(dataclasses.asdict(self)))
+
+    def __hash__(self) -> int:  # the dict fields keep the generated hash from working
+        return hash(json.dumps(self.as_dict(), sort_keys=True))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,12 +90,29 @@ class ModelConfig:
     prefill_chunk_size: int
     page_size: int
     quantizations: tuple[str, ...]
+    # The largest batch MLC-LLM's runtime may run, and the chat / generation defaults of
+    # mlc-chat-config.json (MLC-LLM's system defaults when the YAML omits them).
+    max_batch_size: int = DEFAULT_MAX_BATCH_SIZE
+    temperature: float = 1.0
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    bos_token_id: int = 1
+    eos_token_id: int | tuple[int, ...] = 2
+    pad_token_id: int = 0
+    conv_template: ConvTemplate | None = None  # resolved from a name or an inline mapping
     source: str = ""  # the YAML file this came from
 
     def as_dict(self) -> dict[str, Any]:
+        """Every field (JSON types); `parse_model_config` of it gives this config back."""
         out = dataclasses.asdict(self)
         out.pop("source")
         out["quantizations"] = list(self.quantizations)
+        if isinstance(self.eos_token_id, tuple):
+            out["eos_token_id"] = list(self.eos_token_id)
+        if self.conv_template is not None:
+            out["conv_template"] = self.conv_template.as_dict()
         return out
 
     def config_hash(self) -> str:
@@ -85,6 +132,27 @@ _INT_FIELDS = (
     "prefill_chunk_size",
 )
 _REQUIRED = ("name", "architecture", *_INT_FIELDS, "rms_norm_eps", "rope_theta", "quantizations")
+# Generation defaults: field -> (MLC-LLM's system default, check, what is allowed). The ranges are
+# WebLLM's (postInitAndCheckGenerationConfigValues), which refuses a config outside them.
+_GENERATION_FIELDS = {
+    "temperature": (1.0, lambda v: v >= 0, "expected a number >= 0"),
+    "top_p": (1.0, lambda v: 0 < v <= 1, "expected a number in (0, 1]"),
+    "repetition_penalty": (1.0, lambda v: v > 0, "expected a number > 0"),
+    "presence_penalty": (0.0, lambda v: -2 <= v <= 2, "expected a number in [-2, 2]"),
+    "frequency_penalty": (0.0, lambda v: -2 <= v <= 2, "expected a number in [-2, 2]"),
+}
+_TOKEN_ID_DEFAULTS = {"bos_token_id": 1, "eos_token_id": 2, "pad_token_id": 0}
+# Keys MLC-LLM's Llama model_config has that mlcpipe derives (mlc-chat-config.json's model_config
+# carries them; parse_model_config accepts them when they agree): key -> (value, what is allowed).
+_MLC_DERIVED = {
+    "tensor_parallel_shards": (1, "allowed: 1 (mlcpipe builds single-device libraries)"),
+    "pipeline_parallel_stages": (1, "allowed: 1 (mlcpipe builds single-device libraries)"),
+    "disaggregation": (False, "allowed: false"),
+}
+_CONV_FIELDS = {f.name for f in dataclasses.fields(ConvTemplate)}
+_DEFAULT_ROLE_TEMPLATES = {  # MLC-LLM's Conversation defaults, overridden per role by the template
+    "user": "{user_message}", "assistant": "{assistant_message}", "tool": "{tool_message}",
+}
 _ROPE_FIELDS = {
     "rope_type": str,
     "factor": float,
@@ -140,6 +208,103 @@ def _parse_rope_scaling(path: str, raw: Any) -> RopeScaling | None:
     return RopeScaling(**values)
 
 
+def _number(path: str, field: str, value: Any, ok, allowed: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
+        raise _err(path, field, value, allowed)
+    return float(value)
+
+
+def _token_id(path: str, field: str, value: Any, vocab_size: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value < vocab_size:
+        raise _err(path, field, value, f"expected a token id in [0, vocab_size={vocab_size})")
+    return value
+
+
+def _token_ids(path: str, field: str, value: Any, vocab_size: int, allow_empty: bool = True) -> tuple[int, ...]:
+    if not isinstance(value, list) or (not value and not allow_empty):
+        raise _err(path, field, value, f"expected a {'' if allow_empty else 'non-empty '}list of token ids in [0, vocab_size={vocab_size})")
+    return tuple(_token_id(path, field, v, vocab_size) for v in value)
+
+
+def _string(path: str, field: str, value: Any) -> str:
+    if not isinstance(value, str):
+        raise _err(path, field, value, "expected a string")
+    return value
+
+
+def _strings(path: str, field: str, value: Any, sizes: tuple[int, int] | None = None) -> tuple[str, ...]:
+    if not isinstance(value, list) or (sizes and not sizes[0] <= len(value) <= sizes[1]):
+        what = f"a list of {sizes[0]} or {sizes[1]} strings" if sizes else "a list of strings"
+        raise _err(path, field, value, f"expected {what}")
+    return tuple(_string(path, field, v) for v in value)
+
+
+def _string_map(path: str, field: str, value: Any) -> dict[str, str]:
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
+        raise _err(path, field, value, "expected a mapping of strings to strings")
+    return dict(value)
+
+
+def _bool(path: str, field: str, value: Any) -> bool:
+    if not isinstance(value, bool):
+        raise _err(path, field, value, "expected true or false")
+    return value
+
+
+def parse_conv_template(raw: Any, path: str, vocab_size: int, field: str = "conv_template") -> ConvTemplate:
+    """A template name from `pipeline/conv_templates.py`, or a mapping in MLC-LLM's Conversation
+    format (required: roles with user and assistant, seps; the rest take MLC-LLM's defaults)."""
+    from .conv_templates import CONV_TEMPLATES
+
+    name = None
+    if isinstance(raw, str):
+        if raw not in CONV_TEMPLATES:
+            raise _err(path, field, raw, f"allowed: a mapping or one of {sorted(CONV_TEMPLATES)}")
+        name, raw = raw, {"name": raw, **CONV_TEMPLATES[raw]}
+    if not isinstance(raw, dict):
+        raise _err(path, field, raw, f"expected a template name or a mapping with fields {sorted(_CONV_FIELDS)}")
+    unknown = sorted(set(raw) - _CONV_FIELDS)
+    if unknown:
+        raise _err(path, f"{field}.{unknown[0]}", raw[unknown[0]], f"unknown field; allowed: {sorted(_CONV_FIELDS)}")
+    for key in ("roles", "seps"):
+        if key not in raw:
+            raise ConfigError(f"{path}: field '{field}.{key}' is missing")
+    f = lambda key: f"{field}.{key}"  # noqa: E731
+    roles = _string_map(path, f("roles"), raw["roles"])
+    for role in ("user", "assistant"):
+        if role not in roles:
+            raise _err(path, f("roles"), raw["roles"], "must map 'user' and 'assistant' (and optionally 'tool')")
+    role_templates = {**_DEFAULT_ROLE_TEMPLATES, **_string_map(path, f("role_templates"), raw.get("role_templates", {}))}
+    messages = raw.get("messages", [])
+    if not isinstance(messages, list):
+        raise _err(path, f("messages"), messages, "expected a list of [role, content] pairs")
+    for message in messages:
+        if (not isinstance(message, (list, tuple)) or len(message) != 2 or message[0] not in roles
+                or not (message[1] is None or isinstance(message[1], str))):
+            raise _err(path, f("messages"), message, f"expected [role, content or null] with role in {sorted(roles)}")
+    name = raw.get("name", name)
+    if name is not None:
+        name = _string(path, f("name"), name)
+    prefix = raw.get("system_prefix_token_ids")
+    return ConvTemplate(
+        name=name,
+        system_template=_string(path, f("system_template"), raw.get("system_template", "{system_message}")),
+        system_message=_string(path, f("system_message"), raw.get("system_message", "")),
+        system_prefix_token_ids=None if prefix is None else _token_ids(path, f("system_prefix_token_ids"), prefix, vocab_size),
+        add_role_after_system_message=_bool(path, f("add_role_after_system_message"), raw.get("add_role_after_system_message", True)),
+        roles=roles,
+        role_templates=role_templates,
+        messages=tuple((m[0], m[1]) for m in messages),
+        seps=_strings(path, f("seps"), raw["seps"], sizes=(1, 2)),
+        role_content_sep=_string(path, f("role_content_sep"), raw.get("role_content_sep", "")),
+        role_empty_sep=_string(path, f("role_empty_sep"), raw.get("role_empty_sep", "")),
+        stop_str=_strings(path, f("stop_str"), raw.get("stop_str", [])),
+        stop_token_ids=_token_ids(path, f("stop_token_ids"), raw.get("stop_token_ids", []), vocab_size),
+        function_string=_string(path, f("function_string"), raw.get("function_string", "")),
+        use_function_calling=_bool(path, f("use_function_calling"), raw.get("use_function_calling", False)),
+    )
+
+
 def parse_model_config(raw: Any, path: str) -> ModelConfig:
     """Validate a parsed YAML mapping; `path` is used in error messages only."""
     from .quantization import QUANTIZATIONS  # local: quantization imports nothing from here
@@ -150,7 +315,9 @@ def parse_model_config(raw: Any, path: str) -> ModelConfig:
         if field not in raw:
             raise ConfigError(f"{path}: field '{field}' is missing")
     known = set(_REQUIRED) | {
-        "display_name", "rope_scaling", "tie_word_embeddings", "page_size",
+        "display_name", "rope_scaling", "tie_word_embeddings", "page_size", "max_batch_size",
+        *_GENERATION_FIELDS, *_TOKEN_ID_DEFAULTS, "conv_template",
+        "position_embedding_base", *_MLC_DERIVED,  # as mlc-chat-config.json's model_config has them
     }
     unknown = sorted(set(raw) - known)
     if unknown:
@@ -192,6 +359,30 @@ def parse_model_config(raw: Any, path: str) -> ModelConfig:
     if not isinstance(tie, bool):
         raise _err(path, "tie_word_embeddings", tie, "expected true or false")
 
+    if "position_embedding_base" in raw:  # MLC-LLM's name for rope_theta
+        base = _positive_float(path, raw, "position_embedding_base")
+        if abs(base - theta) > 1e-9 * theta:
+            raise _err(path, "position_embedding_base", raw["position_embedding_base"], f"must equal rope_theta ({theta})")
+    for key, (value, allowed) in _MLC_DERIVED.items():
+        if key in raw and (raw[key] != value or type(raw[key]) is not type(value)):
+            raise _err(path, key, raw[key], allowed)
+    max_batch = _positive_int(path, {"max_batch_size": raw.get("max_batch_size", DEFAULT_MAX_BATCH_SIZE)}, "max_batch_size")
+    generation = {
+        key: _number(path, key, raw.get(key, default), ok, allowed)
+        for key, (default, ok, allowed) in _GENERATION_FIELDS.items()
+    }
+    vocab = ints["vocab_size"]
+    tokens: dict[str, Any] = {
+        key: _token_id(path, key, raw.get(key, default), vocab)
+        for key, default in _TOKEN_ID_DEFAULTS.items() if key != "eos_token_id"
+    }
+    eos = raw.get("eos_token_id", _TOKEN_ID_DEFAULTS["eos_token_id"])
+    tokens["eos_token_id"] = (
+        _token_ids(path, "eos_token_id", eos, vocab, allow_empty=False) if isinstance(eos, list)
+        else _token_id(path, "eos_token_id", eos, vocab)
+    )
+    conv = parse_conv_template(raw.get("conv_template", DEFAULT_CONV_TEMPLATE), path, vocab)
+
     return ModelConfig(
         name=raw["name"],
         display_name=str(raw.get("display_name", raw["name"])),
@@ -202,7 +393,11 @@ def parse_model_config(raw: Any, path: str) -> ModelConfig:
         tie_word_embeddings=tie,
         page_size=page_size,
         quantizations=tuple(quants),
+        max_batch_size=max_batch,
+        conv_template=conv,
         source=path,
+        **generation,
+        **tokens,
         **ints,
     )
 

@@ -20,6 +20,7 @@ _BY_PARAM = (
     ("lm_head", "lm_head"),
 )
 _BY_NAME = (
+    (r"^sampler_", "sampler"),  # pipeline/model/sampler.py
     (r"attention|batch_prefill|batch_decode|tree_attn|merge_state", "attention"),
     (r"kv_cache_transpose_append|transpose_append", "kv append"),
     (r"rms_norm|layer_norm", "norm"),

@@ -78,6 +78,10 @@ def kernel_args(func: tvm.tirx.PrimFunc, n: int, seed: int = 0, heads: dict[str,
     symbolic head dims: TVM's GPU kernel bakes both into its launch (threads, grid) and reads
     and writes out of bounds with any other H / D.
     """
+    from .model.sampler import is_sampler_kernel, kernel_args as sampler_kernel_args
+
+    if is_sampler_kernel(func):  # indices in range, distributions, sorted rows, bitmask words
+        return sampler_kernel_args(func, n, seed=seed)
     rng = np.random.default_rng(seed)
     page = _page_size(func)
     kv_len = n + HISTORY

@@ -6,7 +6,6 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-import shutil
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -14,13 +13,12 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from .artifact import ArtifactError, atomic_directory
+from .artifact import RUNTIME_CONFIG, ArtifactError, atomic_directory, write_json
 from .config import ConfigError, ModelConfig, check_quantization
+from .mlc_contract import TENSOR_CACHE, copy_tokenizer_files, mlc_chat_config
 from .model import MODELS
 from .quantization import QUANTIZATIONS
 
-TENSOR_CACHE = "tensor-cache.json"
-_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 _SAFETENSORS_DTYPES = {
     "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
     "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
@@ -144,7 +142,9 @@ def expected_parameters(config: ModelConfig, quant: str) -> list[tuple[str, tupl
 def convert_weights(
     config: ModelConfig, quant: str, source: str | Path, output: Path, seed: int = 0, log=print
 ) -> Path:
-    """Quantize `source` ("synthetic" or a HF dir) into `output` (shards + tensor-cache.json)."""
+    """Quantize `source` ("synthetic" or a HF dir) into `output`: a model directory MLC-LLM and
+    WebLLM load (shards + tensor-cache.json + mlc-chat-config.json + the checkpoint's tokenizer
+    files, listed in the config's `tokenizer_files`; none for synthetic weights)."""
     from tvm.contrib import tvmjs
 
     check_quantization(config, quant)
@@ -183,10 +183,8 @@ def convert_weights(
             },
             show_progress=False,
         )
-        if str(source) != "synthetic":
-            for extra in _TOKENIZER_FILES:
-                if (Path(source) / extra).is_file():
-                    shutil.copyfile(Path(source) / extra, tmp / extra)
+        copied = copy_tokenizer_files(Path(source), tmp) if str(source) != "synthetic" else []
+        write_json(tmp / RUNTIME_CONFIG, mlc_chat_config(config, quant, tmp, copied))
     log(f"[mlcpipe] wrote {len(ordered)} tensors ({total_bytes / 2**20:.1f} MiB) to {output}")
     return Path(output)
 

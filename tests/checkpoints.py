@@ -79,3 +79,28 @@ def write_hf_checkpoint(
     if shards > 1:
         (path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": index}))
     return path
+
+
+TINY_SPECIAL_TOKENS = ("<pad>", "<s>", "</s>")  # ids 0, 1, 2: llama-tiny's pad / bos / eos
+
+
+def write_tiny_tokenizer(path: Path, cfg: ModelConfig) -> Path:
+    """A byte-level BPE tokenizer.json (Llama 3's kind: ByteLevel pre-tokenizer and decoder) with
+    the special tokens at 0, 1, 2 and one token per byte after them, plus tokenizer_config.json."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {token: i for i, token in enumerate(TINY_SPECIAL_TOKENS)}
+    for char in sorted(pre_tokenizers.ByteLevel.alphabet()):
+        vocab[char] = len(vocab)
+    assert len(vocab) <= cfg.vocab_size, (len(vocab), cfg.vocab_size)
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    tokenizer.add_special_tokens(list(TINY_SPECIAL_TOKENS))
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(path / "tokenizer.json"))
+    (path / "tokenizer_config.json").write_text(json.dumps({
+        "tokenizer_class": "PreTrainedTokenizerFast", "pad_token": "<pad>", "bos_token": "<s>", "eos_token": "</s>",
+        "model_max_length": cfg.context_window_size,
+    }, indent=2))
+    return path

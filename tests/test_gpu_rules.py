@@ -286,8 +286,9 @@ def test_knob_space_values_schedule_as_given(tiny_q4):
 
 def test_rule_lists_per_target():
     for rules, kind in ((CUDA_RULES, "cuda"), (METAL_RULES, "metal"), (WEBGPU_RULES, "webgpu")):
-        assert isinstance(rules[0], GEMVDequant) and rules[0] == GEMVDequant.for_target(kind)
-        assert type(rules[1]).__name__ == "Matmul" and type(rules[-1]).__name__ == "Fallback"
+        assert type(rules[0]).__name__ == "SamplerGPU"  # claims only the sampler's kernels (by attribute)
+        assert isinstance(rules[1], GEMVDequant) and rules[1] == GEMVDequant.for_target(kind)
+        assert type(rules[2]).__name__ == "Matmul" and type(rules[-1]).__name__ == "Fallback"
     from schedules import RULES
 
-    assert RULES["webgpu"][0] == GEMVDequant.for_target("webgpu")
+    assert RULES["webgpu"][1] == GEMVDequant.for_target("webgpu")

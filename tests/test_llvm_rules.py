@@ -122,7 +122,7 @@ def test_rules_decline_what_they_do_not_handle(tiny_kernels):
 
 def test_registry_order_and_knob_spaces(tiny_kernels):
     assert [type(r).__name__ for r in RULES["llvm"]] == [
-        "DecodeGEMVQ4VNNI", "DecodeGEMVQ4", "DecodeGEMVFloat", "PrefillGEMMAMX", "PrefillGEMM", "MatmulNT", "RowNorm", "RopeTable", "Elementwise"]
+        "SamplerCPU", "DecodeGEMVQ4VNNI", "DecodeGEMVQ4", "DecodeGEMVFloat", "PrefillGEMMAMX", "PrefillGEMM", "MatmulNT", "RowNorm", "RopeTable", "Elementwise"]
     has = tvm.target.codegen.target_has_features
     amx = "PrefillGEMMAMX" if has("amx-bf16", TARGET) else "PrefillGEMM"  # this project's CPUs have both
     vnni = "DecodeGEMVQ4VNNI" if has("avx512vnni", TARGET) else "DecodeGEMVQ4"

@@ -114,7 +114,8 @@ def test_signature_is_stable_and_shape_sensitive(tiny_config):
     other = {n: kernel_signature(f) for n, f in unscheduled_kernels(wider, "q4f16_1", target).items()}
     lm_head = [n for n, s in tiny.items() if "NT_matmul" in n and s not in other.values()]
     assert lm_head, "a kernel with another shape must get another signature"
-    assert sum(s in other.values() for s in tiny.values()) >= len(tiny) - 3  # the rest are shared
+    model = [s for n, s in tiny.items() if not n.startswith("sampler_")]  # the sampler's kernels are vocabulary-sized
+    assert sum(s in other.values() for s in model) >= len(model) - 3  # the rest are shared
 
 
 def test_metaschedule_search_is_checked_timed_and_its_trace_replayed_by_build(tiny_config, tmp_path):

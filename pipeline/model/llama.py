@@ -1,8 +1,18 @@
 """Llama decoder in `tvm.relax.frontend.nn`, with a TIR paged KV cache.
 
-Exports the functions MLC-LLM's runtime drives: `embed`, `prefill`, `decode` and
-`create_paged_kv_cache`, parameters packed into one tuple argument. q/k/v and gate/up are fused
-projections (`qkv_proj`, `gate_up_proj`), parameter names follow MLC-LLM's Llama.
+Exports the functions MLC-LLM's runtime and WebLLM drive, parameters packed into one tuple
+argument (the last): `embed`, single-sequence `prefill` / `decode`, the batched `batch_prefill`,
+`batch_decode`, `batch_verify` (signatures as MLC-LLM's Llama), and `create_paged_kv_cache`
+(`pipeline.build.export_model` adds MLC's name for it, `create_tir_paged_kv_cache`, and the build
+attaches `_metadata`). q/k/v and gate/up are fused projections (`qkv_proj`, `gate_up_proj`),
+parameter names follow MLC-LLM's Llama.
+
+The batched functions run the same kernels as `prefill`: every token of every sequence is a row
+of one (1, tokens, hidden) activation and the paged KV cache (whose `begin_forward` received the
+sequence ids and lengths) splits the rows between sequences in attention. `batch_decode` takes its
+(batch_size, 1, hidden) input as (1, batch_size, hidden) for that. The pipeline lowers the batched
+functions last (pipeline/passes/function_table.py), so the kernels they share keep the names and
+the `seq_len` dims the single-sequence functions give them.
 """
 
 from __future__ import annotations
@@ -102,6 +112,31 @@ class LlamaForCausalLM(nn.Module):
     def decode(self, input_embed: nn.Tensor, paged_kv_cache: PagedKVCache):
         return self._logits(self.model(input_embed, paged_kv_cache)), paged_kv_cache
 
+    def batch_prefill(self, input_embeds: nn.Tensor, logit_positions: nn.Tensor, paged_kv_cache: PagedKVCache):
+        """Sequences' tokens concatenated in `input_embeds` (1, seq_len, hidden); logits (1,
+        batch_size, vocab) of the rows at `logit_positions` (each sequence's last token)."""
+        hidden = self.model(input_embeds, paged_kv_cache)
+
+        def _gather(x: te.Tensor, positions: te.Tensor) -> te.Tensor:
+            b, s, d = x.shape
+            zero = tirx.IntImm("int64", 0)
+            row = lambda j: tirx.Max(tirx.Min(positions[j].astype("int64"), s - 1), zero)  # never out of bounds
+            return te.compute((b, positions.shape[0], d), lambda i, j, k: x[i, row(j), k], name="gather_hidden")
+
+        hidden = op.tensor_expr_op(_gather, name_hint="gather_hidden", args=[hidden, logit_positions])
+        return self._logits(hidden), paged_kv_cache
+
+    def batch_decode(self, input_embeds: nn.Tensor, paged_kv_cache: PagedKVCache):
+        """One token per sequence: (batch_size, 1, hidden) -> logits (batch_size, 1, vocab), the
+        sequences as the rows of one (1, batch_size, hidden) activation."""
+        batch_size, _, hidden = input_embeds.shape
+        logits = self._logits(self.model(op.reshape(input_embeds, (1, batch_size, hidden)), paged_kv_cache))
+        return op.reshape(logits, (batch_size, 1, logits.shape[-1])), paged_kv_cache
+
+    def batch_verify(self, input_embeds: nn.Tensor, paged_kv_cache: PagedKVCache):
+        """Draft tokens of the sequences concatenated: logits of every row (1, seq_len, vocab)."""
+        return self._logits(self.model(input_embeds, paged_kv_cache)), paged_kv_cache
+
     def create_paged_kv_cache(  # pylint: disable=too-many-arguments
         self,
         max_batch_size: tirx.Var,
@@ -150,6 +185,22 @@ class LlamaForCausalLM(nn.Module):
                 },
                 "decode": {
                     "input_embed": nn.spec.Tensor([1, 1, hidden], dtype),
+                    "paged_kv_cache": nn.spec.Object(object_type=PagedKVCache),
+                    "$": packed,
+                },
+                "batch_prefill": {
+                    "input_embeds": nn.spec.Tensor([1, "seq_len", hidden], dtype),
+                    "logit_positions": nn.spec.Tensor(["batch_size"], "int32"),
+                    "paged_kv_cache": nn.spec.Object(object_type=PagedKVCache),
+                    "$": packed,
+                },
+                "batch_decode": {
+                    "input_embeds": nn.spec.Tensor(["batch_size", 1, hidden], dtype),
+                    "paged_kv_cache": nn.spec.Object(object_type=PagedKVCache),
+                    "$": packed,
+                },
+                "batch_verify": {
+                    "input_embeds": nn.spec.Tensor([1, "seq_len", hidden], dtype),
                     "paged_kv_cache": nn.spec.Object(object_type=PagedKVCache),
                     "$": packed,
                 },

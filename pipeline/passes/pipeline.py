@@ -5,7 +5,9 @@ Phases (as MLC-LLM orders them):
   2. lower             Relax ops -> TIR PrimFuncs, FuseOps + FuseTIR (elementwise epilogues)
   3. fuse-tir          dequantize fused into the NT_matmul that consumes it
   4. schedule          our schedule rules for the target (schedules/)
-  5. finalize          Relax VM lowering: memory planning, builtins, shape lowering
+  5. finalize          Relax VM lowering: memory planning, builtins, shape lowering (and, when
+                       the build gives one, the pass attaching `_metadata` right after memory
+                       planning, where MLC-LLM attaches it: function_table.py)
 """
 
 from __future__ import annotations
@@ -16,14 +18,19 @@ from pathlib import Path
 import tvm
 from tvm import relax
 
+from .function_table import DeferBatchedFunctions, RestoreBatchedFunctions
 from .fuse_dequantize_matmul import FuseDequantizeMatmul
 
 
-def _phases(target_kind: str, tuning=None, on_kernel=None) -> list[tuple[str, list[tvm.transform.Pass]]]:
+def _phases(target_kind: str, tuning=None, on_kernel=None, after_memory_plan=None) -> list[tuple[str, list[tvm.transform.Pass]]]:
+    """`after_memory_plan`: an optional pass run right after StaticPlanBlockMemory (the build's
+    AttachMetadata, whose memory estimate reads the planned allocations)."""
     from schedules import schedule_pass
 
     return [
-        ("fuse-high-level", [relax.transform.FuseTransposeMatmul()]),
+        # the batched functions are lowered last: kernels they share with prefill/decode keep
+        # their names and `seq_len` dims (function_table.py)
+        ("fuse-high-level", [DeferBatchedFunctions, relax.transform.FuseTransposeMatmul()]),
         (
             "lower",
             [
@@ -36,7 +43,7 @@ def _phases(target_kind: str, tuning=None, on_kernel=None) -> list[tuple[str, li
                 relax.transform.FuseTIR(),
             ],
         ),
-        ("fuse-tir", [FuseDequantizeMatmul(), relax.transform.DeadCodeElimination()]),
+        ("fuse-tir", [FuseDequantizeMatmul(), relax.transform.DeadCodeElimination(), RestoreBatchedFunctions]),
         ("schedule", [schedule_pass(target_kind, tuning, on_kernel)]),
         (
             "finalize",
@@ -46,6 +53,7 @@ def _phases(target_kind: str, tuning=None, on_kernel=None) -> list[tuple[str, li
                 relax.transform.RemovePurityChecking(),
                 relax.transform.CallTIRRewrite(),
                 relax.transform.StaticPlanBlockMemory(),
+                *([after_memory_plan] if after_memory_plan is not None else []),
                 relax.transform.LowerAllocTensor(),
                 relax.transform.KillAfterLastUse(),
                 relax.transform.LowerRuntimeBuiltin(),
@@ -67,18 +75,20 @@ def run_pipeline(
     on_phase: Callable[[str, tvm.IRModule], None] | None = None,
     tuning: dict | None = None,
     on_kernel: Callable[[str, dict | None], None] | None = None,
+    after_memory_plan: tvm.transform.Pass | None = None,
 ) -> tvm.IRModule:
     """Run every phase under `target`; dump `NN-<phase>.py` TVMScript into `dump_dir` if given.
 
     `on_phase(name, mod)` sees the module after each phase (used to record the fused kernels
     before scheduling hides their structure). `tuning` (kernel signature -> rule + knobs, from
     pipeline/tuning.py) overrides rule defaults; `on_kernel(name, record)` hears which rule and
-    knobs each kernel got.
+    knobs each kernel got. `after_memory_plan` runs right after StaticPlanBlockMemory (the
+    build's AttachMetadata).
     """
     if dump_dir is not None:
         dump_dir.mkdir(parents=True, exist_ok=True)
         (dump_dir / "00-input.py").write_text(mod.script(show_meta=False))
-    phases = _phases(target.kind.name, tuning, on_kernel)
+    phases = _phases(target.kind.name, tuning, on_kernel, after_memory_plan)
     assert tuple(name for name, _ in phases) == PHASES
     with target:
         for index, (name, passes) in enumerate(phases, start=1):

@@ -6,6 +6,8 @@ GeneralReduction (norms, softmax), Fallback (thread-binds anything else).
 
 - GEMVDequant (gemv_dequant.py): one-token decode GEMV with the int4 dequantize fused in
   (`fused_dequantizeN_NT_matmulM[_cast][_add]`) and the unquantized f16/f32 NT_matmul.
+- SamplerGPU (sampler.py): hand-written GPU forms of the sampler's in-place and sort kernels
+  (its softmax / top-p kernels fall through to dlight).
 - Multi-token GEMV and rms_norm stay dlight's. Our model has no static 2-8 row GEMV: prefill
   and any batched decode go through the symbolic `seq_len` kernels, which dlight's Matmul takes
   (LowBatchGEMV stays in the list for static small batches). dlight's Reduction already gives
@@ -19,6 +21,7 @@ defaults and `rule.knob_space(func, target)` the candidate values for one kernel
 from tvm.s_tir import dlight as dl
 
 from .gemv_dequant import GEMVDequant
+from .sampler import SamplerGPU
 
 
 def _dlight_rules() -> list:
@@ -34,7 +37,7 @@ def _dlight_rules() -> list:
 
 def rules_for(kind: str) -> list:
     """Our rules with `kind`'s default knobs, then dlight's."""
-    return [GEMVDequant.for_target(kind), *_dlight_rules()]
+    return [SamplerGPU(), GEMVDequant.for_target(kind), *_dlight_rules()]
 
 
 CUDA_RULES = rules_for("cuda")
@@ -43,4 +46,4 @@ WEBGPU_RULES = rules_for("webgpu")
 # one list for callers that do not distinguish GPU targets (the CUDA defaults)
 GPU_RULES = CUDA_RULES
 
-__all__ = ["CUDA_RULES", "METAL_RULES", "WEBGPU_RULES", "GPU_RULES", "GEMVDequant", "rules_for"]
+__all__ = ["CUDA_RULES", "METAL_RULES", "WEBGPU_RULES", "GPU_RULES", "GEMVDequant", "SamplerGPU", "rules_for"]

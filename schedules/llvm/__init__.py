@@ -11,6 +11,7 @@ MatmulNT      any other NT matmul (unquantized decode GEMV, odd shapes): rfactor
 RowNorm       per-row reductions + elementwise (rms_norm): reduction once per row, rows in parallel
 RopeTable     RoPE: cos / sin hoisted out of the head loop into per-(token, dim) tables
 Elementwise   injective kernels (swiglu, casts, KV append): producers inlined, parallel + vectorized
+SamplerCPU    (first) the sampler kernels, as written (sampler.py)
 
 Importing this package also installs a vectorizable exp lowering for llvm (fast_exp.py).
 """
@@ -25,7 +26,8 @@ from .gemv_q4_vnni import DecodeGEMVQ4VNNI
 from .matmul_nt import MatmulNT
 from .rope import RopeTable
 from .row_norm import RowNorm
+from .sampler import SamplerCPU
 
-LLVM_RULES = [DecodeGEMVQ4VNNI(), DecodeGEMVQ4(), DecodeGEMVFloat(), PrefillGEMMAMX(), PrefillGEMM(), MatmulNT(), RowNorm(), RopeTable(), Elementwise()]
+LLVM_RULES = [SamplerCPU(), DecodeGEMVQ4VNNI(), DecodeGEMVQ4(), DecodeGEMVFloat(), PrefillGEMMAMX(), PrefillGEMM(), MatmulNT(), RowNorm(), RopeTable(), Elementwise()]
 
 fast_exp.install()

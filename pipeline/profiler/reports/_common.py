@@ -15,7 +15,7 @@ PHASES = ("prefill", "decode")
 
 # Every role `pipeline.kernel_info` can give a kernel (weight roles first, then by-name roles).
 ROLES = ("qkv", "o_proj", "gate_up", "down", "lm_head", "attention", "kv append", "norm", "rope", "swiglu",
-         "embedding", "other")
+         "embedding", "sampler", "other")
 
 
 def percentile(values: Sequence[float], q: float) -> float:

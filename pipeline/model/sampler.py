@@ -1,0 +1,815 @@
+"""The sampler functions MLC-LLM's compiler attaches to a model library, written for mlcpipe.
+
+WebLLM (src/llm_chat.ts, `sampleTokenFromLogits`) runs these on the GPU for every token, greedy
+(temperature 0, which it clamps to 1e-6) or not, and MLC-LLM's engine looks them up by name:
+
+  softmax_with_temperature(logits (b, 1, V) f32, temperature (b,) f32) -> probs (b, 1, V) f32
+      temperature > 1e-5: softmax(logits / temperature); else greedy: 1/count on the row's
+      maximal logits (count = how many share the maximum), 0 elsewhere.
+  argsort_probs(probs (b, V) f32) -> (sorted_probs (b, V) f32, sorted_indices (b, V) i32)
+      each row in descending order; equal probabilities in ascending index order.
+  sample_with_top_p(sorted_probs (b, V) f32, sorted_indices (b, V) i32, uniform_samples (s,)
+                    f32, sample_indices (s,) i32, top_p (b,) f32) -> tokens (s,) i32
+      sample i reads row r = sample_indices[i]; with c the running sum of that row's sorted
+      probabilities, the nucleus ends at K = the first position with c[K] >= top_p[r] (the last
+      position if none); the token is sorted_indices[r, j], j the first position with
+      c[j] > uniform_samples[i] * c[K] (at most K): the inverse CDF of the renormalised nucleus.
+  apply_penalty_inplace(logits (b, V) f32, seq_ids (n,) i32, pos2seq_id (t,) i32,
+                        token_ids (t,) i32, token_cnt (t,) i32, penalties (n, 3) f32) -> logits
+      for each t: s = pos2seq_id[t], x = logits[seq_ids[s], token_ids[t]];
+      x -= presence[s] + token_cnt[t] * frequency[s] (penalties[s] = presence, frequency,
+      repetition); then x *= repetition[s] if x < 0 else x /= repetition[s]. In place.
+  apply_logit_bias_inplace(logits (b, V) f32, pos2seq_id (t,) i32, token_ids (t,) i32,
+                           logit_bias (t,) f32) -> logits
+      logits[pos2seq_id[t], token_ids[t]] += logit_bias[t]. In place.
+  apply_bitmask_inplace(logits (b, V) f32, seq_ids (n,) i32, bitmask (b, ceil(V/32)) i32) -> logits
+      for each s and token v: row = seq_ids[s]; bit v % 32 of bitmask[row, v // 32] clear ->
+      logits[row, v] = the lowest float32. In place.
+
+Names, argument order and shapes are MLC-LLM's (python/mlc_llm/compiler_pass/attach_sampler.py,
+attach_logit_processor.py, attach_softmax_with_temperature.py); V is the model's vocabulary size,
+fixed at compile time (the sort pads it to a power of two). The kernels are our own: here their
+reference form (plain loops, no schedule), which llvm runs as written (schedules/llvm/sampler.py)
+and `mlcpipe check` runs on llvm as the reference of every target's kernel. On GPU targets the
+rule SamplerGPU (schedules/gpu/sampler.py) gives each kernel its thread-bound form: workgroup
+tree reductions for the softmax and top-p chunk passes, a bitonic sort whose steps closer than
+SORT_TILE run in workgroup memory, one thread per entry / sample elsewhere.
+
+Kernel launches per call (V = 128256: the sort pads to 131072 = 64 tiles of 2048):
+softmax_with_temperature 3 (chunk stats, merge, normalize); argsort_probs 28 (tiles, then per
+stage above the tile size its cross-tile steps and an in-tile merge: 21 + 6); sample_with_top_p 2
+(chunk sums, pick); each apply_* 1.
+
+Every kernel is named `sampler_*` (role "sampler" in the manifest) and carries the attribute
+SAMPLER_ATTR = {"kind": ..., sizes}; `kernel_args` builds valid inputs for each kind (indices in
+range, distributions that sum to one, sorted rows, bitmask words) for `mlcpipe check`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import tvm
+from tvm import relax, tirx
+from tvm.script import tirx as T
+
+SAMPLER_ATTR = "mlcpipe.sampler"
+KERNEL_PREFIX = "sampler_"
+GREEDY_TEMPERATURE = 1e-5  # temperatures at or below: greedy (MLC-LLM's threshold)
+SOFTMAX_CHUNK = 1024  # logits per row chunk of the softmax's first pass
+TOP_P_CHUNK = 512  # sorted probabilities per partial sum of sample_with_top_p
+SORT_TILE = 2048  # bitonic stages with pairs closer than this run inside one tile (GPU: 16 KB of workgroup memory)
+PENALTY_COLUMNS = 3  # presence, frequency, repetition
+DEFAULT_MAX_BATCH_SIZE = 80  # MLC-LLM's default bound of batch_size / num_samples
+FUNCTIONS = (
+    "softmax_with_temperature", "argsort_probs", "sample_with_top_p",
+    "apply_penalty_inplace", "apply_logit_bias_inplace", "apply_bitmask_inplace",
+)
+
+
+def _min_f32():
+    return T.min_value("float32")
+
+
+def _attrs(kind: str, **sizes: int) -> dict:
+    # op_pattern 8 (opaque): FuseOps leaves every sampler kernel a kernel of its own, with its name
+    return {"tirx.noalias": True, "op_pattern": 8, SAMPLER_ATTR: {"kind": kind, **{k: int(v) for k, v in sizes.items()}}}
+
+
+def padded_length(vocab_size: int) -> int:
+    """The sort's row length: the smallest power of two >= vocab_size (at least 2)."""
+    return max(2, 1 << (int(vocab_size) - 1).bit_length())
+
+
+def sort_tile(vocab_size: int) -> int:
+    return min(SORT_TILE, padded_length(vocab_size))
+
+
+def sort_plan(vocab_size: int) -> list[tuple[str, int, int]]:
+    """The bitonic network over the padded row as kernel launches, in order:
+    ("tiles", 0, 0) sorts every tile (stages up to the tile size); then for each stage k above
+    the tile size, ("global", k, j) for every distance j >= tile, and ("merge", k, 0) finishing
+    the stage inside tiles. The last launch writes the (b, V) outputs."""
+    padded, tile = padded_length(vocab_size), sort_tile(vocab_size)
+    plan = [("tiles", 0, 0)]
+    k = tile * 2
+    while k <= padded:
+        j = k // 2
+        while j >= tile:
+            plan.append(("global", k, j))
+            j //= 2
+        plan.append(("merge", k, 0))
+        k *= 2
+    return plan
+
+
+# ---- reference kernels ------------------------------------------------------------------------------
+
+def softmax_chunk_stats(vocab_size: int, chunk: int = SOFTMAX_CHUNK) -> tirx.PrimFunc:
+    """Per row and chunk of `chunk` logits (x = logits / temperature, or the logits when greedy):
+    chunk_max = max x; chunk_sum = sum of exp(x - chunk_max) (greedy: how many x == chunk_max)."""
+    nc = -(-vocab_size // chunk)
+    eps = GREEDY_TEMPERATURE
+
+    @T.prim_func(private=True, s_tir=True)
+    def kernel(var_logits: T.handle, var_temperature: T.handle, var_chunk_max: T.handle, var_chunk_sum: T.handle):
+        T.func_attr(_attrs("softmax_chunk_stats", vocab=vocab_size, chunk=chunk))
+        batch_size = T.int64()
+        logits = T.match_buffer(var_logits, (batch_size, vocab_size), "float32")
+        temperature = T.match_buffer(var_temperature, (batch_size,), "float32")
+        chunk_max = T.match_buffer(var_chunk_max, (batch_size, nc), "float32")
+        chunk_sum = T.match_buffer(var_chunk_sum, (batch_size, nc), "float32")
+        scaled = T.alloc_buffer((batch_size, nc, chunk), "float32")
+        for b, c, i in T.grid(batch_size, T.int64(nc), T.int64(chunk)):
+            with T.sblock("scaled"):
+                vb, vc, vi = T.axis.remap("SSS", [b, c, i])
+                scaled[vb, vc, vi] = T.if_then_else(
+                    vc * chunk + vi < vocab_size,
+                    T.if_then_else(
+                        temperature[vb] > T.float32(eps),
+                        logits[vb, T.min(vc * chunk + vi, vocab_size - 1)] / temperature[vb],
+                        logits[vb, T.min(vc * chunk + vi, vocab_size - 1)],
+                    ),
+                    _min_f32(),
+                )
+        for b, c, i in T.grid(batch_size, T.int64(nc), T.int64(chunk)):
+            with T.sblock("chunk_max"):
+                vb, vc, vi = T.axis.remap("SSR", [b, c, i])
+                with T.init():
+                    chunk_max[vb, vc] = _min_f32()
+                chunk_max[vb, vc] = T.max(chunk_max[vb, vc], scaled[vb, vc, vi])
+        for b, c, i in T.grid(batch_size, T.int64(nc), T.int64(chunk)):
+            with T.sblock("chunk_sum"):
+                vb, vc, vi = T.axis.remap("SSR", [b, c, i])
+                with T.init():
+                    chunk_sum[vb, vc] = T.float32(0)
+                chunk_sum[vb, vc] = chunk_sum[vb, vc] + T.if_then_else(
+                    vc * chunk + vi < vocab_size,
+                    T.if_then_else(
+                        scaled[vb, vc, vi] == chunk_max[vb, vc],
+                        T.float32(1),
+                        T.if_then_else(
+                            temperature[vb] > T.float32(eps),
+                            T.exp(scaled[vb, vc, vi] - chunk_max[vb, vc]),
+                            T.float32(0),
+                        ),
+                    ),
+                    T.float32(0),
+                )
+
+    return kernel
+
+
+def softmax_merge(vocab_size: int, chunk: int = SOFTMAX_CHUNK) -> tirx.PrimFunc:
+    """Per row: row_max = max of the chunk maxima; row_sum = the chunk sums rescaled to row_max
+    (greedy: the counts of the chunks whose maximum is the row's)."""
+    nc = -(-vocab_size // chunk)
+    eps = GREEDY_TEMPERATURE
+
+    @T.prim_func(private=True, s_tir=True)
+    def kernel(var_chunk_max: T.handle, var_chunk_sum: T.handle, var_temperature: T.handle, var_row_max: T.handle,
+               var_row_sum: T.handle):
+        T.func_attr(_attrs("softmax_merge", vocab=vocab_size, chunk=chunk))
+        batch_size = T.int64()
+        chunk_max = T.match_buffer(var_chunk_max, (batch_size, nc), "float32")
+        chunk_sum = T.match_buffer(var_chunk_sum, (batch_size, nc), "float32")
+        temperature = T.match_buffer(var_temperature, (batch_size,), "float32")
+        row_max = T.match_buffer(var_row_max, (batch_size,), "float32")
+        row_sum = T.match_buffer(var_row_sum, (batch_size,), "float32")
+        for b, c in T.grid(batch_size, T.int64(nc)):
+            with T.sblock("row_max"):
+                vb, vc = T.axis.remap("SR", [b, c])
+                with T.init():
+                    row_max[vb] = _min_f32()
+                row_max[vb] = T.max(row_max[vb], chunk_max[vb, vc])
+        for b, c in T.grid(batch_size, T.int64(nc)):
+            with T.sblock("row_sum"):
+                vb, vc = T.axis.remap("SR", [b, c])
+                with T.init():
+                    row_sum[vb] = T.float32(0)
+                row_sum[vb] = row_sum[vb] + T.if_then_else(
+                    chunk_max[vb, vc] == row_max[vb],
+                    chunk_sum[vb, vc],
+                    T.if_then_else(
+                        temperature[vb] > T.float32(eps),
+                        chunk_sum[vb, vc] * T.exp(chunk_max[vb, vc] - row_max[vb]),
+                        T.float32(0),
+                    ),
+                )
+
+    return kernel
+
+
+def softmax_normalize(vocab_size: int) -> tirx.PrimFunc:
+    """probs = exp(x - row_max) / row_sum (greedy: 1 / row_sum where x == row_max, else 0)."""
+    eps = GREEDY_TEMPERATURE
+
+    @T.prim_func(private=True, s_tir=True)
+    def kernel(var_logits: T.handle, var_temperature: T.handle, var_row_max: T.handle, var_row_sum: T.handle,
+               var_probs: T.handle):
+        T.func_attr(_attrs("softmax_normalize", vocab=vocab_size))
+        batch_size = T.int64()
+        logits = T.match_buffer(var_logits, (batch_size, vocab_size), "float32")
+        temperature = T.match_buffer(var_temperature, (batch_size,), "float32")
+        row_max = T.match_buffer(var_row_max, (batch_size,), "float32")
+        row_sum = T.match_buffer(var_row_sum, (batch_size,), "float32")
+        probs = T.match_buffer(var_probs, (batch_size, vocab_size), "float32")
+        scaled = T.alloc_buffer((batch_size, vocab_size), "float32")
+        for b, v in T.grid(batch_size, T.int64(vocab_size)):
+            with T.sblock("scaled"):
+                vb, vv = T.axis.remap("SS", [b, v])
+                scaled[vb, vv] = T.if_then_else(
+                    temperature[vb] > T.float32(eps), logits[vb, vv] / temperature[vb], logits[vb, vv]
+                )
+        for b, v in T.grid(batch_size, T.int64(vocab_size)):
+            with T.sblock("probs"):
+                vb, vv = T.axis.remap("SS", [b, v])
+                probs[vb, vv] = T.if_then_else(
+                    scaled[vb, vv] == row_max[vb],
+                    T.float32(1) / row_sum[vb],
+                    T.if_then_else(
+                        temperature[vb] > T.float32(eps),
+                        T.exp(scaled[vb, vv] - row_max[vb]) / row_sum[vb],
+                        T.float32(0),
+                    ),
+                )
+
+    return kernel
+
+
+def _better(key_a, idx_a, key_b, idx_b):
+    """(key_a, idx_a) comes first in the sorted row: larger key, or equal key and smaller index."""
+    return tirx.Or(key_a > key_b, tirx.And(key_a == key_b, idx_a < idx_b))
+
+
+def _swap(desc, key_lo, idx_lo, key_hi, idx_hi):
+    """The pair (lo, hi) is out of order: hi comes first where the run is descending (desc), lo
+    first elsewhere. (Written as a select: LLVM codegen of bool == bool emits an fcmp.)"""
+    return tirx.Select(desc, _better(key_hi, idx_hi, key_lo, idx_lo), _better(key_lo, idx_lo, key_hi, idx_hi))
+
+
+def argsort_tiles(vocab_size: int, out_len: int) -> tirx.PrimFunc:
+    """The padded row (probs, then the lowest float32 with indices >= V) with every tile bitonic-
+    sorted: stages k = 2 .. tile of the network over the whole row (a pair (i, i + j) is put in
+    descending order where i & k == 0, ascending elsewhere). Writes the first `out_len` entries
+    (out_len = V when the tile is the whole row: then this is the whole sort)."""
+    padded, tile = padded_length(vocab_size), sort_tile(vocab_size)
+    log_tile = tile.bit_length() - 1
+
+    @T.prim_func(private=True, s_tir=True)
+    def kernel(var_probs: T.handle, var_keys: T.handle, var_idx: T.handle):
+        T.func_attr(_attrs("argsort_tiles", vocab=vocab_size, padded=padded, tile=tile, out_len=out_len))
+        batch_size = T.int64()
+        probs = T.match_buffer(var_probs, (batch_size, vocab_size), "float32")
+        keys = T.match_buffer(var_keys, (batch_size, out_len), "float32")
+        idx = T.match_buffer(var_idx, (batch_size, out_len), "int32")
+        work_k = T.alloc_buffer((batch_size, padded), "float32")
+        work_i = T.alloc_buffer((batch_size, padded), "int32")
+        for b, i in T.grid(batch_size, padded):
+            with T.sblock("load"):
+                vb, vi = T.axis.remap("SS", [b, i])
+                work_k[vb, vi] = T.if_then_else(vi < vocab_size, probs[vb, T.min(vi, vocab_size - 1)], _min_f32())
+                work_i[vb, vi] = vi
+        for b in range(batch_size):
+            with T.sblock("sort"):
+                vb = T.axis.spatial(batch_size, b)
+                for log_k in range(1, log_tile + 1):
+                    for step in range(log_k):
+                        for p in range(padded // 2):
+                            log_j: T.let[T.int32] = log_k - 1 - step
+                            lo: T.let[T.int32] = T.shift_left(T.shift_right(p, log_j), log_j + 1) + T.bitwise_and(
+                                p, T.shift_left(1, log_j) - 1)
+                            hi: T.let[T.int32] = lo + T.shift_left(1, log_j)
+                            desc: T.let[T.bool] = T.bitwise_and(lo, T.shift_left(1, log_k)) == 0
+                            key_lo: T.let[T.float32] = work_k[vb, lo]
+                            key_hi: T.let[T.float32] = work_k[vb, hi]
+                            idx_lo: T.let[T.int32] = work_i[vb, lo]
+                            idx_hi: T.let[T.int32] = work_i[vb, hi]
+                            if _swap(desc, key_lo, idx_lo, key_hi, idx_hi):
+                                work_k[vb, lo] = key_hi
+                                work_k[vb, hi] = key_lo
+                                work_i[vb, lo] = idx_hi
+                                work_i[vb, hi] = idx_lo
+        for b, i in T.grid(batch_size, out_len):
+            with T.sblock("store"):
+                vb, vi = T.axis.remap("SS", [b, i])
+                keys[vb, vi] = work_k[vb, vi]
+                idx[vb, vi] = work_i[vb, vi]
+
+    return kernel
+
+
+def argsort_global(vocab_size: int) -> tirx.PrimFunc:
+    """One step of the network across tiles, in place: pairs (i, i + sort_j) of stage sort_k."""
+    padded, tile = padded_length(vocab_size), sort_tile(vocab_size)
+
+    @T.prim_func(private=True, s_tir=True)
+    def kernel(var_keys: T.handle, var_idx: T.handle, sort_k: T.int32, sort_j: T.int32):
+        T.func_attr(_attrs("argsort_global", vocab=vocab_size, padded=padded, tile=tile))
+        batch_size = T.int64()
+        keys = T.match_buffer(var_keys, (batch_size, padded), "float32")
+        idx = T.match_buffer(var_idx, (batch_size, padded), "int32")
+        for b, p in T.grid(batch_size, padded // 2):
+            with T.sblock("step"):
+                vb, vp = T.axis.remap("SS", [b, p])
+                lo: T.let[T.int32] = T.floordiv(vp, sort_j) * sort_j * 2 + T.floormod(vp, sort_j)
+                hi: T.let[T.int32] = lo + sort_j
+                desc: T.let[T.bool] = T.bitwise_and(lo, sort_k) == 0
+                key_lo: T.let[T.float32] = keys[vb, lo]
+                key_hi: T.let[T.float32] = keys[vb, hi]
+                idx_lo: T.let[T.int32] = idx[vb, lo]
+                idx_hi: T.let[T.int32] = idx[vb, hi]
+                if _swap(desc, key_lo, idx_lo, key_hi, idx_hi):
+                    keys[vb, lo] = key_hi
+                    keys[vb, hi] = key_lo
+                    idx[vb, lo] = idx_hi
+                    idx[vb, hi] = idx_lo
+
+    return kernel
+
+
+def argsort_merge(vocab_size: int, final: bool) -> tirx.PrimFunc:
+    """The steps j = tile/2 .. 1 of stage sort_k inside each tile. In place; `final` (stage k =
+    the padded length: all descending) reads keys/idx and writes the (b, V) outputs instead."""
+    padded, tile = padded_length(vocab_size), sort_tile(vocab_size)
+    log_tile = tile.bit_length() - 1
+    out_len = vocab_size if final else padded
+    kind = "argsort_merge_final" if final else "argsort_merge"
+
+    @T.prim_func(private=True, s_tir=True)
+    def merge_inplace(var_keys: T.handle, var_idx: T.handle, sort_k: T.int32):
+        T.func_attr(_attrs(kind, vocab=vocab_size, padded=padded, tile=tile, out_len=out_len))
+        batch_size = T.int64()
+        keys = T.match_buffer(var_keys, (batch_size, padded), "float32")
+        idx = T.match_buffer(var_idx, (batch_size, padded), "int32")
+        for b, t in T.grid(batch_size, padded // tile):
+            with T.sblock("merge"):
+                vb, vt = T.axis.remap("SS", [b, t])
+                desc: T.let[T.bool] = T.bitwise_and(vt * tile, sort_k) == 0
+                for step in range(log_tile):
+                    for p in range(tile // 2):
+                        log_j: T.let[T.int32] = log_tile - 1 - step
+                        lo: T.let[T.int32] = vt * tile + T.shift_left(T.shift_right(p, log_j), log_j + 1) + T.bitwise_and(
+                            p, T.shift_left(1, log_j) - 1)
+                        hi: T.let[T.int32] = lo + T.shift_left(1, log_j)
+                        key_lo: T.let[T.float32] = keys[vb, lo]
+                        key_hi: T.let[T.float32] = keys[vb, hi]
+                        idx_lo: T.let[T.int32] = idx[vb, lo]
+                        idx_hi: T.let[T.int32] = idx[vb, hi]
+                        if _swap(desc, key_lo, idx_lo, key_hi, idx_hi):
+                            keys[vb, lo] = key_hi
+                            keys[vb, hi] = key_lo
+                            idx[vb, lo] = idx_hi
+                            idx[vb, hi] = idx_lo
+
+    @T.prim_func(private=True, s_tir=True)
+    def merge_final(var_keys: T.handle, var_idx: T.handle, var_out_keys: T.handle, var_out_idx: T.handle):
+        T.func_attr(_attrs(kind, vocab=vocab_size, padded=padded, tile=tile, out_len=out_len))
+        batch_size = T.int64()
+        keys = T.match_buffer(var_keys, (batch_size, padded), "float32")
+        idx = T.match_buffer(var_idx, (batch_size, padded), "int32")
+        out_keys = T.match_buffer(var_out_keys, (batch_size, vocab_size), "float32")
+        out_idx = T.match_buffer(var_out_idx, (batch_size, vocab_size), "int32")
+        work_k = T.alloc_buffer((batch_size, padded), "float32")
+        work_i = T.alloc_buffer((batch_size, padded), "int32")
+        for b, i in T.grid(batch_size, padded):
+            with T.sblock("load"):
+                vb, vi = T.axis.remap("SS", [b, i])
+                work_k[vb, vi] = keys[vb, vi]
+                work_i[vb, vi] = idx[vb, vi]
+        for b, t in T.grid(batch_size, padded // tile):
+            with T.sblock("merge"):
+                vb, vt = T.axis.remap("SS", [b, t])
+                for step in range(log_tile):
+                    for p in range(tile // 2):
+                        log_j: T.let[T.int32] = log_tile - 1 - step
+                        lo: T.let[T.int32] = vt * tile + T.shift_left(T.shift_right(p, log_j), log_j + 1) + T.bitwise_and(
+                            p, T.shift_left(1, log_j) - 1)
+                        hi: T.let[T.int32] = lo + T.shift_left(1, log_j)
+                        key_lo: T.let[T.float32] = work_k[vb, lo]
+                        key_hi: T.let[T.float32] = work_k[vb, hi]
+                        idx_lo: T.let[T.int32] = work_i[vb, lo]
+                        idx_hi: T.let[T.int32] = work_i[vb, hi]
+                        if _better(key_hi, idx_hi, key_lo, idx_lo):
+                            work_k[vb, lo] = key_hi
+                            work_k[vb, hi] = key_lo
+                            work_i[vb, lo] = idx_hi
+                            work_i[vb, hi] = idx_lo
+        for b, i in T.grid(batch_size, vocab_size):
+            with T.sblock("store"):
+                vb, vi = T.axis.remap("SS", [b, i])
+                out_keys[vb, vi] = work_k[vb, vi]
+                out_idx[vb, vi] = work_i[vb, vi]
+
+    return merge_final if final else merge_inplace
+
+
+def top_p_chunk_sums(vocab_size: int, chunk: int = TOP_P_CHUNK) -> tirx.PrimFunc:
+    """Sums of `chunk` consecutive sorted probabilities per row (the coarse level of the CDF)."""
+    nc = -(-vocab_size // chunk)
+
+    @T.prim_func(private=True, s_tir=True)
+    def kernel(var_sorted_probs: T.handle, var_chunk_sums: T.handle):
+        T.func_attr(_attrs("top_p_chunk_sums", vocab=vocab_size, chunk=chunk))
+        batch_size = T.int64()
+        sorted_probs = T.match_buffer(var_sorted_probs, (batch_size, vocab_size), "float32")
+        chunk_sums = T.match_buffer(var_chunk_sums, (batch_size, nc), "float32")
+        for b, c, i in T.grid(batch_size, T.int64(nc), T.int64(chunk)):
+            with T.sblock("chunk_sums"):
+                vb, vc, vi = T.axis.remap("SSR", [b, c, i])
+                with T.init():
+                    chunk_sums[vb, vc] = T.float32(0)
+                chunk_sums[vb, vc] = chunk_sums[vb, vc] + T.if_then_else(
+                    vc * chunk + vi < vocab_size, sorted_probs[vb, T.min(vc * chunk + vi, vocab_size - 1)], T.float32(0)
+                )
+
+    return kernel
+
+
+def top_p_pick(vocab_size: int, chunk: int = TOP_P_CHUNK) -> tirx.PrimFunc:
+    """One token per sample: the nucleus cutoff K (first c >= top_p), then the first position
+    whose running sum exceeds u * c[K]; both found chunk by chunk (chunk sums), then inside the
+    chunk (running sum from the chunk's prefix)."""
+    nc = -(-vocab_size // chunk)
+
+    @T.prim_func(private=True, s_tir=True)
+    def kernel(var_sorted_probs: T.handle, var_sorted_indices: T.handle, var_chunk_sums: T.handle,
+               var_uniform_samples: T.handle, var_sample_indices: T.handle, var_top_p: T.handle, var_tokens: T.handle):
+        T.func_attr(_attrs("top_p_pick", vocab=vocab_size, chunk=chunk))
+        batch_size = T.int64()
+        num_samples = T.int64()
+        sorted_probs = T.match_buffer(var_sorted_probs, (batch_size, vocab_size), "float32")
+        sorted_indices = T.match_buffer(var_sorted_indices, (batch_size, vocab_size), "int32")
+        chunk_sums = T.match_buffer(var_chunk_sums, (batch_size, nc), "float32")
+        uniform_samples = T.match_buffer(var_uniform_samples, (num_samples,), "float32")
+        sample_indices = T.match_buffer(var_sample_indices, (num_samples,), "int32")
+        top_p = T.match_buffer(var_top_p, (batch_size,), "float32")
+        tokens = T.match_buffer(var_tokens, (num_samples,), "int32")
+        for s in range(num_samples):
+            with T.sblock("pick"):
+                vs = T.axis.spatial(num_samples, s)
+                # scalars: [found, chunk, position]; [prefix, running, renorm, threshold]
+                ints = T.sblock_alloc_buffer((3,), "int32", scope="local")
+                floats = T.sblock_alloc_buffer((4,), "float32", scope="local")
+                row: T.let[T.int32] = sample_indices[vs]
+                # 1. the nucleus: K and renorm = c[K]
+                ints[0] = 0
+                ints[1] = nc - 1
+                floats[0] = T.float32(0)
+                for c in range(nc):
+                    if ints[0] == 0:
+                        if floats[0] + chunk_sums[row, c] >= top_p[row]:
+                            ints[0] = 1
+                            ints[1] = c
+                        elif c < nc - 1:
+                            floats[0] = floats[0] + chunk_sums[row, c]
+                ints[0] = 0
+                ints[2] = T.min(ints[1] * chunk + chunk, vocab_size) - 1
+                floats[1] = floats[0]
+                for i in range(chunk):
+                    if ints[0] == 0 and ints[1] * chunk + i < vocab_size:
+                        floats[1] = floats[1] + sorted_probs[row, ints[1] * chunk + i]
+                        if floats[1] >= top_p[row]:
+                            ints[0] = 1
+                            ints[2] = ints[1] * chunk + i
+                floats[2] = floats[1]
+                cutoff: T.let[T.int32] = ints[2]
+                # 2. the inverse CDF at u * renorm, at most K
+                floats[3] = uniform_samples[vs] * floats[2]
+                ints[0] = 0
+                ints[1] = T.floordiv(cutoff, chunk)
+                floats[0] = T.float32(0)
+                for c in range(nc):
+                    if ints[0] == 0 and c * chunk <= cutoff:
+                        if floats[0] + chunk_sums[row, c] > floats[3]:
+                            ints[0] = 1
+                            ints[1] = c
+                        elif c * chunk + chunk <= cutoff:
+                            floats[0] = floats[0] + chunk_sums[row, c]
+                ints[0] = 0
+                ints[2] = T.min(T.min(ints[1] * chunk + chunk, vocab_size) - 1, cutoff)
+                floats[1] = floats[0]
+                for i in range(chunk):
+                    if ints[0] == 0 and ints[1] * chunk + i <= cutoff:
+                        floats[1] = floats[1] + sorted_probs[row, ints[1] * chunk + i]
+                        if floats[1] > floats[3]:
+                            ints[0] = 1
+                            ints[2] = ints[1] * chunk + i
+                tokens[vs] = sorted_indices[row, ints[2]]
+
+    return kernel
+
+
+def apply_logit_bias(vocab_size: int) -> tirx.PrimFunc:
+    @T.prim_func(private=True, s_tir=True)
+    def kernel(var_logits: T.handle, var_pos2seq_id: T.handle, var_token_ids: T.handle, var_logit_bias: T.handle):
+        T.func_attr(_attrs("apply_logit_bias", vocab=vocab_size))
+        batch_size = T.int64()
+        num_token = T.int64()
+        logits = T.match_buffer(var_logits, (batch_size, vocab_size), "float32")
+        pos2seq_id = T.match_buffer(var_pos2seq_id, (num_token,), "int32")
+        token_ids = T.match_buffer(var_token_ids, (num_token,), "int32")
+        logit_bias = T.match_buffer(var_logit_bias, (num_token,), "float32")
+        for t in range(num_token):
+            with T.sblock("bias"):
+                vt = T.axis.spatial(num_token, t)
+                logits[pos2seq_id[vt], token_ids[vt]] = logits[pos2seq_id[vt], token_ids[vt]] + logit_bias[vt]
+
+    return kernel
+
+
+def apply_penalty(vocab_size: int) -> tirx.PrimFunc:
+    @T.prim_func(private=True, s_tir=True)
+    def kernel(var_logits: T.handle, var_seq_ids: T.handle, var_pos2seq_id: T.handle, var_token_ids: T.handle,
+               var_token_cnt: T.handle, var_penalties: T.handle):
+        T.func_attr(_attrs("apply_penalty", vocab=vocab_size))
+        batch_size = T.int64()
+        num_seq = T.int64()
+        num_token = T.int64()
+        logits = T.match_buffer(var_logits, (batch_size, vocab_size), "float32")
+        seq_ids = T.match_buffer(var_seq_ids, (num_seq,), "int32")
+        pos2seq_id = T.match_buffer(var_pos2seq_id, (num_token,), "int32")
+        token_ids = T.match_buffer(var_token_ids, (num_token,), "int32")
+        token_cnt = T.match_buffer(var_token_cnt, (num_token,), "int32")
+        penalties = T.match_buffer(var_penalties, (num_seq, PENALTY_COLUMNS), "float32")
+        for t in range(num_token):
+            with T.sblock("penalty"):
+                vt = T.axis.spatial(num_token, t)
+                seq: T.let[T.int32] = pos2seq_id[vt]
+                value: T.let[T.float32] = logits[seq_ids[seq], token_ids[vt]] - (
+                    penalties[seq, 0] + T.Cast("float32", token_cnt[vt]) * penalties[seq, 1])
+                logits[seq_ids[seq], token_ids[vt]] = T.if_then_else(
+                    value < T.float32(0), value * penalties[seq, 2], value / penalties[seq, 2])
+
+    return kernel
+
+
+def apply_bitmask(vocab_size: int) -> tirx.PrimFunc:
+    words = -(-vocab_size // 32)
+
+    @T.prim_func(private=True, s_tir=True)
+    def kernel(var_logits: T.handle, var_seq_ids: T.handle, var_bitmask: T.handle):
+        T.func_attr(_attrs("apply_bitmask", vocab=vocab_size))
+        batch_size = T.int64()
+        num_seq = T.int64()
+        logits = T.match_buffer(var_logits, (batch_size, vocab_size), "float32")
+        seq_ids = T.match_buffer(var_seq_ids, (num_seq,), "int32")
+        bitmask = T.match_buffer(var_bitmask, (batch_size, words), "int32")
+        for s, v in T.grid(num_seq, vocab_size):
+            with T.sblock("bitmask"):
+                vs, vv = T.axis.remap("SS", [s, v])
+                logits[seq_ids[vs], vv] = T.if_then_else(
+                    T.bitwise_and(T.shift_right(bitmask[seq_ids[vs], vv // 32], vv % 32), 1) == 1,
+                    logits[seq_ids[vs], vv],
+                    _min_f32(),
+                )
+
+    return kernel
+
+
+# ---- Relax functions ----------------------------------------------------------------------------------
+
+def _tensor(shape, dtype: str = "float32") -> relax.TensorType:
+    return relax.TensorType(shape, dtype)
+
+
+def _reshape(bb: relax.BlockBuilder, x: relax.Expr, shape: list) -> relax.Expr:
+    """A view of `x` with another shape (vm.builtin.reshape: no copy, no kernel)."""
+    new_shape = relax.ShapeExpr(shape)
+    return bb.emit(relax.call_pure_packed("vm.builtin.reshape", x, new_shape, ty_args=_tensor(new_shape, x.ty.dtype)))
+
+
+def _int32(value: int) -> relax.Expr:
+    return relax.prim_value(tirx.IntImm("int32", int(value)))
+
+
+def _add_softmax(bb: relax.BlockBuilder, vocab_size: int) -> None:
+    batch = tirx.Var("batch_size", "int64")
+    nc = -(-vocab_size // SOFTMAX_CHUNK)
+    logits = relax.Var("logits", _tensor((batch, 1, vocab_size)))
+    temperature = relax.Var("temperature", _tensor((batch,)))
+    with bb.function("softmax_with_temperature", [logits, temperature]):
+        stats_fn = bb.add_func(softmax_chunk_stats(vocab_size), "sampler_softmax_chunk_stats")
+        merge_fn = bb.add_func(softmax_merge(vocab_size), "sampler_softmax_merge")
+        norm_fn = bb.add_func(softmax_normalize(vocab_size), "sampler_softmax_normalize")
+        with bb.dataflow():
+            rows = _reshape(bb, logits, [batch, vocab_size])
+            stats = bb.emit(relax.call_tir(stats_fn, [rows, temperature], [_tensor((batch, nc))] * 2))
+            merged = bb.emit(relax.call_tir(
+                merge_fn, [bb.emit(relax.TupleGetItem(stats, 0)), bb.emit(relax.TupleGetItem(stats, 1)), temperature],
+                [_tensor((batch,))] * 2))
+            probs = bb.emit(relax.call_tir(
+                norm_fn, [rows, temperature, bb.emit(relax.TupleGetItem(merged, 0)), bb.emit(relax.TupleGetItem(merged, 1))],
+                _tensor((batch, vocab_size))))
+            out = bb.emit_output(relax.call_pure_packed(
+                "vm.builtin.reshape", probs, relax.ShapeExpr([batch, 1, vocab_size]),
+                ty_args=_tensor((batch, 1, vocab_size))))
+        bb.emit_func_output(out)
+
+
+def _add_argsort(bb: relax.BlockBuilder, vocab_size: int) -> None:
+    batch = tirx.Var("batch_size", "int64")
+    padded = padded_length(vocab_size)
+    probs = relax.Var("probs", _tensor((batch, vocab_size)))
+    plan = sort_plan(vocab_size)
+    with bb.function("argsort_probs", [probs]):
+        single = len(plan) == 1
+        tiles_fn = bb.add_func(argsort_tiles(vocab_size, vocab_size if single else padded), "sampler_argsort_tiles")
+        if not single:
+            global_fn = bb.add_func(argsort_global(vocab_size), "sampler_argsort_global")
+            merge_fn = bb.add_func(argsort_merge(vocab_size, final=False), "sampler_argsort_merge")
+            final_fn = bb.add_func(argsort_merge(vocab_size, final=True), "sampler_argsort_merge_final")
+        with bb.dataflow():
+            out_len = vocab_size if single else padded
+            pair = bb.emit(relax.call_tir(tiles_fn, [probs], [_tensor((batch, out_len)), _tensor((batch, out_len), "int32")]))
+            keys, idx = bb.emit(relax.TupleGetItem(pair, 0)), bb.emit(relax.TupleGetItem(pair, 1))
+            for kind, k, j in plan[1:]:
+                if kind == "global":
+                    args = [keys, idx, _int32(k), _int32(j)]
+                    pair = bb.emit(relax.call_tir_inplace(global_fn, args, [0, 1], [keys.ty, idx.ty]))
+                elif k < padded:
+                    pair = bb.emit(relax.call_tir_inplace(merge_fn, [keys, idx, _int32(k)], [0, 1], [keys.ty, idx.ty]))
+                else:
+                    pair = bb.emit(relax.call_tir(final_fn, [keys, idx], [_tensor((batch, vocab_size)), _tensor((batch, vocab_size), "int32")]))
+                keys, idx = bb.emit(relax.TupleGetItem(pair, 0)), bb.emit(relax.TupleGetItem(pair, 1))
+            out = bb.emit_output(relax.Tuple([keys, idx]))
+        bb.emit_func_output(out)
+
+
+def _add_sample_with_top_p(bb: relax.BlockBuilder, vocab_size: int, max_batch_size: int) -> None:
+    batch = tirx.Var("batch_size", "int64")
+    num_samples = tirx.Var("num_samples", "int64")
+    nc = -(-vocab_size // TOP_P_CHUNK)
+    sorted_probs = relax.Var("sorted_probs", _tensor((batch, vocab_size)))
+    sorted_indices = relax.Var("sorted_indices", _tensor((batch, vocab_size), "int32"))
+    uniform_samples = relax.Var("uniform_samples", _tensor((num_samples,)))
+    sample_indices = relax.Var("sample_indices", _tensor((num_samples,), "int32"))
+    top_p = relax.Var("top_p", _tensor((batch,)))
+    params = [sorted_probs, sorted_indices, uniform_samples, sample_indices, top_p]
+    # MLC-LLM's bounds for its sampling functions (read by the memory estimate of `_metadata`)
+    bounds = {"batch_size": max_batch_size, "num_samples": max_batch_size}
+    with bb.function("sample_with_top_p", params, attrs={"tir_var_upper_bound": bounds}):
+        sums_fn = bb.add_func(top_p_chunk_sums(vocab_size), "sampler_top_p_chunk_sums")
+        pick_fn = bb.add_func(top_p_pick(vocab_size), "sampler_top_p_pick")
+        with bb.dataflow():
+            sums = bb.emit(relax.call_tir(sums_fn, [sorted_probs], _tensor((batch, nc))))
+            out = bb.emit_output(relax.call_tir(
+                pick_fn, [sorted_probs, sorted_indices, sums, uniform_samples, sample_indices, top_p],
+                _tensor((num_samples,), "int32")))
+        bb.emit_func_output(out)
+
+
+def _add_inplace(bb: relax.BlockBuilder, name: str, kernel_name: str, kernel: tirx.PrimFunc, params: list) -> None:
+    with bb.function(name, params):
+        fn = bb.add_func(kernel, kernel_name)
+        with bb.dataflow():
+            out = bb.emit_output(relax.call_tir_inplace(fn, params, [0], params[0].ty))
+        bb.emit_func_output(out)
+
+
+def _add_logit_processors(bb: relax.BlockBuilder, vocab_size: int) -> None:
+    batch = tirx.Var("batch_size", "int64")
+    num_seq = tirx.Var("num_seq", "int64")
+    num_token = tirx.Var("num_token", "int64")
+
+    def logits():
+        return relax.Var("logits", _tensor((batch, vocab_size)))
+
+    _add_inplace(bb, "apply_logit_bias_inplace", "sampler_apply_logit_bias", apply_logit_bias(vocab_size), [
+        logits(), relax.Var("pos2seq_id", _tensor((num_token,), "int32")),
+        relax.Var("token_ids", _tensor((num_token,), "int32")), relax.Var("logit_bias", _tensor((num_token,))),
+    ])
+    _add_inplace(bb, "apply_penalty_inplace", "sampler_apply_penalty", apply_penalty(vocab_size), [
+        logits(), relax.Var("seq_ids", _tensor((num_seq,), "int32")),
+        relax.Var("pos2seq_id", _tensor((num_token,), "int32")), relax.Var("token_ids", _tensor((num_token,), "int32")),
+        relax.Var("token_cnt", _tensor((num_token,), "int32")), relax.Var("penalties", _tensor((num_seq, PENALTY_COLUMNS))),
+    ])
+    _add_inplace(bb, "apply_bitmask_inplace", "sampler_apply_bitmask", apply_bitmask(vocab_size), [
+        logits(), relax.Var("seq_ids", _tensor((num_seq,), "int32")),
+        relax.Var("bitmask", _tensor((batch, -(-vocab_size // 32)), "int32")),
+    ])
+
+
+def attach_sampler(mod: tvm.IRModule, target: tvm.target.Target, vocab_size: int,
+                   max_batch_size: int = DEFAULT_MAX_BATCH_SIZE) -> tvm.IRModule:
+    """`mod` plus the six sampler functions (FUNCTIONS) for a vocabulary of `vocab_size`, their
+    kernels unscheduled (the schedule phase schedules them for `target`). `max_batch_size`
+    bounds the rows and samples of sample_with_top_p (its `tir_var_upper_bound`, as MLC-LLM's)."""
+    del target  # one form for every target: the schedule rules specialise the kernels
+    present = {gv.name_hint for gv in mod.get_global_vars()}
+    if present & set(FUNCTIONS):
+        return mod
+    bb = relax.BlockBuilder(mod)
+    _add_softmax(bb, vocab_size)
+    _add_argsort(bb, vocab_size)
+    _add_sample_with_top_p(bb, vocab_size, max_batch_size)
+    _add_logit_processors(bb, vocab_size)
+    return bb.finalize()
+
+
+# ---- conformance inputs -------------------------------------------------------------------------------
+
+def is_sampler_kernel(func: tirx.PrimFunc) -> bool:
+    return func.attrs is not None and SAMPLER_ATTR in func.attrs
+
+
+def kernel_info(func: tirx.PrimFunc) -> dict:
+    info = func.attrs[SAMPLER_ATTR]
+    return {str(k): (str(v) if isinstance(v, str) or k == "kind" else int(v)) for k, v in info.items()}
+
+
+def _probability_rows(rng: np.random.Generator, rows: int, vocab: int) -> np.ndarray:
+    """Distributions as a model gives them: a softmax of spread logits, some rows one-hot (greedy)."""
+    logits = rng.standard_normal((rows, vocab)) * 3.0
+    probs = np.exp(logits - logits.max(axis=1, keepdims=True))
+    probs /= probs.sum(axis=1, keepdims=True)
+    if rows > 1:
+        probs[1] = 0.0
+        probs[1, rng.integers(vocab)] = 1.0
+    return probs.astype(np.float32)
+
+
+def _sort_keys(rng: np.random.Generator, rows: int, length: int) -> tuple[np.ndarray, np.ndarray]:
+    """Keys with ties (a few distinct values among random ones) and distinct indices."""
+    keys = rng.standard_normal((rows, length)).astype(np.float32)
+    ties = rng.random((rows, length)) < 0.3
+    keys[ties] = rng.choice(np.float32([0.0, 0.25, -1.0]), size=int(ties.sum()))
+    idx = np.stack([rng.permutation(length) for _ in range(rows)]).astype(np.int32)
+    return keys, idx
+
+
+def kernel_args(func: tirx.PrimFunc, n: int, seed: int = 0) -> tuple[list, str]:
+    """Valid inputs for a sampler kernel with `n` rows (and n samples / sequences), in parameter
+    order (outputs too, random: the kernel overwrites them); returns (args, label)."""
+    info = kernel_info(func)
+    kind, vocab = info["kind"], info["vocab"]
+    rng = np.random.default_rng(seed)
+    rows = n
+    if kind in ("softmax_chunk_stats", "softmax_merge", "softmax_normalize"):
+        nc = -(-vocab // info.get("chunk", SOFTMAX_CHUNK))
+        logits = (rng.standard_normal((rows, vocab)) * 2.0).astype(np.float32)
+        if vocab > 4:
+            logits[0, :3] = logits[0].max()  # a three-way tie for the maximum (greedy: 1/3 each)
+        temperature = rng.uniform(0.5, 1.5, rows).astype(np.float32)
+        temperature[0] = 0.0  # greedy row
+        if rows > 2:
+            temperature[2] = 1e-6  # WebLLM's clamp of temperature 0
+        if kind == "softmax_chunk_stats":
+            args = [logits, temperature, np.zeros((rows, nc), np.float32), np.zeros((rows, nc), np.float32)]
+        elif kind == "softmax_merge":
+            chunk_max = rng.standard_normal((rows, nc)).astype(np.float32)
+            chunk_max[:, -1] = chunk_max.max(axis=1)  # ties for the row maximum across chunks
+            chunk_sum = rng.uniform(1.0, 50.0, (rows, nc)).astype(np.float32)
+            args = [chunk_max, chunk_sum, temperature, np.zeros(rows, np.float32), np.zeros(rows, np.float32)]
+        else:
+            row_max = logits.max(axis=1).astype(np.float32)
+            scaled_max = np.where(temperature > GREEDY_TEMPERATURE, logits.max(axis=1) / np.maximum(temperature, 1e-30), row_max)
+            args = [logits, temperature, scaled_max.astype(np.float32), rng.uniform(1.0, 20.0, rows).astype(np.float32),
+                    np.zeros((rows, vocab), np.float32)]
+        return args, f"batch_size={rows}"
+    if kind == "argsort_tiles":
+        probs = _probability_rows(rng, rows, vocab)
+        ties = rng.random((rows, vocab)) < 0.2
+        probs[ties] = np.float32(1e-3)
+        out = info["out_len"]
+        return [probs, np.zeros((rows, out), np.float32), np.zeros((rows, out), np.int32)], f"batch_size={rows}"
+    if kind in ("argsort_global", "argsort_merge", "argsort_merge_final"):
+        padded, tile = info["padded"], info["tile"]
+        keys, idx = _sort_keys(rng, rows, padded)
+        if kind == "argsort_global":
+            return [keys, idx, padded, padded // 2], f"batch_size={rows},k={padded},j={padded // 2}"
+        if kind == "argsort_merge":
+            return [keys, idx, 2 * tile], f"batch_size={rows},k={2 * tile}"
+        return [keys, idx, np.zeros((rows, vocab), np.float32), np.zeros((rows, vocab), np.int32)], f"batch_size={rows}"
+    if kind in ("top_p_chunk_sums", "top_p_pick"):
+        chunk = info["chunk"]
+        nc = -(-vocab // chunk)
+        probs = -np.sort(-_probability_rows(rng, rows, vocab), axis=1)
+        order = np.stack([rng.permutation(vocab) for _ in range(rows)]).astype(np.int32)
+        if kind == "top_p_chunk_sums":
+            return [probs, np.zeros((rows, nc), np.float32)], f"batch_size={rows}"
+        padded = np.zeros((rows, nc * chunk), np.float32)
+        padded[:, :vocab] = probs
+        sums = padded.reshape(rows, nc, chunk).sum(axis=2, dtype=np.float32)
+        samples = rows
+        uniform = rng.random(samples).astype(np.float32)
+        sample_indices = rng.integers(0, rows, samples).astype(np.int32)
+        top_p = rng.choice(np.float32([0.5, 0.9, 0.95, 1.0, -1.0]), size=rows).astype(np.float32)
+        return [probs, order, sums, uniform, sample_indices, top_p, np.zeros(samples, np.int32)], f"batch_size={rows},num_samples={samples}"
+    logits = rng.standard_normal((rows, vocab)).astype(np.float32)
+    seq_ids = rng.permutation(rows).astype(np.int32)
+    if kind == "apply_bitmask":
+        words = rng.integers(-(2**31), 2**31, size=(rows, -(-vocab // 32)), dtype=np.int64).astype(np.int32)
+        return [logits, seq_ids, words], f"batch_size={rows},num_seq={rows}"
+    # (sequence, token) pairs without repeats: a token appears once per sequence
+    per_seq = min(vocab, 3)
+    pos2seq = np.repeat(np.arange(rows, dtype=np.int32), per_seq)
+    tokens = np.concatenate([rng.choice(vocab, per_seq, replace=False) for _ in range(rows)]).astype(np.int32)
+    if kind == "apply_logit_bias":
+        bias = rng.standard_normal(pos2seq.size).astype(np.float32)
+        return [logits, seq_ids[pos2seq], tokens, bias], f"batch_size={rows},num_token={pos2seq.size}"
+    if kind == "apply_penalty":
+        counts = rng.integers(1, 6, pos2seq.size).astype(np.int32)
+        penalties = np.stack([rng.uniform(-1, 1, rows), rng.uniform(-1, 1, rows), rng.uniform(0.5, 2.0, rows)], axis=1)
+        return ([logits, seq_ids, pos2seq, tokens, counts, penalties.astype(np.float32)],
+                f"batch_size={rows},num_seq={rows},num_token={pos2seq.size}")
+    raise ValueError(f"unknown sampler kernel kind {kind!r}")

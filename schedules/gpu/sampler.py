@@ -1,0 +1,591 @@
+"""GPU forms of the sampler kernels (pipeline/model/sampler.py): the rule SamplerGPU.
+
+The sampler's in-place kernels (logit bias, penalties, bitmask, the sort's steps) read and write
+the same buffer, which the schedule's `bind` refuses (no compact dataflow); the bitonic sort's
+tile kernels also need workgroup memory and barriers between steps. For these the rule returns a
+hand-written thread-bound kernel of the same signature and contract (checked against the
+reference kernel on llvm by `mlcpipe check`). dlight's reduction rules do not take the softmax and
+top-p chunk passes (a reduction with no epilogue, padded chunks) and its Fallback would give one
+thread a whole chunk: those are written here too, one workgroup per chunk with a tree reduction in
+workgroup memory. The top-p pick keeps its reference loop, split over threads (one per sample).
+
+- apply_logit_bias / apply_penalty: one thread per (sequence, token) entry. The runtimes give
+  each token at most once per sequence, so no two threads touch the same logit.
+- apply_bitmask: one thread per (sequence, vocabulary entry).
+- argsort_tiles / argsort_merge(_final): one workgroup per tile of `tile` entries (2048: keys +
+  indices fill WebGPU's guaranteed 16 KB of workgroup memory), held in workgroup memory for all
+  the network's steps inside the tile; each of the `threads` lanes compare-exchanges tile/2/threads
+  disjoint pairs per step, a barrier between steps (uniform control flow, as WGSL requires).
+- argsort_global: one thread per compare-exchange pair of a step whose pairs span tiles.
+- softmax_chunk_stats / top_p_chunk_sums: one workgroup (<= 256 lanes) per (row, chunk); the
+  merge: one per row; softmax_normalize: one thread per probability.
+- top_p_pick: one thread per sample (the runtimes draw one sample per sequence).
+
+Knob: threads (lanes per workgroup; 0 = the target's limit: 256 on WebGPU / Metal, 1024 on CUDA).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tvm import s_tir, tirx
+from tvm.s_tir import dlight as dl
+from tvm.script import tirx as T
+from tvm.target import Target
+
+from .common import is_gpu, max_threads
+
+SAMPLER_ATTR = "mlcpipe.sampler"  # set by pipeline/model/sampler.py on every sampler kernel
+
+
+def _info(func: tirx.PrimFunc) -> dict | None:
+    if func.attrs is None or SAMPLER_ATTR not in func.attrs:
+        return None
+    return {str(k): (str(v) if str(k) == "kind" else int(v)) for k, v in func.attrs[SAMPLER_ATTR].items()}
+
+
+def _lowest(kind: str):
+    """The lowest float32, bit-exact as the reference kernel writes it on llvm. CUDA prints the
+    constant exactly (hex float) but cannot take the address of a literal for a reinterpret;
+    the WGSL and MSL printers write 7 digits (-3.402823e+38), so there it is the bit pattern."""
+    if kind == "cuda":
+        return T.min_value("float32")
+    return tirx.reinterpret("float32", tirx.IntImm("int32", -8388609))  # 0xff7fffff
+
+
+def _better(key_a, idx_a, key_b, idx_b):
+    return tirx.Or(key_a > key_b, tirx.And(key_a == key_b, idx_a < idx_b))
+
+
+def _swap(desc, key_lo, idx_lo, key_hi, idx_hi):
+    """The pair (lo, hi) is out of order: hi comes first where the run is descending (desc), lo
+    first elsewhere. (Written as a select: LLVM codegen of bool == bool emits an fcmp.)"""
+    return tirx.Select(desc, _better(key_hi, idx_hi, key_lo, idx_lo), _better(key_lo, idx_lo, key_hi, idx_hi))
+
+
+def _reduce_threads(threads: int) -> int:
+    """Lanes of a reduction workgroup: a power of two, at most 256."""
+    out = 1
+    while out * 2 <= min(threads, 256):
+        out *= 2
+    return out
+
+
+def softmax_chunk_stats_gpu(vocab_size: int, chunk: int, threads: int, kind: str) -> tirx.PrimFunc:
+    """One workgroup per (row, chunk): a max then a sum over the chunk, tree-reduced in
+    workgroup memory."""
+    lowest = _lowest(kind)
+    lanes = _reduce_threads(threads)
+    nc = -(-vocab_size // chunk)
+    per_lane = -(-chunk // lanes)
+    levels = lanes.bit_length() - 1
+    eps = 1e-5
+
+    @T.prim_func(private=True, s_tir=True)
+    def kernel(var_logits: T.handle, var_temperature: T.handle, var_chunk_max: T.handle, var_chunk_sum: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        batch_size = T.int64()
+        logits = T.match_buffer(var_logits, (batch_size, vocab_size), "float32")
+        temperature = T.match_buffer(var_temperature, (batch_size,), "float32")
+        chunk_max = T.match_buffer(var_chunk_max, (batch_size, nc), "float32")
+        chunk_sum = T.match_buffer(var_chunk_sum, (batch_size, nc), "float32")
+        for bx in T.thread_binding(batch_size * nc, thread="blockIdx.x"):
+            for tx in T.thread_binding(lanes, thread="threadIdx.x"):
+                with T.sblock("stats"):
+                    red = T.sblock_alloc_buffer((lanes,), "float32", scope="shared")
+                    acc = T.sblock_alloc_buffer((1,), "float32", scope="local")
+                    row: T.let[T.int32] = T.Cast("int32", bx // nc)
+                    start: T.let[T.int32] = T.Cast("int32", bx % nc) * chunk
+                    temp: T.let[T.float32] = temperature[row]
+                    acc[0] = lowest
+                    for e in range(per_lane):
+                        if e * lanes + tx < chunk and start + e * lanes + tx < vocab_size:
+                            acc[0] = T.max(acc[0], T.if_then_else(
+                                temp > T.float32(eps), logits[row, start + e * lanes + tx] / temp,
+                                logits[row, start + e * lanes + tx]))
+                    red[tx] = acc[0]
+                    T.tvm_storage_sync("shared")
+                    for level in range(levels):
+                        if tx < T.shift_right(lanes, level + 1):
+                            red[tx] = T.max(red[tx], red[tx + T.shift_right(lanes, level + 1)])
+                        T.tvm_storage_sync("shared")
+                    top: T.let[T.float32] = red[0]
+                    T.tvm_storage_sync("shared")
+                    acc[0] = T.float32(0)
+                    for e in range(per_lane):
+                        if e * lanes + tx < chunk and start + e * lanes + tx < vocab_size:
+                            x: T.let[T.float32] = T.if_then_else(
+                                temp > T.float32(eps), logits[row, start + e * lanes + tx] / temp,
+                                logits[row, start + e * lanes + tx])
+                            acc[0] = acc[0] + T.if_then_else(
+                                x == top, T.float32(1),
+                                T.if_then_else(temp > T.float32(eps), T.exp(x - top), T.float32(0)))
+                    red[tx] = acc[0]
+                    T.tvm_storage_sync("shared")
+                    for level in range(levels):
+                        if tx < T.shift_right(lanes, level + 1):
+                            red[tx] = red[tx] + red[tx + T.shift_right(lanes, level + 1)]
+                        T.tvm_storage_sync("shared")
+                    if tx == 0:
+                        chunk_max[row, T.Cast("int32", bx % nc)] = top
+                        chunk_sum[row, T.Cast("int32", bx % nc)] = red[0]
+
+    return kernel
+
+
+def softmax_merge_gpu(vocab_size: int, chunk: int, threads: int, kind: str) -> tirx.PrimFunc:
+    """One workgroup per row over its chunk statistics."""
+    lowest = _lowest(kind)
+    lanes = _reduce_threads(threads)
+    nc = -(-vocab_size // chunk)
+    per_lane = -(-nc // lanes)
+    levels = lanes.bit_length() - 1
+    eps = 1e-5
+
+    @T.prim_func(private=True, s_tir=True)
+    def kernel(var_chunk_max: T.handle, var_chunk_sum: T.handle, var_temperature: T.handle, var_row_max: T.handle,
+               var_row_sum: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        batch_size = T.int64()
+        chunk_max = T.match_buffer(var_chunk_max, (batch_size, nc), "float32")
+        chunk_sum = T.match_buffer(var_chunk_sum, (batch_size, nc), "float32")
+        temperature = T.match_buffer(var_temperature, (batch_size,), "float32")
+        row_max = T.match_buffer(var_row_max, (batch_size,), "float32")
+        row_sum = T.match_buffer(var_row_sum, (batch_size,), "float32")
+        for bx in T.thread_binding(batch_size, thread="blockIdx.x"):
+            for tx in T.thread_binding(lanes, thread="threadIdx.x"):
+                with T.sblock("merge"):
+                    red = T.sblock_alloc_buffer((lanes,), "float32", scope="shared")
+                    acc = T.sblock_alloc_buffer((1,), "float32", scope="local")
+                    row: T.let[T.int32] = T.Cast("int32", bx)
+                    temp: T.let[T.float32] = temperature[row]
+                    acc[0] = lowest
+                    for e in range(per_lane):
+                        if e * lanes + tx < nc:
+                            acc[0] = T.max(acc[0], chunk_max[row, e * lanes + tx])
+                    red[tx] = acc[0]
+                    T.tvm_storage_sync("shared")
+                    for level in range(levels):
+                        if tx < T.shift_right(lanes, level + 1):
+                            red[tx] = T.max(red[tx], red[tx + T.shift_right(lanes, level + 1)])
+                        T.tvm_storage_sync("shared")
+                    top: T.let[T.float32] = red[0]
+                    T.tvm_storage_sync("shared")
+                    acc[0] = T.float32(0)
+                    for e in range(per_lane):
+                        if e * lanes + tx < nc:
+                            acc[0] = acc[0] + T.if_then_else(
+                                chunk_max[row, e * lanes + tx] == top, chunk_sum[row, e * lanes + tx],
+                                T.if_then_else(temp > T.float32(eps),
+                                               chunk_sum[row, e * lanes + tx] * T.exp(chunk_max[row, e * lanes + tx] - top),
+                                               T.float32(0)))
+                    red[tx] = acc[0]
+                    T.tvm_storage_sync("shared")
+                    for level in range(levels):
+                        if tx < T.shift_right(lanes, level + 1):
+                            red[tx] = red[tx] + red[tx + T.shift_right(lanes, level + 1)]
+                        T.tvm_storage_sync("shared")
+                    if tx == 0:
+                        row_max[row] = top
+                        row_sum[row] = red[0]
+
+    return kernel
+
+
+def softmax_normalize_gpu(vocab_size: int, threads: int) -> tirx.PrimFunc:
+    """One thread per probability."""
+    eps = 1e-5
+
+    @T.prim_func(private=True, s_tir=True)
+    def kernel(var_logits: T.handle, var_temperature: T.handle, var_row_max: T.handle, var_row_sum: T.handle,
+               var_probs: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        batch_size = T.int64()
+        logits = T.match_buffer(var_logits, (batch_size, vocab_size), "float32")
+        temperature = T.match_buffer(var_temperature, (batch_size,), "float32")
+        row_max = T.match_buffer(var_row_max, (batch_size,), "float32")
+        row_sum = T.match_buffer(var_row_sum, (batch_size,), "float32")
+        probs = T.match_buffer(var_probs, (batch_size, vocab_size), "float32")
+        for bx in T.thread_binding(batch_size * T.ceildiv(vocab_size, threads), thread="blockIdx.x"):
+            for tx in T.thread_binding(threads, thread="threadIdx.x"):
+                with T.sblock("probs"):
+                    row: T.let[T.int32] = T.Cast("int32", bx // T.ceildiv(vocab_size, threads))
+                    v: T.let[T.int32] = T.Cast("int32", bx % T.ceildiv(vocab_size, threads)) * threads + tx
+                    if v < vocab_size:
+                        temp: T.let[T.float32] = temperature[row]
+                        x: T.let[T.float32] = T.if_then_else(temp > T.float32(eps), logits[row, v] / temp, logits[row, v])
+                        probs[row, v] = T.if_then_else(
+                            x == row_max[row], T.float32(1) / row_sum[row],
+                            T.if_then_else(temp > T.float32(eps), T.exp(x - row_max[row]) / row_sum[row], T.float32(0)))
+
+    return kernel
+
+
+def top_p_chunk_sums_gpu(vocab_size: int, chunk: int, threads: int) -> tirx.PrimFunc:
+    """One workgroup per (row, chunk), tree sum in workgroup memory."""
+    lanes = _reduce_threads(threads)
+    nc = -(-vocab_size // chunk)
+    per_lane = -(-chunk // lanes)
+    levels = lanes.bit_length() - 1
+
+    @T.prim_func(private=True, s_tir=True)
+    def kernel(var_sorted_probs: T.handle, var_chunk_sums: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        batch_size = T.int64()
+        sorted_probs = T.match_buffer(var_sorted_probs, (batch_size, vocab_size), "float32")
+        chunk_sums = T.match_buffer(var_chunk_sums, (batch_size, nc), "float32")
+        for bx in T.thread_binding(batch_size * nc, thread="blockIdx.x"):
+            for tx in T.thread_binding(lanes, thread="threadIdx.x"):
+                with T.sblock("chunk_sums"):
+                    red = T.sblock_alloc_buffer((lanes,), "float32", scope="shared")
+                    acc = T.sblock_alloc_buffer((1,), "float32", scope="local")
+                    row: T.let[T.int32] = T.Cast("int32", bx // nc)
+                    start: T.let[T.int32] = T.Cast("int32", bx % nc) * chunk
+                    acc[0] = T.float32(0)
+                    for e in range(per_lane):
+                        if e * lanes + tx < chunk and start + e * lanes + tx < vocab_size:
+                            acc[0] = acc[0] + sorted_probs[row, start + e * lanes + tx]
+                    red[tx] = acc[0]
+                    T.tvm_storage_sync("shared")
+                    for level in range(levels):
+                        if tx < T.shift_right(lanes, level + 1):
+                            red[tx] = red[tx] + red[tx + T.shift_right(lanes, level + 1)]
+                        T.tvm_storage_sync("shared")
+                    if tx == 0:
+                        chunk_sums[row, T.Cast("int32", bx % nc)] = red[0]
+
+    return kernel
+
+
+def logit_bias_gpu(vocab_size: int, threads: int) -> tirx.PrimFunc:
+    @T.prim_func(private=True, s_tir=True)
+    def kernel(var_logits: T.handle, var_pos2seq_id: T.handle, var_token_ids: T.handle, var_logit_bias: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        batch_size = T.int64()
+        num_token = T.int64()
+        logits = T.match_buffer(var_logits, (batch_size, vocab_size), "float32")
+        pos2seq_id = T.match_buffer(var_pos2seq_id, (num_token,), "int32")
+        token_ids = T.match_buffer(var_token_ids, (num_token,), "int32")
+        logit_bias = T.match_buffer(var_logit_bias, (num_token,), "float32")
+        for bx in T.thread_binding(T.ceildiv(num_token, threads), thread="blockIdx.x"):
+            for tx in T.thread_binding(threads, thread="threadIdx.x"):
+                with T.sblock("bias"):
+                    t: T.let[T.int32] = T.Cast("int32", bx) * threads + tx
+                    if t < T.Cast("int32", num_token):
+                        logits[pos2seq_id[t], token_ids[t]] = logits[pos2seq_id[t], token_ids[t]] + logit_bias[t]
+
+    return kernel
+
+
+def penalty_gpu(vocab_size: int, threads: int) -> tirx.PrimFunc:
+    @T.prim_func(private=True, s_tir=True)
+    def kernel(var_logits: T.handle, var_seq_ids: T.handle, var_pos2seq_id: T.handle, var_token_ids: T.handle,
+               var_token_cnt: T.handle, var_penalties: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        batch_size = T.int64()
+        num_seq = T.int64()
+        num_token = T.int64()
+        logits = T.match_buffer(var_logits, (batch_size, vocab_size), "float32")
+        seq_ids = T.match_buffer(var_seq_ids, (num_seq,), "int32")
+        pos2seq_id = T.match_buffer(var_pos2seq_id, (num_token,), "int32")
+        token_ids = T.match_buffer(var_token_ids, (num_token,), "int32")
+        token_cnt = T.match_buffer(var_token_cnt, (num_token,), "int32")
+        penalties = T.match_buffer(var_penalties, (num_seq, 3), "float32")
+        for bx in T.thread_binding(T.ceildiv(num_token, threads), thread="blockIdx.x"):
+            for tx in T.thread_binding(threads, thread="threadIdx.x"):
+                with T.sblock("penalty"):
+                    t: T.let[T.int32] = T.Cast("int32", bx) * threads + tx
+                    if t < T.Cast("int32", num_token):
+                        seq: T.let[T.int32] = pos2seq_id[t]
+                        value: T.let[T.float32] = logits[seq_ids[seq], token_ids[t]] - (
+                            penalties[seq, 0] + T.Cast("float32", token_cnt[t]) * penalties[seq, 1])
+                        logits[seq_ids[seq], token_ids[t]] = T.if_then_else(
+                            value < T.float32(0), value * penalties[seq, 2], value / penalties[seq, 2])
+
+    return kernel
+
+
+def bitmask_gpu(vocab_size: int, threads: int, kind: str) -> tirx.PrimFunc:
+    lowest = _lowest(kind)
+    words = -(-vocab_size // 32)
+    blocks_per_seq = -(-vocab_size // threads)
+
+    @T.prim_func(private=True, s_tir=True)
+    def kernel(var_logits: T.handle, var_seq_ids: T.handle, var_bitmask: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        batch_size = T.int64()
+        num_seq = T.int64()
+        logits = T.match_buffer(var_logits, (batch_size, vocab_size), "float32")
+        seq_ids = T.match_buffer(var_seq_ids, (num_seq,), "int32")
+        bitmask = T.match_buffer(var_bitmask, (batch_size, words), "int32")
+        for bx in T.thread_binding(num_seq * blocks_per_seq, thread="blockIdx.x"):
+            for tx in T.thread_binding(threads, thread="threadIdx.x"):
+                with T.sblock("bitmask"):
+                    row: T.let[T.int32] = seq_ids[T.Cast("int32", bx // blocks_per_seq)]
+                    v: T.let[T.int32] = T.Cast("int32", bx % blocks_per_seq) * threads + tx
+                    if v < vocab_size:
+                        if T.bitwise_and(T.shift_right(bitmask[row, v // 32], v % 32), 1) == 0:
+                            logits[row, v] = lowest
+
+    return kernel
+
+
+def argsort_global_gpu(padded: int, threads: int) -> tirx.PrimFunc:
+    half = padded // 2
+    blocks_per_row = -(-half // threads)
+
+    @T.prim_func(private=True, s_tir=True)
+    def kernel(var_keys: T.handle, var_idx: T.handle, sort_k: T.int32, sort_j: T.int32):
+        T.func_attr({"tirx.noalias": True})
+        batch_size = T.int64()
+        keys = T.match_buffer(var_keys, (batch_size, padded), "float32")
+        idx = T.match_buffer(var_idx, (batch_size, padded), "int32")
+        for bx in T.thread_binding(batch_size * blocks_per_row, thread="blockIdx.x"):
+            for tx in T.thread_binding(threads, thread="threadIdx.x"):
+                with T.sblock("step"):
+                    b: T.let[T.int32] = T.Cast("int32", bx // blocks_per_row)
+                    p: T.let[T.int32] = T.Cast("int32", bx % blocks_per_row) * threads + tx
+                    if p < half:
+                        lo: T.let[T.int32] = T.floordiv(p, sort_j) * sort_j * 2 + T.floormod(p, sort_j)
+                        hi: T.let[T.int32] = lo + sort_j
+                        desc: T.let[T.bool] = T.bitwise_and(lo, sort_k) == 0
+                        key_lo: T.let[T.float32] = keys[b, lo]
+                        key_hi: T.let[T.float32] = keys[b, hi]
+                        idx_lo: T.let[T.int32] = idx[b, lo]
+                        idx_hi: T.let[T.int32] = idx[b, hi]
+                        if _swap(desc, key_lo, idx_lo, key_hi, idx_hi):
+                            keys[b, lo] = key_hi
+                            keys[b, hi] = key_lo
+                            idx[b, lo] = idx_hi
+                            idx[b, hi] = idx_lo
+
+    return kernel
+
+
+def _tile_threads(tile: int, threads: int) -> int:
+    return max(1, min(tile // 2, threads))
+
+
+def argsort_tiles_gpu(vocab_size: int, padded: int, tile: int, out_len: int, threads: int, kind: str) -> tirx.PrimFunc:
+    """Load a tile (probs, padding), run stages k = 2 .. tile in workgroup memory, store."""
+    lowest = _lowest(kind)
+    threads = _tile_threads(tile, threads)
+    log_tile = tile.bit_length() - 1
+    tiles = padded // tile
+    per_thread = tile // threads  # entries each lane loads / stores
+    pairs = tile // 2 // threads  # pairs each lane compare-exchanges per step
+
+    @T.prim_func(private=True, s_tir=True)
+    def kernel(var_probs: T.handle, var_keys: T.handle, var_idx: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        batch_size = T.int64()
+        probs = T.match_buffer(var_probs, (batch_size, vocab_size), "float32")
+        keys = T.match_buffer(var_keys, (batch_size, out_len), "float32")
+        idx = T.match_buffer(var_idx, (batch_size, out_len), "int32")
+        for bx in T.thread_binding(batch_size * tiles, thread="blockIdx.x"):
+            for tx in T.thread_binding(threads, thread="threadIdx.x"):
+                with T.sblock("tile"):
+                    sk = T.sblock_alloc_buffer((tile,), "float32", scope="shared")
+                    si = T.sblock_alloc_buffer((tile,), "int32", scope="shared")
+                    b: T.let[T.int32] = T.Cast("int32", bx // tiles)
+                    base: T.let[T.int32] = T.Cast("int32", bx % tiles) * tile
+                    for e in range(per_thread):
+                        sk[e * threads + tx] = T.if_then_else(
+                            base + e * threads + tx < vocab_size,
+                            probs[b, T.min(base + e * threads + tx, vocab_size - 1)], lowest)
+                        si[e * threads + tx] = base + e * threads + tx
+                    T.tvm_storage_sync("shared")
+                    for log_k in range(1, log_tile + 1):
+                        for step in range(log_k):
+                            for q in range(pairs):
+                                log_j: T.let[T.int32] = log_k - 1 - step
+                                p: T.let[T.int32] = q * threads + tx
+                                lo: T.let[T.int32] = T.shift_left(T.shift_right(p, log_j), log_j + 1) + T.bitwise_and(
+                                    p, T.shift_left(1, log_j) - 1)
+                                hi: T.let[T.int32] = lo + T.shift_left(1, log_j)
+                                desc: T.let[T.bool] = T.bitwise_and(base + lo, T.shift_left(1, log_k)) == 0
+                                key_lo: T.let[T.float32] = sk[lo]
+                                key_hi: T.let[T.float32] = sk[hi]
+                                idx_lo: T.let[T.int32] = si[lo]
+                                idx_hi: T.let[T.int32] = si[hi]
+                                if _swap(desc, key_lo, idx_lo, key_hi, idx_hi):
+                                    sk[lo] = key_hi
+                                    sk[hi] = key_lo
+                                    si[lo] = idx_hi
+                                    si[hi] = idx_lo
+                            T.tvm_storage_sync("shared")
+                    for e in range(per_thread):
+                        if base + e * threads + tx < out_len:
+                            keys[b, base + e * threads + tx] = sk[e * threads + tx]
+                            idx[b, base + e * threads + tx] = si[e * threads + tx]
+
+    return kernel
+
+
+def argsort_merge_gpu(padded: int, tile: int, threads: int) -> tirx.PrimFunc:
+    """Steps j = tile/2 .. 1 of stage sort_k inside each tile, in place."""
+    threads = _tile_threads(tile, threads)
+    log_tile = tile.bit_length() - 1
+    tiles = padded // tile
+    per_thread = tile // threads
+    pairs = tile // 2 // threads
+
+    @T.prim_func(private=True, s_tir=True)
+    def kernel(var_keys: T.handle, var_idx: T.handle, sort_k: T.int32):
+        T.func_attr({"tirx.noalias": True})
+        batch_size = T.int64()
+        keys = T.match_buffer(var_keys, (batch_size, padded), "float32")
+        idx = T.match_buffer(var_idx, (batch_size, padded), "int32")
+        for bx in T.thread_binding(batch_size * tiles, thread="blockIdx.x"):
+            for tx in T.thread_binding(threads, thread="threadIdx.x"):
+                with T.sblock("merge"):
+                    sk = T.sblock_alloc_buffer((tile,), "float32", scope="shared")
+                    si = T.sblock_alloc_buffer((tile,), "int32", scope="shared")
+                    b: T.let[T.int32] = T.Cast("int32", bx // tiles)
+                    base: T.let[T.int32] = T.Cast("int32", bx % tiles) * tile
+                    desc: T.let[T.bool] = T.bitwise_and(base, sort_k) == 0
+                    for e in range(per_thread):
+                        sk[e * threads + tx] = keys[b, base + e * threads + tx]
+                        si[e * threads + tx] = idx[b, base + e * threads + tx]
+                    T.tvm_storage_sync("shared")
+                    for step in range(log_tile):
+                        for q in range(pairs):
+                            log_j: T.let[T.int32] = log_tile - 1 - step
+                            p: T.let[T.int32] = q * threads + tx
+                            lo: T.let[T.int32] = T.shift_left(T.shift_right(p, log_j), log_j + 1) + T.bitwise_and(
+                                p, T.shift_left(1, log_j) - 1)
+                            hi: T.let[T.int32] = lo + T.shift_left(1, log_j)
+                            key_lo: T.let[T.float32] = sk[lo]
+                            key_hi: T.let[T.float32] = sk[hi]
+                            idx_lo: T.let[T.int32] = si[lo]
+                            idx_hi: T.let[T.int32] = si[hi]
+                            if _swap(desc, key_lo, idx_lo, key_hi, idx_hi):
+                                sk[lo] = key_hi
+                                sk[hi] = key_lo
+                                si[lo] = idx_hi
+                                si[hi] = idx_lo
+                        T.tvm_storage_sync("shared")
+                    for e in range(per_thread):
+                        keys[b, base + e * threads + tx] = sk[e * threads + tx]
+                        idx[b, base + e * threads + tx] = si[e * threads + tx]
+
+    return kernel
+
+
+def argsort_merge_final_gpu(vocab_size: int, padded: int, tile: int, threads: int) -> tirx.PrimFunc:
+    """The last stage (k = padded: all descending) inside each tile, into the (b, V) outputs."""
+    threads = _tile_threads(tile, threads)
+    log_tile = tile.bit_length() - 1
+    tiles = padded // tile
+    per_thread = tile // threads
+    pairs = tile // 2 // threads
+
+    @T.prim_func(private=True, s_tir=True)
+    def kernel(var_keys: T.handle, var_idx: T.handle, var_out_keys: T.handle, var_out_idx: T.handle):
+        T.func_attr({"tirx.noalias": True})
+        batch_size = T.int64()
+        keys = T.match_buffer(var_keys, (batch_size, padded), "float32")
+        idx = T.match_buffer(var_idx, (batch_size, padded), "int32")
+        out_keys = T.match_buffer(var_out_keys, (batch_size, vocab_size), "float32")
+        out_idx = T.match_buffer(var_out_idx, (batch_size, vocab_size), "int32")
+        for bx in T.thread_binding(batch_size * tiles, thread="blockIdx.x"):
+            for tx in T.thread_binding(threads, thread="threadIdx.x"):
+                with T.sblock("merge"):
+                    sk = T.sblock_alloc_buffer((tile,), "float32", scope="shared")
+                    si = T.sblock_alloc_buffer((tile,), "int32", scope="shared")
+                    b: T.let[T.int32] = T.Cast("int32", bx // tiles)
+                    base: T.let[T.int32] = T.Cast("int32", bx % tiles) * tile
+                    for e in range(per_thread):
+                        sk[e * threads + tx] = keys[b, base + e * threads + tx]
+                        si[e * threads + tx] = idx[b, base + e * threads + tx]
+                    T.tvm_storage_sync("shared")
+                    for step in range(log_tile):
+                        for q in range(pairs):
+                            log_j: T.let[T.int32] = log_tile - 1 - step
+                            p: T.let[T.int32] = q * threads + tx
+                            lo: T.let[T.int32] = T.shift_left(T.shift_right(p, log_j), log_j + 1) + T.bitwise_and(
+                                p, T.shift_left(1, log_j) - 1)
+                            hi: T.let[T.int32] = lo + T.shift_left(1, log_j)
+                            key_lo: T.let[T.float32] = sk[lo]
+                            key_hi: T.let[T.float32] = sk[hi]
+                            idx_lo: T.let[T.int32] = si[lo]
+                            idx_hi: T.let[T.int32] = si[hi]
+                            if _better(key_hi, idx_hi, key_lo, idx_lo):
+                                sk[lo] = key_hi
+                                sk[hi] = key_lo
+                                si[lo] = idx_hi
+                                si[hi] = idx_lo
+                        T.tvm_storage_sync("shared")
+                    for e in range(per_thread):
+                        if base + e * threads + tx < vocab_size:
+                            out_keys[b, base + e * threads + tx] = sk[e * threads + tx]
+                            out_idx[b, base + e * threads + tx] = si[e * threads + tx]
+
+    return kernel
+
+
+def gpu_kernel(info: dict, threads: int, kind_of_target: str) -> tirx.PrimFunc | None:
+    """The hand-written GPU form of the sampler kernel described by `info`, or None where dlight
+    schedules the reference kernel."""
+    kind, vocab = info["kind"], info["vocab"]
+    if kind == "softmax_chunk_stats":
+        return softmax_chunk_stats_gpu(vocab, info["chunk"], threads, kind_of_target)
+    if kind == "softmax_merge":
+        return softmax_merge_gpu(vocab, info["chunk"], threads, kind_of_target)
+    if kind == "softmax_normalize":
+        return softmax_normalize_gpu(vocab, threads)
+    if kind == "top_p_chunk_sums":
+        return top_p_chunk_sums_gpu(vocab, info["chunk"], threads)
+    if kind == "apply_logit_bias":
+        return logit_bias_gpu(vocab, threads)
+    if kind == "apply_penalty":
+        return penalty_gpu(vocab, threads)
+    if kind == "apply_bitmask":
+        return bitmask_gpu(vocab, threads, kind_of_target)
+    if kind == "argsort_tiles":
+        return argsort_tiles_gpu(vocab, info["padded"], info["tile"], info["out_len"], threads, kind_of_target)
+    if kind == "argsort_global":
+        return argsort_global_gpu(info["padded"], threads)
+    if kind == "argsort_merge":
+        return argsort_merge_gpu(info["padded"], info["tile"], threads)
+    if kind == "argsort_merge_final":
+        return argsort_merge_final_gpu(vocab, info["padded"], info["tile"], threads)
+    return None
+
+
+def _one_thread_per_sample(func: tirx.PrimFunc, threads: int) -> s_tir.Schedule:
+    """top_p_pick: its sample loop split over workgroups of `threads` lanes (each lane walks its
+    sample's chunk sums and then at most two chunks, as the reference does)."""
+    sch = s_tir.Schedule(func)
+    (loop,) = sch.get_loops(sch.get_sblock("pick"))
+    bx, tx = sch.split(loop, [None, threads])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+    return sch
+
+
+@dataclasses.dataclass
+class SamplerGPU(dl.ScheduleRule):
+    threads: int = 0  # lanes per workgroup; 0 = the target's limit
+
+    def knob_space(self, func: tirx.PrimFunc, target: Target) -> dict:
+        """Nothing to tune: `mlcpipe tune` skips the sampler's kernels (they are claimed here, before
+        any rule with knobs could take them)."""
+        del func, target
+        return {}
+
+    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
+        del tunable
+        info = _info(func) if isinstance(func, tirx.PrimFunc) and is_gpu(target) else None
+        if info is None:
+            return None
+        threads = self.threads or max_threads(target)
+        if info["kind"] == "top_p_pick":
+            return _one_thread_per_sample(func, threads)
+        new = gpu_kernel(info, threads, target.kind.name)
+        if new is None:
+            return None
+        for key, value in func.attrs.items():
+            if key not in new.attrs:
+                new = new.with_attr(key, value)
+        return s_tir.Schedule(new)

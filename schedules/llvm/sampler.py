@@ -1,0 +1,34 @@
+"""CPU rule for the sampler kernels (pipeline/model/sampler.py): they run as written.
+
+Their in-place kernels (logit bias, penalties, bitmask, the sort's steps) read and write the same
+buffer, which the generic CPU rules' vectorize / parallel refuse (the schedule raises); the rest
+are small row passes. On llvm these functions serve tests and the MLC-LLM function table (MLC-LLM
+samples on the CPU there), so the reference loops are kept unscheduled: TVM's default lowering.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tvm import s_tir, tirx
+from tvm.s_tir import dlight as dl
+from tvm.target import Target
+
+SAMPLER_ATTR = "mlcpipe.sampler"  # set by pipeline/model/sampler.py on every sampler kernel
+
+
+@dataclasses.dataclass
+class SamplerCPU(dl.ScheduleRule):
+    def knob_space(self, func: tirx.PrimFunc, target: Target) -> dict:
+        """Nothing to tune: `mlcpipe tune` skips the sampler's kernels (they are claimed here, before
+        any rule with knobs could take them)."""
+        del func, target
+        return {}
+
+    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
+        del tunable
+        if target.kind.name != "llvm" or not isinstance(func, tirx.PrimFunc):
+            return None
+        if func.attrs is None or SAMPLER_ATTR not in func.attrs:
+            return None
+        return s_tir.Schedule(func)
