@@ -104,3 +104,18 @@ def write_tiny_tokenizer(path: Path, cfg: ModelConfig) -> Path:
         "model_max_length": cfg.context_window_size,
     }, indent=2))
     return path
+
+
+def write_word_tokenizer(path: Path, cfg: ModelConfig) -> Path:
+    """A word-level tokenizer.json: `<pad>`, `<s>`, `</s>` at 0, 1, 2 and the word `w<i>` for every
+    other id, split on whitespace, so "w5 w17" encodes to [5, 17] and a decode names each id."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {token: i for i, token in enumerate(TINY_SPECIAL_TOKENS)}
+    vocab.update({f"w{i}": i for i in range(len(vocab), cfg.vocab_size)})
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.add_special_tokens(list(TINY_SPECIAL_TOKENS))
+    path.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(path / "tokenizer.json"))
+    return path

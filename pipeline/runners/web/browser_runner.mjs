@@ -20,6 +20,7 @@ const { default: puppeteer } = await import(pathToFileURL(path.join(MODULES, "pu
 
 const HERE = path.dirname(fileURLToPath(import.meta.url));
 const RUNTIME_JS = path.join(MODULES, "@mlc-ai", "web-runtime", "lib", "index.js"); // UMD
+const WEBLLM_JS = path.join(MODULES, "@mlc-ai", "web-llm", "lib", "index.js"); // ES module, self-contained
 const CHROMIUM = process.env.MLCPIPE_CHROMIUM || "/usr/bin/chromium";
 const LAUNCH_MS = 60_000;
 const OP_MS = 1000 * Number(process.env.MLCPIPE_BROWSER_TIMEOUT_S || 600); // one request to the page
@@ -40,6 +41,9 @@ const files = new Map([
   ["/page.mjs", path.join(HERE, "page.mjs")],
   ["/session.mjs", path.join(HERE, "session.mjs")],
   ["/tvmjs.js", RUNTIME_JS],
+  ["/webllm.html", path.join(HERE, "webllm.html")],
+  ["/webllm.mjs", path.join(HERE, "webllm.mjs")],
+  ["/web-llm.js", WEBLLM_JS],
 ]);
 
 const server = http.createServer((req, res) => {
@@ -81,6 +85,22 @@ function serveArtifact(wasm, weights) {
     files.set(`/weights/${name}`, file);
   }
   return { wasm: "/lib.wasm", weights: "/weights" };
+}
+
+/** Serve a webgpu library and an MLC model directory (its top-level files) for WebLLM under a fresh
+ *  prefix (WebLLM caches by URL: a second model must not meet the first one's files). */
+let webllmServed = 0;
+function serveWebLLM(wasm, modelDir) {
+  for (const key of [...files.keys()]) if (key.startsWith("/webllm/")) files.delete(key);
+  if (!fs.statSync(wasm, { throwIfNoEntry: false })?.isFile()) throw new Error(`${wasm}: no such file`);
+  const dir = path.resolve(modelDir);
+  if (!fs.statSync(dir, { throwIfNoEntry: false })?.isDirectory()) throw new Error(`${modelDir}: no such directory`);
+  const prefix = `/webllm/${++webllmServed}`;
+  files.set(`${prefix}/lib.wasm`, path.resolve(wasm));
+  for (const entry of fs.readdirSync(dir, { withFileTypes: true })) {
+    if (entry.isFile()) files.set(`${prefix}/model/resolve/main/${entry.name}`, path.join(dir, entry.name));
+  }
+  return { model_lib: `${prefix}/lib.wasm`, model: `${prefix}/model/resolve/main/` };
 }
 
 // ---- the browser --------------------------------------------------------------------------------
@@ -238,6 +258,44 @@ async function open(req) {
   return out;
 }
 
+/** WebLLM's own engine (webllm.html) on a library + model directory: one completion. */
+async function runWebLLM(req) {
+  if (!fs.existsSync(WEBLLM_JS)) throw new Error(`npm package @mlc-ai/web-llm not found in ${MODULES} (npm ci)`);
+  const adapter = req.adapter || "auto";
+  if (!ADAPTERS.includes(adapter)) throw new Error(`adapter ${adapter}: in the browser Chromium picks the adapter (swiftshader, gpu or auto)`);
+  const urls = serveWebLLM(req.wasm, req.model_dir);
+  if (!server.listening) await new Promise((resolve, reject) => server.listen(0, "127.0.0.1", resolve).once("error", reject));
+  opened = false; // the page is WebLLM's now, not a runner session
+  if (browser && (failure || browser.adapter !== adapter)) await closeBrowser();
+  if (!browser) {
+    await launch(adapter);
+    browser.adapter = adapter;
+  }
+  const origin = `http://127.0.0.1:${server.address().port}`;
+  await Promise.race([page.goto(`${origin}/webllm.html`, { waitUntil: "load", timeout: LAUNCH_MS }), failed]);
+  const ready = await Promise.race([
+    page.waitForFunction(() => Boolean(window.mlcpipeWebLLM), { timeout: LAUNCH_MS }).then(() => true).catch(() => false),
+    failed,
+  ]);
+  if (!ready) throw new Error("the WebLLM page did not load (see [browser:error] lines)");
+  const { wasm, model_dir, op, ...rest } = req;
+  let timer;
+  const timeout = new Promise((_, reject) => {
+    timer = setTimeout(() => {
+      const message = `webllm took longer than ${OP_MS / 1000} s in the browser (MLCPIPE_BROWSER_TIMEOUT_S)`;
+      fail(message);
+      reject(new Error(message));
+    }, OP_MS);
+  });
+  try {
+    const out = await Promise.race([page.evaluate((r) => window.mlcpipeWebLLM.generate(r), { ...rest, ...urls }), timeout, failed]);
+    if (out && out.ok) out.browser = await browser.version();
+    return out;
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
 const lines = readline.createInterface({ input: process.stdin });
 for await (const line of lines) {
   if (!line.trim()) continue;
@@ -253,6 +311,8 @@ for await (const line of lines) {
     let out;
     if (req.op === "open") {
       out = await open(req);
+    } else if (req.op === "webllm") {
+      out = await runWebLLM(req);
     } else {
       if (failure) throw new Error(failure);
       if (!opened) throw new Error("no session: send open first");
