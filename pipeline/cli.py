@@ -180,15 +180,26 @@ def _backend_of(artifact: Path):
 @click.option("--prompt", default=None, help="Text prompt (needs --tokenizer or tokenizer.json in the weights dir).")
 @click.option("--tokenizer", type=click.Path(path_type=Path), default=None, help="tokenizer.json to encode/decode text.")
 @click.option("--max-new-tokens", default=16, show_default=True, type=click.IntRange(min=1))
-@click.option("--seed", default=0, show_default=True, help="Seed for --weights synthetic.")
+@click.option("--weights-seed", default=0, show_default=True, help="Seed for --weights synthetic.")
+@click.option("--temperature", type=float, default=None,
+              help="Sample on the device with the library's sampler kernels at this temperature (0: greedy). "
+                   "Without any sampling flag: greedy.")
+@click.option("--top-p", type=float, default=None, help="Nucleus sampling: keep the most probable tokens up to this mass (default 1).")
+@click.option("--repetition-penalty", type=float, default=None, help="Divide positive / multiply negative logits of generated tokens (default 1: none).")
+@click.option("--presence-penalty", type=float, default=None, help="Subtract from the logits of generated tokens (default 0).")
+@click.option("--frequency-penalty", type=float, default=None, help="Subtract this times each generated token's count (default 0).")
+@click.option("--seed", type=int, default=None, help="Seed of the sampler's random draws (default 0); same seed, same tokens.")
 @click.option("--save-logits", type=click.Path(path_type=Path), default=None, metavar="FILE.npy",
               help="Write the logits of every generated step (float32, (max_new_tokens, vocab_size)) here.")
 @click.option("--prefill-chunk", type=click.IntRange(min=1), default=None,
               help="Prefill in chunks of this many tokens (at most the artifact's prefill_chunk_size, the default).")
 @_device_options
-def run(artifact, weights, prompt_tokens, prompt, tokenizer, max_new_tokens, seed, save_logits, prefill_chunk,  # noqa: PLR0913
+def run(artifact, weights, prompt_tokens, prompt, tokenizer, max_new_tokens, weights_seed, temperature, top_p,  # noqa: PLR0913
+        repetition_penalty, presence_penalty, frequency_penalty, seed, save_logits, prefill_chunk,
         rpc, rpc_tracker, rpc_key, adapter, browser):
-    """Greedy generation; the last line of output is the generated token ids."""
+    """Generate (greedy, or sampled with the sampling flags); the last line of output is the
+    generated token ids."""
+    from .generation import Sampling
     from .runtime import check_logits_path
     from .runtime import save_logits as write_logits
     from .tokenizer import find_tokenizer
@@ -204,11 +215,15 @@ def run(artifact, weights, prompt_tokens, prompt, tokenizer, max_new_tokens, see
         tokens = tok.encode(prompt)
     else:
         tokens = _parse_tokens(prompt_tokens)
+    flags = {"temperature": temperature, "top_p": top_p, "repetition_penalty": repetition_penalty,
+             "presence_penalty": presence_penalty, "frequency_penalty": frequency_penalty, "seed": seed}
+    given = {k: v for k, v in flags.items() if v is not None}
+    sampling = Sampling(**given) if given else None
     options = _run_options(rpc, rpc_tracker, rpc_key, adapter, browser, prefill_chunk)
-    engine = _backend_of(artifact).open_engine(artifact, weights, seed, options)
+    engine = _backend_of(artifact).open_engine(artifact, weights, weights_seed, options)
     try:
         logits = []
-        out = engine.generate(tokens, max_new_tokens, on_logits=lambda step, values: logits.append(values))
+        out = engine.generate(tokens, max_new_tokens, on_logits=lambda step, values: logits.append(values), sampling=sampling)
     finally:
         if hasattr(engine, "close"):
             engine.close()

@@ -1,14 +1,20 @@
-"""Token checks, chunked prefill and greedy generation, shared by every engine.
+"""Token checks, chunked prefill and generation (greedy, or sampled on the device), shared by
+every engine.
 
-An engine provides `vocab_size`, `context_window`, `prefill_chunk`, `reset()` and
-`_step(kind, tokens) -> logits` ("prefill" or "decode", float32 logits of the last token).
+An engine provides `vocab_size`, `context_window`, `prefill_chunk`, `reset()`,
+`_step(kind, tokens) -> logits` ("prefill" or "decode", float32 logits of the last token) and
+`_sample(logits, sampling, penalty, uniform) -> token`, which runs the library's own sampler
+functions (apply_penalty_inplace, softmax_with_temperature, argsort_probs, sample_with_top_p:
+what MLC-LLM's engine and WebLLM call) on the device.
 """
 
 from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
+from collections import Counter
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +29,58 @@ def checked_prefill_chunk(requested: int | None, built: int) -> int:
     if not 1 <= requested <= built:
         raise ValueError(f"--prefill-chunk {requested}: allowed 1..{built} (prefill_chunk_size of the artifact)")
     return requested
+
+
+SAMPLER_FUNCTIONS = ("apply_penalty_inplace", "softmax_with_temperature", "argsort_probs", "sample_with_top_p")
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """`mlcpipe run`'s sampling flags (MLC-LLM's / WebLLM's meaning). Penalties apply to the
+    tokens generated so far, as in their engines; `seed` seeds the uniform draw of every step."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    repetition_penalty: float = 1.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int = 0
+
+    def __post_init__(self):
+        checks = (
+            ("temperature", self.temperature >= 0, "a number >= 0 (0: greedy)"),
+            ("top-p", 0 < self.top_p <= 1, "a number in (0, 1]"),
+            ("repetition-penalty", self.repetition_penalty > 0, "a number > 0 (1: none)"),
+            ("presence-penalty", -2 <= self.presence_penalty <= 2, "a number in [-2, 2]"),
+            ("frequency-penalty", -2 <= self.frequency_penalty <= 2, "a number in [-2, 2]"),
+            ("seed", 0 <= self.seed < 2**63, "an integer >= 0"),
+        )
+        for flag, ok, allowed in checks:
+            value = getattr(self, flag.replace("-", "_"))
+            if not ok or value != value:  # NaN fails every comparison but the last
+                raise ValueError(f"--{flag} {value}: allowed {allowed}")
+
+    @property
+    def penalized(self) -> bool:
+        return self.repetition_penalty != 1 or self.presence_penalty != 0 or self.frequency_penalty != 0
+
+
+@dataclass(frozen=True)
+class PenaltyInputs:
+    """apply_penalty_inplace's arguments for one sequence (row 0) and the tokens it generated."""
+
+    token_ids: np.ndarray  # (t,) int32
+    token_cnt: np.ndarray  # (t,) int32
+    penalties: np.ndarray  # (1, 3) float32: presence, frequency, repetition
+
+    @staticmethod
+    def of(sampling: Sampling, generated: Counter) -> "PenaltyInputs | None":
+        if not sampling.penalized or not generated:
+            return None
+        ids = sorted(generated)
+        return PenaltyInputs(np.asarray(ids, dtype=np.int32), np.asarray([generated[t] for t in ids], dtype=np.int32),
+                             np.asarray([[sampling.presence_penalty, sampling.frequency_penalty,
+                                          sampling.repetition_penalty]], dtype=np.float32))
 
 
 class Generation(ABC):
@@ -60,6 +118,10 @@ class Generation(ABC):
     def _step(self, kind: str, tokens: np.ndarray) -> np.ndarray:
         """One forward pass of `tokens` ("prefill" chunk or "decode"): last token's logits."""
 
+    def _sample(self, logits: np.ndarray, sampling: Sampling, penalty: PenaltyInputs | None, uniform: float) -> int:
+        """One token from `logits` by the library's sampler functions on the device."""
+        raise NotImplementedError(f"{type(self).__name__} cannot sample on its device")
+
     def prefill(self, tokens: Sequence[int]) -> np.ndarray:
         """Run the prompt (in chunks of prefill_chunk_size); logits of its last token."""
         self.check_tokens(tokens)
@@ -73,16 +135,31 @@ class Generation(ABC):
         self.check_tokens([token])
         return self._step("decode", np.asarray([token]))
 
-    def generate(self, prompt: Sequence[int], max_new_tokens: int, on_logits=None) -> list[int]:
-        """Greedy generation; `on_logits(step, logits)` sees the logits of every step."""
+    def generate(self, prompt: Sequence[int], max_new_tokens: int, on_logits=None,
+                 sampling: Sampling | None = None) -> list[int]:
+        """Greedy generation (argmax here), or with `sampling` each token drawn by the library's
+        sampler on the device; `on_logits(step, logits)` sees the model's logits of every step
+        (before any penalty)."""
         self.check_tokens(prompt, max_new_tokens)
+        if sampling is not None:
+            missing = [f for f in SAMPLER_FUNCTIONS if f not in self.manifest.get("functions", [])]
+            if missing:
+                raise ValueError(f"{self.artifact}: the library has no {missing[0]} (built before mlcpipe had sampler "
+                                 f"kernels); rebuild it to sample, or drop the sampling flags for greedy")
         self.reset()
+        rng = np.random.default_rng(sampling.seed) if sampling is not None else None
+        generated: Counter = Counter()
         logits = self.prefill(prompt)
         out: list[int] = []
         for step in range(max_new_tokens):
             if on_logits is not None:
                 on_logits(step, logits)
-            out.append(int(np.argmax(logits)))
+            if sampling is None:
+                out.append(int(np.argmax(logits)))
+            else:
+                uniform = float(np.float32(rng.random()))
+                out.append(int(self._sample(logits, sampling, PenaltyInputs.of(sampling, generated), uniform)))
+                generated[out[-1]] += 1
             if step + 1 < max_new_tokens:
                 logits = self.decode(out[-1])
         return out

@@ -164,6 +164,24 @@ class Engine(Generation):
         end(self.kv_cache)
         return logits.numpy().reshape(-1)
 
+    def _item(self, out, index: int):
+        """Item `index` of a tuple a VM function returned (over RPC it stays on the remote)."""
+        return out[index] if self.remote is None else self.global_func("ffi.ArrayGetItem")(out, index)
+
+    def _sample(self, logits, sampling, penalty, uniform: float) -> int:
+        vocab = logits.size
+        put = lambda array: tvm.runtime.tensor(np.ascontiguousarray(array), self.device)  # noqa: E731
+        x = put(logits.astype(np.float32).reshape(1, vocab))
+        if penalty is not None:
+            rows = np.zeros(len(penalty.token_ids), dtype=np.int32)
+            self.vm["apply_penalty_inplace"](x, put(np.int32([0])), put(rows), put(penalty.token_ids),
+                                             put(penalty.token_cnt), put(penalty.penalties))
+        probs = self.vm["softmax_with_temperature"](x._create_view((1, 1, vocab)), put(np.float32([sampling.temperature])))
+        ordered = self.vm["argsort_probs"](probs._create_view((1, vocab)))
+        token = self.vm["sample_with_top_p"](self._item(ordered, 0), self._item(ordered, 1), put(np.float32([uniform])),
+                                             put(np.int32([0])), put(np.float32([sampling.top_p])))
+        return int(token.numpy()[0])
+
 
 def check_logits_path(path: str | Path) -> Path:
     """The --save-logits path, refused (ValueError) unless its directory exists."""

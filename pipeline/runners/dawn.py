@@ -222,6 +222,14 @@ class WebGPUEngine(Generation):
         self.last_step_ms = float(reply["ms"])
         return unb64(reply["logits"], "float32", (-1,))
 
+    def _sample(self, logits, sampling, penalty, uniform: float) -> int:
+        fields = {"logits": b64(np.ascontiguousarray(logits, dtype=np.float32)), "temperature": sampling.temperature,
+                  "top_p": sampling.top_p, "uniform": uniform, "penalty": None}
+        if penalty is not None:
+            fields["penalty"] = {"token_ids": penalty.token_ids.tolist(), "token_cnt": penalty.token_cnt.tolist(),
+                                 "penalties": penalty.penalties.reshape(-1).tolist()}
+        return int(self.runner.request("sample", **fields)["token"])
+
     def close(self) -> None:
         if getattr(self, "runner", None) is not None:
             self.runner.close()

@@ -176,6 +176,31 @@ export class ModelSession {
     return bytes;
   }
 
+  /** One token from `logits` (float32 bytes of one row) by the library's sampler functions on the
+   *  device: apply_penalty_inplace (when `penalty`), softmax_with_temperature, argsort_probs,
+   *  sample_with_top_p, as WebLLM and MLC-LLM call them. */
+  async sample(logits, { temperature, top_p, uniform, penalty }) {
+    this.tvm.beginScope();
+    const vocab = logits.byteLength / 4;
+    const dev = this.dev;
+    const f32 = (shape, values) => this.tvm.empty(shape, "float32", dev).copyFrom(Float32Array.from(values));
+    const i32 = (values) => this.tvm.empty([values.length], "int32", dev).copyFrom(Int32Array.from(values));
+    const fn = (name) => this.vm.getFunction(name);
+    const x = this.tvm.empty([1, vocab], "float32", dev).copyFromRawBytes(logits);
+    if (penalty) {
+      fn("apply_penalty_inplace")(x, i32([0]), i32(penalty.token_ids.map(() => 0)), i32(penalty.token_ids),
+        i32(penalty.token_cnt), f32([1, 3], penalty.penalties));
+    }
+    const probs = fn("softmax_with_temperature")(x.view([1, 1, vocab]), f32([1], [temperature]));
+    const ordered = fn("argsort_probs")(probs.view([1, vocab]));
+    const token = fn("sample_with_top_p")(ordered.get(0), ordered.get(1), f32([1], [uniform]), i32([0]), f32([1], [top_p]));
+    const host = this.tvm.empty([1], "int32", this.tvm.cpu()).copyFrom(token);
+    await dev.sync();
+    const out = host.toArray()[0];
+    this.tvm.endScope();
+    return out;
+  }
+
   /** Run one kernel of the shipped library; returns every tensor argument's bytes afterwards. */
   async runKernel(name, args) {
     this.tvm.beginScope();
@@ -208,6 +233,10 @@ export function sessionOps(state, { b64, unb64 }) {
       const kernels = req.timed ? await session.timer.take() : [];
       session.timer.enabled = false;
       return { ok: true, logits: b64(logits), ms, kernels };
+    },
+    async sample(req) {
+      const token = await state().session.sample(unb64(req.logits), req);
+      return { ok: true, token };
     },
     async kernel(req) {
       const args = req.args.map((a) => (a.tensor ? { ...a, bytes: unb64(a.bytes) } : a));
