@@ -426,5 +426,45 @@ def verify(directory):
     click.echo(f"ok: {directory}: {result.kind}, {result.files} files match their SHA-256")
 
 
+@main.command("mlc-check")
+@click.option("--artifact", type=click.Path(path_type=Path), default=None, help="Artifact whose library MLC-LLM / WebLLM would load.")
+@click.option("--model-dir", type=click.Path(path_type=Path), default=None, help="Model directory from convert-weights.")
+def mlc_check(artifact, model_dir):
+    """Check a library and/or model directory against what MLC-LLM's runtimes and WebLLM read."""
+    from .mlc_contract import check_library, check_model_dir
+
+    if artifact is None and model_dir is None:
+        raise click.UsageError("give --artifact and/or --model-dir")
+    if artifact is not None:
+        manifest = check_library(artifact)
+        click.echo(f"ok: {artifact}: {manifest['library']} exports every function MLC-LLM / WebLLM call")
+    if model_dir is not None:
+        data = check_model_dir(model_dir)
+        click.echo(f"ok: {model_dir}: mlc-chat-config.json complete ({data['quantization']}, "
+                   f"conv_template {data['conv_template'].get('name')!r}), tokenizer files and weight shards present")
+
+
+@main.command()
+@click.option("--artifact", type=click.Path(path_type=Path), required=True, help="A webgpu artifact (lib.wasm).")
+@click.option("--model-dir", type=click.Path(path_type=Path), required=True, help="Model directory from convert-weights.")
+@click.option("--prompt", required=True, help="Text prompt (a plain completion: no conversation template).")
+@click.option("--max-new-tokens", default=16, show_default=True, type=click.IntRange(min=1))
+@click.option("--temperature", type=float, default=0.0, show_default=True)
+@click.option("--top-p", type=float, default=1.0, show_default=True)
+@click.option("--seed", type=int, default=None, help="WebLLM's sampling seed.")
+@click.option("--adapter", type=click.Choice(["auto", "swiftshader", "gpu"]), default="swiftshader", show_default=True)
+def webllm(artifact, model_dir, prompt, max_new_tokens, temperature, top_p, seed, adapter):
+    """Load the build in WebLLM itself (headless Chromium) and complete a prompt."""
+    from .generation import Sampling
+    from .runners.webllm import webllm_complete
+
+    Sampling(temperature=temperature, top_p=top_p)  # the same one-line checks as run
+    out = webllm_complete(artifact, model_dir, prompt, max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,
+                          adapter=adapter, console=_log)
+    _log(f"[webllm] {out.browser} on {out.adapter.get('description') or out.adapter}: {out.prompt_tokens} prompt tokens, "
+         f"{out.completion_tokens} generated ({out.finish_reason})")
+    click.echo(out.text)
+
+
 if __name__ == "__main__":
     main()

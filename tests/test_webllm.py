@@ -108,3 +108,27 @@ def test_webllm_refuses_a_non_webgpu_build(webllm_model, tmp_path):
     llvm = build(config, QUANT, load_target("llvm"), output=tmp_path / "llvm", **QUIET)
     with pytest.raises(RunnerError, match="webgpu"):
         webllm_complete(llvm, model_dir, "w5", 1)
+
+
+def test_cli_webllm_and_mlc_check(webllm_model, tmp_path):
+    from click.testing import CliRunner
+
+    from pipeline.cli import main
+
+    config, artifact, model_dir, weights = webllm_model
+    runner = CliRunner()
+    result = runner.invoke(main, ["mlc-check", "--artifact", str(artifact), "--model-dir", str(model_dir)])
+    assert result.exit_code == 0, result.output
+    assert result.output.count("ok: ") == 2
+    prompt = PROMPT[:5]
+    result = runner.invoke(main, ["webllm", "--artifact", str(artifact), "--model-dir", str(model_dir),
+                                  "--prompt", " ".join(f"w{t}" for t in prompt), "--max-new-tokens", "3"])
+    assert result.exit_code == 0, result.output
+    greedy = numpy_greedy(config, weights, prompt, 3)
+    assert result.output.strip().splitlines()[-1] == " ".join(f"w{t}" for t in greedy)
+    broken = tmp_path / "model"
+    shutil.copytree(model_dir, broken)
+    (broken / "tokenizer.json").unlink()
+    result = runner.invoke(main, ["mlc-check", "--model-dir", str(broken)])
+    assert result.exit_code == 2
+    assert result.output.strip() == f"error: {broken}: tokenizer file(s) 'tokenizer.json' listed in 'tokenizer_files' are missing"

@@ -6,7 +6,9 @@
 // port: only those files, looked up by exact path. Chromium is the system's (MLCPIPE_CHROMIUM,
 // default /usr/bin/chromium), driven by puppeteer-core, in a fresh temporary profile; it is
 // closed on `close`, on stdin EOF and when this process exits. The page's console goes to stderr
-// as `[browser:log|warning|error] ...`.
+// as `[browser:log|warning|error] ...`. One more op, `webllm` (pipeline/runners/webllm.py), opens
+// webllm.html instead: WebLLM's own engine (npm @mlc-ai/web-llm) loads a lib.wasm and a model
+// directory served here and completes one prompt.
 import fs from "node:fs";
 import http from "node:http";
 import os from "node:os";
