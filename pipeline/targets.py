@@ -41,22 +41,69 @@ class TargetSpec:
         return Target(self.target)
 
 
-def detect_host_cpu(cpuinfo: str | None = None) -> str:
-    """LLVM CPU name for this machine, from the CPU's feature flags."""
+# LLVM feature -> the /proc/cpuinfo flag that says the CPU has it: what LLVM's CPU name is checked
+# against (x86 "flags", aarch64 "Features").
+_X86_FEATURE_FLAGS = {
+    "avx2": "avx2", "fma": "fma", "f16c": "f16c", "avx512f": "avx512f", "avx512bw": "avx512bw", "avx512vl": "avx512vl",
+    "avx512vnni": "avx512_vnni", "avx512bf16": "avx512_bf16", "avx512fp16": "avx512_fp16", "amx-bf16": "amx_bf16",
+    "amx-tile": "amx_tile", "avxvnni": "avx_vnni",
+}
+_ARM_FEATURE_FLAGS = {"neon": "asimd", "fullfp16": "asimdhp", "dotprod": "asimddp", "i8mm": "i8mm", "bf16": "bf16", "sve": "sve"}
+
+
+@dataclasses.dataclass(frozen=True)
+class HostCPU:
+    mcpu: str
+    mattr: tuple[str, ...] = ()  # LLVM features added to a generic CPU (aarch64 hosts LLVM cannot name)
+    source: str = "llvm"  # "llvm": LLVM's host detection, confirmed by the flags; "flags": from the flags
+
+
+def _cpu_flags(cpuinfo: str) -> set[str]:
+    for line in cpuinfo.splitlines():
+        if line.startswith(("flags", "Features")):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def _llvm_features_present(cpu: str, triple: str, table: dict[str, str], flags: set[str]) -> bool:
+    """Every feature LLVM gives `cpu` (of those in `table`) is one the CPU reports."""
+    from tvm.target import Target, codegen
+
+    if not codegen.llvm_is_valid_cpu(cpu, triple):
+        return False
+    target = Target({"kind": "llvm", "mtriple": triple, "mcpu": cpu})
+    return all(flag in flags for feature, flag in table.items() if codegen.target_has_features(feature, target))
+
+
+def detect_host(cpuinfo: str | None = None, llvm_cpu: str | None = None, machine: str | None = None) -> HostCPU:
+    """The host CPU as LLVM names it (`llvm_get_system_cpu`), taken when every feature LLVM gives
+    that name is in the CPU's /proc/cpuinfo flags (a VM can hide features LLVM's CPUID model
+    assumes); else x86: the most capable named CPU the flags allow; aarch64: `generic` with the
+    flags' dotprod / i8mm / bf16 / fullfp16 / sve as `mattr`."""
     if cpuinfo is None:
         path = Path("/proc/cpuinfo")
         cpuinfo = path.read_text() if path.exists() else ""
-    flags: set[str] = set()
-    for line in cpuinfo.splitlines():
-        if line.startswith(("flags", "Features")):
-            flags = set(line.split(":", 1)[1].split())
-            break
-    if platform.machine() in ("aarch64", "arm64") or "asimd" in flags:
-        return "generic"
+    if llvm_cpu is None:
+        from tvm.target import codegen
+
+        llvm_cpu = codegen.llvm_get_system_cpu()
+    machine = machine or platform.machine()
+    flags = _cpu_flags(cpuinfo)
+    arm = machine in ("aarch64", "arm64")
+    triple, table = ("aarch64-linux-gnu", _ARM_FEATURE_FLAGS) if arm else ("x86_64-linux-gnu", _X86_FEATURE_FLAGS)
+    if llvm_cpu and llvm_cpu != "generic" and _llvm_features_present(llvm_cpu, triple, table, flags):
+        return HostCPU(llvm_cpu)
+    if arm:
+        return HostCPU("generic", tuple(f"+{feature}" for feature, flag in table.items() if flag in flags and feature != "neon"), "flags")
     for needed, cpu in _X86_CPUS:
         if needed <= flags:
-            return cpu
-    return "x86-64"
+            return HostCPU(cpu, source="flags")
+    return HostCPU("x86-64", source="flags")
+
+
+def detect_host_cpu(cpuinfo: str | None = None) -> str:
+    """LLVM CPU name for this machine (see `detect_host`)."""
+    return detect_host(cpuinfo).mcpu
 
 
 def available_targets() -> list[str]:
@@ -121,7 +168,10 @@ def _check_webgpu_subgroups(path: Path, raw: dict[str, Any]) -> None:
 
 def _resolve_cpu(path: Path, raw: dict[str, Any], field: str) -> dict[str, Any]:
     if raw.get("mcpu", "auto") in ("auto", None):
-        raw["mcpu"] = detect_host_cpu()
+        host = detect_host()
+        raw["mcpu"] = host.mcpu
+        if host.mattr and "mattr" not in raw:
+            raw["mattr"] = list(host.mattr)
     if raw["mcpu"] == "native":
         raise ConfigError(
             f"{path}: field '{field}': got 'native'; name the CPU (e.g. sapphirerapids) or use 'auto' "

@@ -1,0 +1,70 @@
+"""The llvm target's host CPU: LLVM's own detection (`llvm_get_system_cpu`), checked against the
+CPU's /proc/cpuinfo flags, on x86 and aarch64. Fixtures in tests/data/cpuinfo/: the AMD EPYC Zen 4
+one was read off a machine of this project (LLVM said znver4); the Sapphire Rapids, Zen 5 and
+Graviton 3 ones carry those CPUs' published flag lists, with the names LLVM's host detection gives
+them (sapphirerapids, znver5, neoverse-v1)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import tvm
+from tvm.target import Target, codegen
+
+from pipeline.targets import HostCPU, detect_host, detect_host_cpu, load_target
+
+CPUINFO = Path(__file__).parent / "data" / "cpuinfo"
+
+
+def cpuinfo(name: str) -> str:
+    return (CPUINFO / f"{name}.txt").read_text()
+
+
+@pytest.mark.parametrize(("fixture", "llvm", "machine", "features"), [
+    ("sapphirerapids-vm", "sapphirerapids", "x86_64", ["amx-bf16", "avx512fp16", "avx512bf16", "avx512vnni"]),
+    ("znver5-epyc-turin", "znver5", "x86_64", ["avx512bf16", "avx512vnni", "avxvnni"]),
+    ("znver4-epyc-genoa", "znver4", "x86_64", ["avx512bf16", "avx512vnni"]),
+    ("neoverse-v1-graviton3", "neoverse-v1", "aarch64", ["dotprod", "i8mm", "bf16", "fullfp16", "sve"]),
+])
+def test_llvm_names_the_host_when_the_flags_agree(fixture, llvm, machine, features):
+    host = detect_host(cpuinfo(fixture), llvm_cpu=llvm, machine=machine)
+    assert host == HostCPU(llvm)
+    triple = "aarch64-linux-gnu" if machine == "aarch64" else "x86_64-linux-gnu"
+    target = Target({"kind": "llvm", "mtriple": triple, "mcpu": host.mcpu})
+    assert all(codegen.target_has_features(f, target) for f in features)
+    if llvm == "znver5":  # no AMX: the AMX rule must not take this CPU
+        assert not codegen.target_has_features("amx-bf16", target)
+
+
+def test_a_name_whose_features_the_cpu_lacks_is_not_taken():
+    # a VM that hides AMX and AVX512-FP16 from the guest while CPUID's family/model say SPR
+    flags = cpuinfo("sapphirerapids-vm").replace(" amx_bf16", "").replace(" amx_tile", "").replace(" avx512_fp16", "")
+    assert detect_host(flags, llvm_cpu="sapphirerapids", machine="x86_64") == HostCPU("cooperlake", source="flags")
+    # an unknown name, and LLVM answering for a CPU with more than the flags say
+    assert detect_host(cpuinfo("znver4-epyc-genoa"), llvm_cpu="no-such-cpu", machine="x86_64").source == "flags"
+    assert detect_host(cpuinfo("znver4-epyc-genoa"), llvm_cpu="znver5", machine="x86_64").mcpu != "znver5"  # no avx_vnni
+
+
+def test_aarch64_without_a_name_gets_its_features():
+    host = detect_host(cpuinfo("neoverse-v1-graviton3"), llvm_cpu="generic", machine="aarch64")
+    assert host.mcpu == "generic" and set(host.mattr) == {"+fullfp16", "+dotprod", "+i8mm", "+bf16", "+sve"}
+    target = Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "generic", "mattr": list(host.mattr)})
+    assert codegen.target_has_features("dotprod", target) and codegen.target_has_features("i8mm", target)
+
+
+def test_flag_fallback_without_llvm_answer():
+    assert detect_host_cpu("flags\t: fpu avx2 fma f16c avx512f avx512bw avx512vl avx512_fp16 amx_bf16\n") == "sapphirerapids"
+    assert detect_host("flags\t: fpu avx2 fma f16c\n", llvm_cpu="", machine="x86_64").mcpu == "haswell"
+    assert detect_host("flags\t: fpu sse2\n", llvm_cpu="", machine="x86_64").mcpu == "x86-64"
+
+
+def test_this_machine_uses_llvms_name():
+    llvm = codegen.llvm_get_system_cpu()
+    host = detect_host()
+    target = load_target("llvm")
+    assert target.target["mcpu"] == host.mcpu
+    if host.source == "llvm":
+        assert host.mcpu == llvm
+    assert load_target("llvm", {"mcpu": "skylake-avx512"}).target["mcpu"] == "skylake-avx512"  # --mcpu still overrides
+    assert tvm.target.Target(target.target).kind.name == "llvm"
