@@ -41,7 +41,8 @@ def test_tune_writes_winners_that_build_applies(tiny_config, tmp_path):
     has = tvm.target.codegen.target_has_features
     tvm_target = load_target("llvm").tvm_target()
     decode_rule = "DecodeGEMVQ4VNNI" if has("avx512vnni", tvm_target) else "DecodeGEMVQ4"
-    prefill_rule = "PrefillGEMMAMX" if has("amx-bf16", tvm_target) else "PrefillGEMM"
+    prefill_rule = ("PrefillGEMMAMX" if has("amx-bf16", tvm_target)
+                    else "PrefillGEMMQ4VNNI" if has("avx512vnni", tvm_target) else "PrefillGEMM")
     tuned_count = 10
     assert len(table) == tuned_count
     for record in table.values():

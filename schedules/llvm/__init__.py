@@ -5,6 +5,7 @@ DecodeGEMVQ4  one-token q4 GEMV, group scale factored out, nibbles unpacked in r
               activations: where VNNI is absent, or pinned by a tuning database)
 PrefillGEMMAMX  many-token GEMM on AMX bf16 tiles (f16-activation models), weight tile decoded per task;
               1-4 tokens: a branch with the decode GEMVs' arithmetic (low batch)
+PrefillGEMMQ4VNNI  many-token q4 GEMM on AVX512-VNNI without AMX: the decode GEMV's int8 arithmetic, tokens in passes
 PrefillGEMM   many-token GEMM, weight tile decoded once per task, register-blocked micro-kernel
 DecodeGEMVFloat  one-token GEMV with unquantized weights: f32 accumulation, prefetched rows
 MatmulNT      any other NT matmul (unquantized decode GEMV, odd shapes): rfactor-vectorised K
@@ -20,6 +21,7 @@ from . import fast_exp
 from .elementwise import Elementwise
 from .gemm_amx import PrefillGEMMAMX
 from .gemm_dequant import PrefillGEMM
+from .gemm_q4_vnni import PrefillGEMMQ4VNNI
 from .gemv_float import DecodeGEMVFloat
 from .gemv_q4 import DecodeGEMVQ4
 from .gemv_q4_vnni import DecodeGEMVQ4VNNI
@@ -28,6 +30,6 @@ from .rope import RopeTable
 from .row_norm import RowNorm
 from .sampler import SamplerCPU
 
-LLVM_RULES = [SamplerCPU(), DecodeGEMVQ4VNNI(), DecodeGEMVQ4(), DecodeGEMVFloat(), PrefillGEMMAMX(), PrefillGEMM(), MatmulNT(), RowNorm(), RopeTable(), Elementwise()]
+LLVM_RULES = [SamplerCPU(), DecodeGEMVQ4VNNI(), DecodeGEMVQ4(), DecodeGEMVFloat(), PrefillGEMMAMX(), PrefillGEMMQ4VNNI(), PrefillGEMM(), MatmulNT(), RowNorm(), RopeTable(), Elementwise()]
 
 fast_exp.install()

@@ -41,6 +41,9 @@ class Elementwise(dl.ScheduleRule):
                 return None
             if len(sch.get_loops(block)) != len(stmt.iter_vars) or not sch.get_loops(block):
                 return None
+            written = [region.source for region in stmt.writes]
+            if any(r.source.same_as(w) for r in stmt.reads for w in written):  # in place / scatter (the sampler's)
+                return None
         for block in blocks[:-1]:
             # a block that cannot be inlined (e.g. read at shifted positions) keeps its own loop nest
             with contextlib.suppress(Exception):

@@ -1,0 +1,202 @@
+"""CPU prefill GEMM with MLC q4 weights on AVX512-VNNI int8 dot products, for CPUs without AMX
+(AMD Zen 4 / Zen 5, Intel Ice Lake / Cascade Lake servers): C[m, n] = sum_k x[m, k] * W[n, k].
+
+    C[m, n] = sum_g s[n, g] * a[m, g] * (sum_{k in g} q[n, k] * p[m, k] - 7 * sum_{k in g} p[m, k])
+
+with p = round(x / a) the activation in int8 (one scale a = max|x| / 127 per token and weight
+group: llama.cpp's Q8 activations, the precision of the AMX rule's bf16 operands) and q the
+weights' unsigned nibbles. Lanes run along N, so a whole group's products accumulate in int32:
+
+- per call (TE): p [tokens padded to `block_m`, K] int8, a and sum(p) per (token, group);
+- per parallel task of 16 `row_vecs` weight rows: the nibbles repacked as bytes [K/4 quads,
+  row vector, 16 rows, 4] (one 64-byte vector per quad and row vector: `vpdpbusd`'s u8 operand)
+  and the group scales as f32 [group, row vector, 16 rows]; the block stays in L2 and serves
+  every token;
+- micro-kernel, `block_m` tokens x `row_vecs` vectors of 16 rows: per group, int32 accumulators
+  from zero, per quad the row vectors loaded once and each token's 4 activation bytes broadcast,
+  `vpdpbusd` (64 u8 x s8 products); then per accumulator one conversion and one FMA into f32
+  (the zero point by the activation sums). C rows are contiguous along N: stored directly.
+
+Numerics: the activation rounding (|error| <= a / 2 per element, ~0.4% of the group's largest
+value, as bf16); everything else exact integers then f32. Only f16-activation models (q4f16_1),
+as the AMX rule.
+Handles: llvm targets with avx512vnni, many-token NT matmul, f16 activation, q4 weights with
+group size % 4 == 0, N % (16 row_vecs) == 0. Anything else: None.
+Knobs: block_m (tokens per micro-kernel), row_vecs (16-row vectors per micro-kernel and task).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tvm import s_tir, te, tirx
+from tvm.s_tir import dlight as dl
+from tvm.script import tirx as T
+from tvm.target import Target, codegen
+
+from .dequant_matmul import blocks_after, match_on_cpu
+from .gemv_q4_vnni import VPDPBUSD
+from .row_gemv import LANES, activation_f32_at
+
+
+@dataclasses.dataclass
+class PrefillGEMMQ4VNNI(dl.ScheduleRule):
+    block_m: int = 4
+    row_vecs: int = 2
+
+    def knob_space(self, func: tirx.PrimFunc, target: Target) -> dict[str, list]:
+        info = _applicable(func, target)
+        if info is None:
+            return {}
+        return {"block_m": [2, 4, 6, 8], "row_vecs": [v for v in (1, 2, 4) if info.n % (LANES * v) == 0]}
+
+    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
+        del tunable
+        info = _applicable(func, target)
+        if info is None or self.block_m < 1 or self.row_vecs < 1 or info.n % (LANES * self.row_vecs):
+            return None
+        sch = s_tir.Schedule(_build(info, self.block_m, self.row_vecs))
+        for name in ("amax", "x_q", "x_sum"):
+            sch.parallel(sch.get_loops(sch.get_sblock(name))[0])
+        epilogue = blocks_after(sch, sch.get_sblock("gemm_vnni"))
+        if len(epilogue) > 1:
+            sch.compute_inline(epilogue[0])
+            epilogue = epilogue[1:]
+        for block in epilogue:
+            loops = sch.get_loops(block)
+            sch.parallel(sch.fuse(*loops[:-1]))
+            sch.vectorize(sch.split(loops[-1], [None, LANES])[1])
+        return sch
+
+
+def _applicable(func, target):
+    if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
+        return None
+    if not codegen.target_has_features("avx512vnni", target):
+        return None
+    info = match_on_cpu(func, target, decode=False)
+    if info is None or not info.quantized or str(info.x.dtype) != "float16" or len(info.rows_shape) != 2:
+        return None
+    if info.group_size % 8 or info.k % info.group_size or info.n % LANES:
+        return None
+    return info
+
+
+def _build(info, block_m: int, row_vecs: int) -> tirx.PrimFunc:
+    inputs = info.placeholders()
+    x = inputs[info.param_index(info.x)]
+    w = inputs[info.param_index(info.weight)]
+    s = inputs[info.param_index(info.scale)]
+    k, group = info.k, info.group_size
+    groups = k // group
+    tokens = x.shape[-2]
+    padded = (tokens + block_m - 1) // block_m * block_m
+
+    def xf(t, i):
+        return te.if_then_else(t < tokens, activation_f32_at(x, te.min(t, tokens - 1), i), tirx.const(0.0, "float32"))
+
+    r = te.reduce_axis((0, group), "r")
+    amax = te.compute((padded, groups), lambda t, g: te.max(te.abs(xf(t, g * group + r)), axis=r), name="amax")
+    xq = te.compute(
+        (padded, k),
+        lambda t, i: te.if_then_else(amax[t, i // group] > 0, tirx.nearbyint(xf(t, i) * (tirx.const(127.0, "float32") / amax[t, i // group])),
+                                     tirx.const(0.0, "float32")).astype("int8"),
+        name="x_q",
+    )
+    j = te.reduce_axis((0, group), "j")
+    xsum = te.compute((padded, groups), lambda t, g: te.sum(xq[t, g * group + j].astype("int32"), axis=j), name="x_sum")
+    ins = [xq, amax, xsum, w, s]
+
+    def body(i, o):
+        return _kernel(info, padded, tokens, block_m, row_vecs, *i, o[0])
+
+    c = te.extern(
+        (padded * info.n,), ins, body, name="gemm_vnni", dtype="float32",
+        in_buffers=[tirx.decl_buffer(t.shape, t.dtype, name=f"{t.op.name}_buf") for t in ins],
+        out_buffers=[tirx.decl_buffer((padded * info.n,), "float32", name="c_buf")],
+    )
+    mm = te.compute((*x.shape[:-1], info.n), lambda b, m, n: c[m * info.n + n], name="matmul")
+    return info.finish(inputs, mm)
+
+
+def _kernel(info, padded, tokens, block_m, row_vecs, xq, amax, xsum, weight, scale, out):
+    n_total, k, group = info.n, info.k, info.group_size
+    groups = k // group
+    quads = k // 4
+    quads_per_group = group // 4
+    words = k // 8
+    rows = LANES * row_vecs
+    tasks = n_total // rows
+    acc_n = block_m * row_vecs
+
+    def decode_quad(wpk, wf, task, q):
+        """Bytes of quad q (k = 4q .. 4q+3) of the task's rows: one u32 per row, 16 rows a vector."""
+        for v in range(row_vecs):
+            n0 = task * rows + v * LANES
+            word = wf[T.ramp(n0 * words + q // 2, words, LANES)]  # 16 rows' word q // 2 (a gather)
+            half = word >> T.broadcast(T.Cast("uint32", (q % 2) * 16), LANES)
+            nib = T.broadcast(T.uint32(15), LANES)
+            packed = (half & nib) | ((half >> T.broadcast(T.uint32(4), LANES)) & nib) << T.broadcast(T.uint32(8), LANES)
+            packed = packed | ((half >> T.broadcast(T.uint32(8), LANES)) & nib) << T.broadcast(T.uint32(16), LANES)
+            packed = packed | ((half >> T.broadcast(T.uint32(12), LANES)) & nib) << T.broadcast(T.uint32(24), LANES)
+            T.buffer_store(wpk, packed, [T.ramp((q * row_vecs + v) * LANES, 1, LANES)])
+
+    def scales_of(sc, sf, task, g):
+        for v in range(row_vecs):
+            n0 = task * rows + v * LANES
+            T.buffer_store(sc, T.Cast("float32x16", sf[T.ramp(n0 * groups + g, groups, LANES)]), [T.ramp((g * row_vecs + v) * LANES, 1, LANES)])
+
+    def zero(acc, dtype):
+        for a in range(acc_n):
+            T.buffer_store(acc, T.broadcast(tirx.const(0, dtype), LANES), [T.ramp(a * LANES, 1, LANES)])
+
+    def quad_step(iacc, wpk, xq32, mb, q):
+        wv = [T.reinterpret("int8x64", wpk[T.ramp((q * row_vecs + v) * LANES, 1, LANES)]) for v in range(row_vecs)]
+        for m in range(block_m):
+            xb = T.reinterpret("int8x64", T.broadcast(xq32[(mb * block_m + m) * quads + q], LANES))
+            for v in range(row_vecs):
+                lanes = T.ramp((m * row_vecs + v) * LANES, 1, LANES)
+                T.buffer_store(iacc, T.call_llvm_pure_intrin("int32x16", VPDPBUSD, iacc[lanes], wv[v], xb), [lanes])
+
+    def fold(facc, iacc, sc, mb, g):
+        for m in range(block_m):
+            t = mb * block_m + m
+            zp = T.broadcast(T.Cast("float32", xsum[t, g] * 7), LANES)
+            a = T.broadcast(amax[t, g] * T.float32(1.0 / 127.0), LANES)
+            for v in range(row_vecs):
+                lanes = T.ramp((m * row_vecs + v) * LANES, 1, LANES)
+                dots = T.Cast("float32x16", iacc[lanes]) - zp
+                T.buffer_store(facc, facc[lanes] + dots * (sc[T.ramp((g * row_vecs + v) * LANES, 1, LANES)] * a), [lanes])
+
+    def store(facc, task, mb):
+        for m in range(block_m):
+            for v in range(row_vecs):
+                T.buffer_store(out, facc[T.ramp((m * row_vecs + v) * LANES, 1, LANES)],
+                               [T.ramp((mb * block_m + m) * n_total + task * rows + v * LANES, 1, LANES)])
+
+    scale_dtype = str(scale.dtype)
+
+    @T.prim_func(private=True, check_well_formed=False)
+    def body():
+        xq32 = T.decl_buffer((padded * quads,), "int32", data=xq.data)
+        wf = T.decl_buffer((n_total * words,), "uint32", data=weight.data)
+        sf = T.decl_buffer((n_total * groups,), scale_dtype, data=scale.data)
+        for task in T.parallel(tasks):
+            wpk = T.alloc_buffer((quads * rows,), "uint32")
+            sc = T.alloc_buffer((groups * rows,), "float32")
+            for q in range(quads):
+                decode_quad(wpk, wf, task, q)
+            for g in range(groups):
+                scales_of(sc, sf, task, g)
+            for mb in range(padded // block_m):
+                facc = T.alloc_buffer((acc_n * LANES,), "float32", scope="local")
+                iacc = T.alloc_buffer((acc_n * LANES,), "int32", scope="local")
+                zero(facc, "float32")
+                for g in range(groups):
+                    zero(iacc, "int32")
+                    for qq in range(quads_per_group):
+                        quad_step(iacc, wpk, xq32, mb, g * quads_per_group + qq)
+                    fold(facc, iacc, sc, mb, g)
+                store(facc, task, mb)
+
+    return body.body

@@ -1,0 +1,112 @@
+"""PrefillGEMMQ4VNNI (schedules/llvm/gemm_q4_vnni.py): the q4 prefill GEMM on AVX512-VNNI int8
+dot products, for CPUs without AMX. Against a NumPy emulation of its arithmetic (int8
+activations per token and weight group, exact integer dot products, f32 scales) and against the
+exact f16 kernel, at several token counts. Executed where the CPU has AVX512-VNNI; elsewhere
+compiled for a VNNI CPU and its assembly checked."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import tvm
+
+from pipeline.kernel_inputs import random_args
+from pipeline.targets import load_target
+from pipeline.tune import unscheduled_kernels
+from schedules import schedule_func
+from schedules.llvm.dequant_matmul import match
+from schedules.llvm.gemm_q4_vnni import PrefillGEMMQ4VNNI
+
+HOST = load_target("llvm").tvm_target()
+HOST_VNNI = tvm.target.codegen.target_has_features("avx512vnni", HOST)
+ZEN4 = tvm.target.Target({"kind": "llvm", "mcpu": "znver4"})  # VNNI, no AMX
+SPR = tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids"})
+needs_vnni = pytest.mark.skipif(not HOST_VNNI, reason="this CPU has no AVX512-VNNI")
+
+
+def _outputs(func, args, target=HOST):
+    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=target)
+    tensors = [tvm.runtime.tensor(a.copy()) for a in args]
+    lib["main"](*tensors)
+    return tensors[-1].numpy().astype(np.float32)
+
+
+def _prefill(kernels):
+    return {n: f for n, f in kernels.items() if "NT_matmul" in n and "seq_len" in f.script()}
+
+
+def emulate(func, args, tokens: int) -> np.ndarray:
+    """The rule's arithmetic in NumPy (float64 after the integer dot products)."""
+    info = match(func)
+    params = list(func.params)
+    x = args[params.index(info.x)].astype(np.float32).reshape(tokens, info.k)
+    words = args[params.index(info.weight)]
+    scale = args[params.index(info.scale)].astype(np.float32).astype(np.float64)
+    group = info.group_size
+    xg = x.reshape(tokens, -1, group)
+    amax = np.abs(xg).max(axis=2)
+    inv = np.where(amax > 0, np.float32(127.0) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
+    p = np.rint(xg * inv[:, :, None]).astype(np.int64)  # round half to even, as nearbyint
+    q = np.stack([(words >> (4 * j)) & 15 for j in range(8)], axis=-1).reshape(info.n, -1, group).astype(np.int64)
+    dots = np.einsum("tgk,ngk->tng", p, q) - 7 * p.sum(axis=2)[:, None, :]
+    a = amax.astype(np.float64) / 127.0
+    return np.einsum("tng,ng,tg->tn", dots.astype(np.float64), scale, a)
+
+
+@pytest.fixture(scope="module")
+def kernels(tiny_config):
+    return _prefill(unscheduled_kernels(tiny_config, "q4f16_1", ZEN4))
+
+
+def test_rule_compiles_to_vpdpbusd_and_is_chosen_without_amx(kernels):
+    func = next(iter(kernels.values()))
+    sch = PrefillGEMMQ4VNNI().apply(func, ZEN4, False)
+    lib = tvm.compile(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), target=ZEN4)
+    assert "vpdpbusd" in lib.mod.inspect_source("s")
+    assert schedule_func(func, ZEN4)[1]["rule"] == "PrefillGEMMQ4VNNI"
+    assert schedule_func(func, SPR)[1]["rule"] == "PrefillGEMMAMX"  # the AMX machine keeps its rule
+    f32 = _prefill(unscheduled_kernels(dataclasses.replace(_tiny(), name="t"), "q4f32_1", ZEN4))
+    assert all(PrefillGEMMQ4VNNI().apply(f, ZEN4, False) is None for f in f32.values())  # f32 models keep f32
+
+
+def _tiny():
+    from pipeline.config import load_model_config
+
+    return load_model_config("llama-tiny")
+
+
+@needs_vnni
+@pytest.mark.parametrize("knobs", [{}, {"block_m": 6, "row_vecs": 1}, {"block_m": 2, "row_vecs": 4}])
+def test_q4_vnni_prefill_is_its_int8_arithmetic(knobs, kernels):
+    taken = emulated = 0
+    for name, func in kernels.items():
+        info = match(func)
+        sch = dataclasses.replace(PrefillGEMMQ4VNNI(), **knobs).apply(func, HOST, False)
+        assert sch is not None, name
+        for tokens in (1, 7, 40, 130):  # partial token blocks, past 128
+            args = random_args(func, {"seq_len": tokens}, seed=tokens)
+            exact = _outputs(func, args)
+            got = _outputs(sch.mod["main"], args)
+            # int8 activations (~0.4% of a group's largest value), as bf16 operands
+            np.testing.assert_allclose(got, exact, atol=1e-2 * np.abs(exact).max(), err_msg=f"{name} {tokens}")
+            assert np.abs(got - exact).max() > 0  # the int8 path really ran
+            if not info.epilogue:  # a bare matmul: equal to the emulation up to f32 sums
+                want = emulate(func, args, tokens)
+                np.testing.assert_allclose(got.reshape(tokens, -1), want, rtol=1e-5, atol=1e-5 * np.abs(want).max(), err_msg=f"{name} {tokens}")
+                emulated += 1
+        taken += 1
+    assert taken == 5 and emulated == 4  # qkv, o_proj, gate_up, down, batch_verify's lm_head (bare: emulated)
+
+
+@needs_vnni
+def test_q4_vnni_prefill_full_size_down_proj():
+    from pipeline.config import load_model_config
+
+    funcs = _prefill(unscheduled_kernels(load_model_config("llama-3.2-1b"), "q4f16_1", HOST))
+    name, func = next((n, f) for n, f in funcs.items() if (match(f).n, match(f).k) == (2048, 8192))
+    args = random_args(func, {"seq_len": 33}, seed=2)
+    want = _outputs(func, args)
+    got = _outputs(PrefillGEMMQ4VNNI().apply(func, HOST, False).mod["main"], args)
+    np.testing.assert_allclose(got, want, atol=1e-2 * np.abs(want).max(), err_msg=name)
