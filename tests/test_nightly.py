@@ -341,3 +341,26 @@ def test_default_matrix_and_workflow(source):
     for command in ("mlcpipe nightly --matrix", "--list-cells", "--cell", "--report-only", "mlcpipe verify",
                     "actions/upload-artifact"):
         assert command in steps
+
+
+def test_explain_names_functions_when_elf_sizes_differ(tmp_path):
+    """Two shared objects whose one function differs in length (as a Relax shape function compiled
+    twice sometimes does): the explanation names that function, not only the sizes."""
+    import shutil
+    import subprocess
+
+    from pipeline.nightly.reproduce import explain
+
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc not found")
+    libs = []
+    longer = "volatile int y = x; " + " ".join(f"y = y * 3 + {k};" for k in range(800)) + " return y;"
+    for i, body in enumerate(("return x + 1;", longer)):
+        src = tmp_path / f"f{i}.c"
+        src.write_text(f"int same(int x) {{ return x - 1; }}\nint shape_func(int x) {{ {body} }}\n")
+        lib = tmp_path / f"lib{i}.so"
+        subprocess.run(["gcc", "-O0", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+        libs.append(lib)
+    assert libs[0].stat().st_size != libs[1].stat().st_size
+    why = explain(*libs)
+    assert why.startswith("sizes ") and "code differs in shape_func (" in why and "same (" not in why, why

@@ -47,6 +47,13 @@ def explain(a: Path, b: Path) -> str:
     size = "" if len(da) == len(db) else f"sizes {len(da)} vs {len(db)} bytes; "
     if not offsets:
         return f"{size}one is a prefix of the other"
+    if da[:4] == db[:4] == b"\x7fELF" and len(da) != len(db):
+        try:
+            changed = _elf_changed_functions(da, db)
+        except (ValueError, IndexError, struct.error):  # not a well-formed ELF64 after all
+            changed = []
+        if changed:
+            size += "code differs in " + ", ".join(changed[:4]) + "; "
     sections = _elf_sections(da) if da[:4] == b"\x7fELF" and len(da) == len(db) else None
     if sections:
         counts: dict[str, int] = {}
@@ -84,8 +91,8 @@ def _elf_sections(data: bytes) -> list[tuple[str, int, int]] | None:
     return None if headers is None else [(n or "(null)", off, off + size) for n, t, _, off, size, _ in headers if t != 8 and size]
 
 
-def _elf_functions(data: bytes, offsets: list[int]) -> dict[str, int]:
-    """{function symbol: differing bytes} for the `offsets` that fall in a function's code."""
+def _elf_symbols(data: bytes) -> tuple[list[tuple[int, int, str]], list[tuple[int, int, int]]]:
+    """(function symbols as (vaddr, end, name), loaded sections as (vaddr, file offset, size))."""
     headers = _elf_headers(data) or []
     symbols = []
     for _, sh_type, _, off, size, link in headers:
@@ -95,7 +102,30 @@ def _elf_functions(data: bytes, offsets: list[int]) -> dict[str, int]:
                 name, info, _, _, value, sym_size = struct.unpack_from("<IBBHQQ", data, off + 24 * i)
                 if info & 0xF == 2 and sym_size:  # STT_FUNC
                     symbols.append((value, value + sym_size, _cstr(data, strtab + name)))
-    text = [(addr, off, size) for _, t, addr, off, size, _ in headers if t == 1 and addr]
+    return symbols, [(addr, off, size) for _, t, addr, off, size, _ in headers if t == 1 and addr]
+
+
+def _elf_function_code(data: bytes) -> dict[str, bytes]:
+    symbols, text = _elf_symbols(data)
+    out = {}
+    for lo, hi, name in symbols:
+        at = next((off + lo - addr for addr, off, size in text if addr <= lo < addr + size), None)
+        if at is not None:
+            out[name] = data[at: at + hi - lo]
+    return out
+
+
+def _elf_changed_functions(da: bytes, db: bytes) -> list[str]:
+    """Functions whose code differs between two ELF files (by symbol name), largest change first."""
+    ca, cb = _elf_function_code(da), _elf_function_code(db)
+    changed = [(abs(len(ca[n]) - len(cb[n])), n, len(ca[n]), len(cb[n])) for n in ca if n in cb and ca[n] != cb[n]]
+    changed += [(len(ca[n]), n, len(ca[n]), 0) for n in ca if n not in cb] + [(len(cb[n]), n, 0, len(cb[n])) for n in cb if n not in ca]
+    return [f"{n} ({a} vs {b} bytes)" for _, n, a, b in sorted(changed, reverse=True)]
+
+
+def _elf_functions(data: bytes, offsets: list[int]) -> dict[str, int]:
+    """{function symbol: differing bytes} for the `offsets` that fall in a function's code."""
+    symbols, text = _elf_symbols(data)
     out: dict[str, int] = {}
     for o in offsets:
         vaddr = next((addr + o - off for addr, off, size in text if off <= o < off + size), None)
