@@ -57,6 +57,18 @@ def _cpu_model() -> str:
     return platform.processor() or platform.machine()
 
 
+def _cpu_llvm() -> str:
+    """The llvm target's CPU name (LLVM's host detection) and the features the CPU rules key on."""
+    import tvm
+
+    from pipeline.targets import load_target
+
+    target = tvm.target.Target(load_target("llvm").target)
+    has = [f for f in ("avx2", "fma", "avx512f", "avx512vnni", "avx512bf16", "avx512fp16", "amx-bf16", "avxvnni",
+                       "neon", "dotprod", "i8mm", "bf16") if tvm.target.codegen.target_has_features(f, target)]
+    return f"{target.attrs.get('mcpu', '?')} ({', '.join(has) or 'baseline'})"
+
+
 def _versions() -> dict[str, str]:
     from importlib import metadata
 
@@ -151,6 +163,7 @@ def main(argv=None) -> int:
             "date": started.strftime("%Y-%m-%d %H:%M %Z"),
             "commit": _commit(),
             "cpu": _cpu_model(),
+            "cpu_llvm": _cpu_llvm(),
             "cores": os.cpu_count(),
             "versions": _versions(),
             "model_display": config.display_name,

@@ -181,7 +181,7 @@ def render(run: dict) -> str:
         "```",
         "",
         f"- date: {m['date']}; commit: {m.get('commit', '?')}",
-        f"- CPU: {m['cpu']} ({m['cores']} cores visible); threads for every engine: {s['threads']}",
+        f"- CPU: {m['cpu']} ({m['cores']} cores visible); llvm target CPU {m.get('cpu_llvm', 'not recorded')}; threads for every engine: {s['threads']}",
         f"- load average (1/5/15 min) at start {'/'.join(f'{x:.2f}' for x in m['load_start'])}, "
         f"at end {'/'.join(f'{x:.2f}' for x in m['load_end'])}" + (" — the machine was shared: numbers are noisy" if max(m['load_start'][0], m['load_end'][0]) > s['threads'] * 0.75 else ""),
         f"- versions: {versions}",
