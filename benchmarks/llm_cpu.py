@@ -2,7 +2,7 @@
 bandwidth bound, all measured in the same invocation.
 
     python -m benchmarks.llm_cpu --threads 2 [--model llama-3.2-1b] [--quants q0f16,q4f16_1,q4f32_1]
-        [--peers torch,llamacpp] [--torch-modes fp32,bf16,int4] [--llamacpp-types f16,q4_0]
+        [--peers torch,llamacpp] [--torch-modes fp32,bf16,int4] [--llamacpp-types f16,q4_0,q4_k_m]
         [--context 300 --prefill 128 --decode-steps 32] [--rebuild] [-o benchmarks/results/llm-cpu.md]
     python -m benchmarks.llm_cpu --render benchmarks/results/llm-cpu.json [-o benchmarks/results/llm-cpu.md]
 
@@ -33,7 +33,7 @@ from .table import render
 ROOT = Path(__file__).resolve().parents[1]
 PEERS = ("torch", "llamacpp")
 TORCH_MODES = ("fp32", "bf16", "int4")
-LLAMACPP_TYPES = ("f16", "q4_0")
+LLAMACPP_TYPES = ("f16", "q4_0", "q4_k_m")
 
 
 def _csv(value: str, allowed: tuple[str, ...] | None, what: str) -> list[str]:

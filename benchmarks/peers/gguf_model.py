@@ -9,7 +9,8 @@ What the llama arch expects, as llama.cpp's convert_hf_to_gguf.py writes it:
 - a tokenizer section: a synthetic SentencePiece ("llama") vocab of `vocab_size` tokens
   (<unk>, <s>, </s>, the 256 byte tokens, then placeholders); the benchmark feeds token ids.
 Q4_0 is written with `pure` (every matrix Q4_0, token_embd/output too), as q4f16_1 quantizes
-every matrix; llama.cpp's default would keep the tied output at Q6_K.
+every matrix; llama.cpp's default would keep the tied output at Q6_K. Q4_K_M is llama.cpp's own
+recipe (not pure), the 4-bit type most of its users run.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 FORMAT_VERSION = 1  # bump when the file layout written here changes (cached files are keyed by it)
-TYPES = {"f16": "F16", "q4_0": "Q4_0"}
+TYPES = {"f16": "F16", "q4_0": "Q4_0", "q4_k_m": "Q4_K_M"}
 
 
 def _permute(w: np.ndarray, n_head: int) -> np.ndarray:
@@ -130,9 +131,9 @@ def quantize(src: Path, dst: Path, qtype: str, threads: int) -> Path:
     import llama_cpp
 
     params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = {"q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0}[qtype]
+    params.ftype = {"q4_0": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_0, "q4_k_m": llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M}[qtype]
     params.nthread = threads
-    params.pure = True
+    params.pure = qtype == "q4_0"  # Q4_K_M: llama.cpp's own mix (some tensors Q6_K), as users run it
     rc = llama_cpp.llama_model_quantize(str(src).encode(), str(dst).encode(), params)
     if rc != 0:
         raise RuntimeError(f"llama_model_quantize({src} -> {dst}, {qtype}) returned {rc}")
@@ -140,7 +141,7 @@ def quantize(src: Path, dst: Path, qtype: str, threads: int) -> Path:
 
 
 def gguf_path(config, qtype: str, seed: int, threads: int = 2, cache_dir: Path | None = None, log=print) -> Path:
-    """The cached GGUF of `config`'s synthetic weights at `qtype` ("f16" or "q4_0"), written if missing."""
+    """The cached GGUF of `config`'s synthetic weights at `qtype` (TYPES), written if missing."""
     from ..mlcpipe_side import ROOT
 
     cache_dir = Path(cache_dir or ROOT / "artifacts" / "gguf")

@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-LABELS = {"f16": "F16", "q4_0": "Q4_0 (pure)"}
+LABELS = {"f16": "F16", "q4_0": "Q4_0 (pure)", "q4_k_m": "Q4_K_M"}
 
 
 class LlamaCpp:
