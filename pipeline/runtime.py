@@ -174,8 +174,12 @@ class Engine(Generation):
         x = put(logits.astype(np.float32).reshape(1, vocab))
         if penalty is not None:
             rows = np.zeros(len(penalty.token_ids), dtype=np.int32)
-            self.vm["apply_penalty_inplace"](x, put(np.int32([0])), put(rows), put(penalty.token_ids),
-                                             put(penalty.token_cnt), put(penalty.penalties))
+            args = (x, put(np.int32([0])), put(rows), put(penalty.token_ids), put(penalty.token_cnt), put(penalty.penalties))
+            if self.remote is None:
+                self.vm["apply_penalty_inplace"](*args)
+            else:  # TVM's RPC cannot return a tensor that is one of the call's arguments (the in-place
+                # result): the function's one kernel is called directly, which returns nothing
+                self.lib.get_function("sampler_apply_penalty", query_imports=True)(*args)
         probs = self.vm["softmax_with_temperature"](x._create_view((1, 1, vocab)), put(np.float32([sampling.temperature])))
         ordered = self.vm["argsort_probs"](probs._create_view((1, vocab)))
         token = self.vm["sample_with_top_p"](self._item(ordered, 0), self._item(ordered, 1), put(np.float32([uniform])),

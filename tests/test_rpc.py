@@ -217,6 +217,20 @@ def test_rpc_run_matches_local_run(llvm_art, servers, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["local.npy", "remote.npy"]  # no temp file left
 
 
+def test_rpc_run_samples_on_the_remote_device(llvm_art, servers):
+    """--temperature/--top-p/--seed over RPC: the sampler functions run on the remote (their
+    tuples stay there); the same seed gives the local run's tokens."""
+    art, weights = llvm_art
+    plain, _ = servers
+    common = ("run", "--artifact", str(art), "--weights", str(weights), "--prompt-tokens", PROMPT_ARG, "--max-new-tokens", "8",
+              "--temperature", "4", "--top-p", "0.98", "--repetition-penalty", "3", "--seed", "3")
+    local = _tokens(_cli(*common))
+    remote = _tokens(mlcpipe(*common, "--rpc", plain.address))
+    assert remote == local
+    greedy = _tokens(_cli(*common[:9]))
+    assert local != greedy  # the sampling flags changed the tokens
+
+
 def test_rpc_run_through_a_tracker(llvm_art, servers, tmp_path):
     art, weights = llvm_art
     plain, _ = servers
