@@ -3,8 +3,8 @@ bandwidth bound, all measured in the same invocation.
 
     python -m benchmarks.llm_cpu --threads 2 [--model llama-3.2-1b] [--quants q0f16,q4f16_1,q4f32_1]
         [--peers torch,llamacpp] [--torch-modes fp32,bf16,int4] [--llamacpp-types f16,q4_0,q4_k_m]
-        [--context 300 --prefill 128 --decode-steps 32] [--rebuild] [-o benchmarks/results/llm-cpu.md]
-    python -m benchmarks.llm_cpu --render benchmarks/results/llm-cpu.json [-o benchmarks/results/llm-cpu.md]
+        [--context 300 --prefill 128 --decode-steps 32] [--rebuild] [-o benchmarks/results/llm-cpu-<cpu>.md]
+    python -m benchmarks.llm_cpu --render benchmarks/results/llm-cpu-<cpu>.json [-o benchmarks/results/llm-cpu-<cpu>.md]
 
 Every engine runs in its own subprocess (benchmarks/worker.py), one at a time, with the same
 thread count (TVM_NUM_THREADS / torch.set_num_threads / llama.cpp n_threads). The bandwidth bound
