@@ -252,3 +252,18 @@ def blocks_after(sch: s_tir.Schedule, block) -> list:
     blocks = sch.get_child_blocks(dl.analysis.get_root_block(sch))
     names = [sch.get(b).name_hint for b in blocks]
     return blocks[names.index(sch.get(block).name_hint) + 1 :]
+
+
+def schedule_extern_epilogue(sch: s_tir.Schedule, extern: str, lanes: int = 16) -> s_tir.Schedule:
+    """After a rebuilt kernel's extern block `extern` (flat C buffer): the copy-out block inlined
+    into the epilogue (C read straight from the kernel's buffer), each remaining epilogue block's
+    loops fused and parallel, its innermost loop vectorized by `lanes`."""
+    epilogue = blocks_after(sch, sch.get_sblock(extern))
+    if len(epilogue) > 1:
+        sch.compute_inline(epilogue[0])
+        epilogue = epilogue[1:]
+    for block in epilogue:
+        loops = sch.get_loops(block)
+        sch.parallel(sch.fuse(*loops[:-1]))
+        sch.vectorize(sch.split(loops[-1], [None, lanes])[1])
+    return sch

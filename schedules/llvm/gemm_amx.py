@@ -70,7 +70,7 @@ from tvm.s_tir import dlight as dl
 from tvm.script import tirx as T
 from tvm.target import Target, codegen
 
-from .dequant_matmul import blocks_after, match_on_cpu
+from .dequant_matmul import match_on_cpu, schedule_extern_epilogue
 from .gemv_float import activation_f32, float_chunk
 from .gemv_q4_vnni import quantize_activation, vnni_chunk
 from .row_gemv import LANES, token_row_loop
@@ -117,15 +117,7 @@ class PrefillGEMMAMX(dl.ScheduleRule):
         low_batch = self.low_batch if _low_batch_fits(info, target) else 0
         sch = s_tir.Schedule(_build(info, chunk, group, low_batch))
         sch.parallel(sch.get_loops(sch.get_sblock("x_bf16"))[0])
-        epilogue = blocks_after(sch, sch.get_sblock("gemm_amx"))
-        if len(epilogue) > 1:  # read C straight from the kernel's buffer
-            sch.compute_inline(epilogue[0])
-            epilogue = epilogue[1:]
-        for block in epilogue:
-            loops = sch.get_loops(block)
-            sch.parallel(sch.fuse(*loops[:-1]))
-            sch.vectorize(sch.split(loops[-1], [None, LANES])[1])
-        return sch
+        return schedule_extern_epilogue(sch, "gemm_amx", LANES)
 
 
 def _applicable(func, target):

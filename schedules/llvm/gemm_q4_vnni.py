@@ -34,7 +34,7 @@ from tvm.s_tir import dlight as dl
 from tvm.script import tirx as T
 from tvm.target import Target, codegen
 
-from .dequant_matmul import blocks_after, match_on_cpu
+from .dequant_matmul import match_on_cpu, schedule_extern_epilogue
 from .gemv_q4_vnni import VPDPBUSD
 from .row_gemv import LANES, activation_f32_at
 
@@ -58,15 +58,7 @@ class PrefillGEMMQ4VNNI(dl.ScheduleRule):
         sch = s_tir.Schedule(_build(info, self.block_m, self.row_vecs))
         for name in ("amax", "x_q", "x_sum"):
             sch.parallel(sch.get_loops(sch.get_sblock(name))[0])
-        epilogue = blocks_after(sch, sch.get_sblock("gemm_vnni"))
-        if len(epilogue) > 1:
-            sch.compute_inline(epilogue[0])
-            epilogue = epilogue[1:]
-        for block in epilogue:
-            loops = sch.get_loops(block)
-            sch.parallel(sch.fuse(*loops[:-1]))
-            sch.vectorize(sch.split(loops[-1], [None, LANES])[1])
-        return sch
+        return schedule_extern_epilogue(sch, "gemm_vnni", LANES)
 
 
 def _applicable(func, target):
