@@ -6,6 +6,8 @@ offending value and what is allowed.
 
 from __future__ import annotations
 
+import math
+
 import dataclasses
 import hashlib
 import json
@@ -173,10 +175,14 @@ def _positive_int(path: str, raw: dict, field: str) -> int:
     return value
 
 
+def _finite(value: Any) -> bool:
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+
+
 def _positive_float(path: str, raw: dict, field: str) -> float:
     value = raw[field]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise _err(path, field, value, "expected a positive number")
+    if not _finite(value) or value <= 0:
+        raise _err(path, field, value, "expected a positive finite number")
     return float(value)
 
 
@@ -193,8 +199,8 @@ def _parse_rope_scaling(path: str, raw: Any) -> RopeScaling | None:
             raise ConfigError(f"{path}: field 'rope_scaling.{key}' is missing")
         value = raw[key]
         if kind is not str:
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-                raise _err(path, f"rope_scaling.{key}", value, "expected a positive number")
+            if not _finite(value) or value <= 0:
+                raise _err(path, f"rope_scaling.{key}", value, "expected a positive finite number")
             value = kind(value)
         values[key] = value
     if values["high_freq_factor"] <= values["low_freq_factor"]:
@@ -209,7 +215,7 @@ def _parse_rope_scaling(path: str, raw: Any) -> RopeScaling | None:
 
 
 def _number(path: str, field: str, value: Any, ok, allowed: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not ok(value):
+    if not _finite(value) or not ok(value):
         raise _err(path, field, value, allowed)
     return float(value)
 

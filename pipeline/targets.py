@@ -177,6 +177,14 @@ def _resolve_cpu(path: Path, raw: dict[str, Any], field: str) -> dict[str, Any]:
             f"{path}: field '{field}': got 'native'; name the CPU (e.g. sapphirerapids) or use 'auto' "
             "(TVM silently builds generic x86-64 code for 'native')"
         )
+    from tvm.target import codegen
+
+    triple = raw.get("mtriple") or codegen.llvm_get_system_triple()
+    if not isinstance(raw["mcpu"], str) or not codegen.llvm_is_valid_cpu(raw["mcpu"], triple):
+        raise ConfigError(
+            f"{path}: field '{field}': got {raw['mcpu']!r}; not a CPU LLVM knows for {triple} "
+            f"(e.g. {detect_host().mcpu}, or 'auto'; TVM would build generic code for it)"
+        )
     return raw
 
 

@@ -155,3 +155,29 @@ def test_weight_errors_name_the_tensor(tiny_config, tmp_path):
     with pytest.raises(ConfigError, match=r"config.json: field 'tie_word_embeddings': got False, but .*llama-tiny.yaml says True"):
         convert_weights(tiny_config, "q0f16", src, tmp_path / "out4", log=lambda *_: None)
     assert not any(p.name.startswith(("out", ".out")) for p in tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(("field", "text"), [
+    ("rms_norm_eps", ".nan"), ("rope_theta", ".inf"), ("temperature", ".nan"), ("top_p", ".nan"),
+    ("repetition_penalty", ".inf"), ("presence_penalty", "-.inf"),
+])
+def test_nan_and_inf_are_refused(tmp_path, field, text):
+    """YAML's .nan / .inf never reach a build (they used to write invalid JSON into
+    mlc-chat-config.json): one line naming the field, exit 2, no artifact."""
+    path = write_yaml(tmp_path, **{field: float(text.replace(".", ""))})
+    assert f"{field}: {text}" in path.read_text()
+    proc = mlcpipe("build", "--model", str(path), "--quant", "q4f16_1", "--output", str(tmp_path / "art"))
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {path}: field '{field}': got "), proc.stderr
+    assert not (tmp_path / "art").exists()
+
+
+def test_unknown_mcpu_is_refused(tmp_path):
+    """--mcpu is checked against LLVM's CPU list (TVM would build generic code for a name LLVM
+    does not know, exit 0)."""
+    proc = mlcpipe("build", "--model", "llama-tiny", "--quant", "q4f16_1", "--mcpu", "foobar", "--output", str(tmp_path / "a"))
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+    assert "field 'mcpu': got 'foobar'; not a CPU LLVM knows for" in proc.stderr
+    assert not (tmp_path / "a").exists()
