@@ -22,12 +22,16 @@ weights' unsigned nibbles. Lanes run along N, so a whole group's products accumu
 
 Numerics: exact integers, then f32; the only rounding is the activation's (|error| <= a / 512
 per element with two planes, a / 2 with one: ~0.4% of the group's largest value, bf16-like).
-Only f16-activation models (q4f16_1), as the AMX rule. Measured on an AMD EPYC Zen 4, 2 threads,
-1B gate_up at 128 tokens: f32 GEMM ~95-103 ms, two planes ~55 ms, one plane ~33 ms (shared VM).
+Only f16-activation models (q4f16_1), as the AMX rule. As the AMX rule's bf16 tiles, many tokens
+take the faster one plane (`planes`); up to `low_batch` tokens (default 4) the kernel branches to
+two planes, the decode GEMV's precision. Measured on an AMD EPYC Zen 4, 2 threads, 1B gate_up
+at 128 tokens: f32 GEMM ~95-103 ms, two planes ~55 ms, one plane ~33 ms (shared VM); whole 1B
+q4f16_1 prefill of 128 tokens 3.8 s (f32 GEMM) -> 2.0 s (two planes) -> 1.23 s (one plane).
 Handles: llvm targets with avx512vnni, many-token NT matmul, f16 activation, q4 weights with
 group size % 8 == 0, N % 16 == 0. Anything else: None.
 Knobs: block_m (tokens per micro-kernel), row_vecs (16-row vectors per micro-kernel and task),
-planes (2: ~16-bit activations, the default; 1: Q8, faster).
+planes (1: Q8, the default; 2: ~16-bit activations at every token count), low_batch (0: never
+two planes unless `planes` is 2).
 """
 
 from __future__ import annotations
@@ -48,20 +52,23 @@ from .row_gemv import LANES, activation_f32_at
 class PrefillGEMMQ4VNNI(dl.ScheduleRule):
     block_m: int = 4
     row_vecs: int = 2
-    planes: int = 2  # int8 activation planes: 1 = round(x / a) (llama.cpp's Q8), 2 = + residual (~16 bits)
+    planes: int = 1  # int8 activation planes: 1 = round(x / a) (llama.cpp's Q8), 2 = + residual (~16 bits)
+    low_batch: int = 4  # up to this many tokens: two planes whatever `planes` says (the decode GEMV's precision)
 
     def knob_space(self, func: tirx.PrimFunc, target: Target) -> dict[str, list]:
         info = _applicable(func, target)
         if info is None:
             return {}
-        return {"block_m": [2, 4, 6, 8], "row_vecs": [v for v in (1, 2, 4) if info.n % (LANES * v) == 0], "planes": [2, 1]}
+        return {"block_m": [2, 4, 6, 8], "row_vecs": [v for v in (1, 2, 4) if info.n % (LANES * v) == 0], "planes": [1, 2]}
 
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
         del tunable
         info = _applicable(func, target)
         if info is None or self.block_m < 1 or self.row_vecs < 1 or info.n % (LANES * self.row_vecs) or self.planes not in (1, 2):
             return None
-        sch = s_tir.Schedule(_build(info, self.block_m, self.row_vecs, self.planes))
+        if self.low_batch < 0:
+            return None
+        sch = s_tir.Schedule(_build(info, self.block_m, self.row_vecs, self.planes, self.low_batch))
         for name in ("amax", "x_q", "x_sum"):
             sch.parallel(sch.get_loops(sch.get_sblock(name))[0])
         return schedule_extern_epilogue(sch, "gemm_vnni", LANES)
@@ -80,7 +87,7 @@ def _applicable(func, target):
     return info
 
 
-def _build(info, block_m: int, row_vecs: int, planes: int) -> tirx.PrimFunc:
+def _build(info, block_m: int, row_vecs: int, planes: int, low_batch: int) -> tirx.PrimFunc:
     inputs = info.placeholders()
     x = inputs[info.param_index(info.x)]
     w = inputs[info.param_index(info.weight)]
@@ -104,13 +111,18 @@ def _build(info, block_m: int, row_vecs: int, planes: int) -> tirx.PrimFunc:
         low = te.max(te.min(low, tirx.const(127.0, "float32")), tirx.const(-127.0, "float32"))
         return te.if_then_else(p == 0, high, low).astype("int8")
 
-    xq = te.compute((planes, padded, k), plane, name="x_q")
+    stored = 2 if planes == 2 or low_batch > 0 else 1  # planes computed per call
+    xq = te.compute((stored, padded, k), plane, name="x_q")
     j = te.reduce_axis((0, group), "j")
-    xsum = te.compute((planes, padded, groups), lambda p, t, g: te.sum(xq[p, t, g * group + j].astype("int32"), axis=j), name="x_sum")
+    xsum = te.compute((stored, padded, groups), lambda p, t, g: te.sum(xq[p, t, g * group + j].astype("int32"), axis=j), name="x_sum")
     ins = [xq, amax, xsum, w, s]
 
     def body(i, o):
-        return _kernel(info, padded, block_m, row_vecs, planes, *i, o[0])
+        many = _kernel(info, padded, block_m, row_vecs, planes, stored, *i, o[0])
+        if planes == 2 or low_batch == 0:
+            return many
+        # few tokens (short prompts, the last chunk of a long one): two planes, the GEMV's precision
+        return tirx.IfThenElse(tokens <= low_batch, _kernel(info, padded, block_m, row_vecs, 2, stored, *i, o[0]), many)
 
     c = te.extern(
         (padded * info.n,), ins, body, name="gemm_vnni", dtype="float32",
@@ -121,7 +133,7 @@ def _build(info, block_m: int, row_vecs: int, planes: int) -> tirx.PrimFunc:
     return info.finish(inputs, mm)
 
 
-def _kernel(info, padded, block_m, row_vecs, planes, xq, amax, xsum, weight, scale, out):
+def _kernel(info, padded, block_m, row_vecs, planes, stored, xq, amax, xsum, weight, scale, out):
     n_total, k, group = info.n, info.k, info.group_size
     groups = k // group
     quads = k // 4
@@ -184,7 +196,7 @@ def _kernel(info, padded, block_m, row_vecs, planes, xq, amax, xsum, weight, sca
 
     @T.prim_func(private=True, check_well_formed=False)
     def body():
-        xq32 = T.decl_buffer((planes * padded * quads,), "int32", data=xq.data)
+        xq32 = T.decl_buffer((stored * padded * quads,), "int32", data=xq.data)
         wf = T.decl_buffer((n_total * words,), "uint32", data=weight.data)
         sf = T.decl_buffer((n_total * groups,), scale_dtype, data=scale.data)
         for task in T.parallel(tasks):
