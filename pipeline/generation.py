@@ -118,9 +118,9 @@ class Generation(ABC):
     def _step(self, kind: str, tokens: np.ndarray) -> np.ndarray:
         """One forward pass of `tokens` ("prefill" chunk or "decode"): last token's logits."""
 
+    @abstractmethod
     def _sample(self, logits: np.ndarray, sampling: Sampling, penalty: PenaltyInputs | None, uniform: float) -> int:
         """One token from `logits` by the library's sampler functions on the device."""
-        raise NotImplementedError(f"{type(self).__name__} cannot sample on its device")
 
     def prefill(self, tokens: Sequence[int]) -> np.ndarray:
         """Run the prompt (in chunks of prefill_chunk_size); logits of its last token."""

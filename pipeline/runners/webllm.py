@@ -11,7 +11,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..artifact import read_manifest
 from ..mlc_contract import check_library, check_model_dir
 from .dawn import DawnRunner, RunnerError, node_modules
 
@@ -37,7 +36,7 @@ def webllm_complete(artifact: str | Path, model_dir: str | Path, prompt: str, ma
     check_model_dir(model_dir)
     if not (node_modules() / "@mlc-ai" / "web-llm").is_dir():
         raise RunnerError(f"npm package @mlc-ai/web-llm not found in {node_modules()}: run scripts/setup-debian.sh (npm ci)")
-    library = Path(artifact) / read_manifest(Path(artifact))["library"]
+    library = Path(artifact) / manifest["library"]
     with DawnRunner(adapter, browser=True, console=console) as runner:
         out = runner.request(
             "webllm", wasm=str(library), model_dir=str(model_dir), adapter=runner.adapter, prompt=prompt,

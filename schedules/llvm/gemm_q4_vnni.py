@@ -64,9 +64,8 @@ class PrefillGEMMQ4VNNI(dl.ScheduleRule):
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
         del tunable
         info = _applicable(func, target)
-        if info is None or self.block_m < 1 or self.row_vecs < 1 or info.n % (LANES * self.row_vecs) or self.planes not in (1, 2):
-            return None
-        if self.low_batch < 0:
+        if (info is None or self.block_m < 1 or self.row_vecs < 1 or info.n % (LANES * self.row_vecs)
+                or self.planes not in (1, 2) or self.low_batch < 0):
             return None
         sch = s_tir.Schedule(_build(info, self.block_m, self.row_vecs, self.planes, self.low_batch))
         for name in ("amax", "x_q", "x_sum"):
