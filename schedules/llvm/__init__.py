@@ -6,6 +6,7 @@ DecodeGEMVQ4  one-token q4 GEMV, group scale factored out, nibbles unpacked in r
 PrefillGEMMAMX  many-token GEMM on AMX bf16 tiles (f16-activation models), weight tile decoded per task;
               1-4 tokens: a branch with the decode GEMVs' arithmetic (low batch)
 PrefillGEMMQ4VNNI  many-token q4 GEMM on AVX512-VNNI without AMX: the decode GEMV's int8 arithmetic, tokens in passes
+PrefillGEMMBF16  many-token GEMM of f16 models on AVX512-BF16 without AMX (vdpbf16ps), q0f16's prefill
 PrefillGEMM   many-token GEMM, weight tile decoded once per task, register-blocked micro-kernel
 DecodeGEMVFloat  one-token GEMV with unquantized weights: f32 accumulation, prefetched rows
 MatmulNT      any other NT matmul (unquantized decode GEMV, odd shapes): rfactor-vectorised K
@@ -20,6 +21,7 @@ Importing this package also installs a vectorizable exp lowering for llvm (fast_
 from . import fast_exp
 from .elementwise import Elementwise
 from .gemm_amx import PrefillGEMMAMX
+from .gemm_bf16 import PrefillGEMMBF16
 from .gemm_dequant import PrefillGEMM
 from .gemm_q4_vnni import PrefillGEMMQ4VNNI
 from .gemv_float import DecodeGEMVFloat
@@ -30,6 +32,6 @@ from .rope import RopeTable
 from .row_norm import RowNorm
 from .sampler import SamplerCPU
 
-LLVM_RULES = [SamplerCPU(), DecodeGEMVQ4VNNI(), DecodeGEMVQ4(), DecodeGEMVFloat(), PrefillGEMMAMX(), PrefillGEMMQ4VNNI(), PrefillGEMM(), MatmulNT(), RowNorm(), RopeTable(), Elementwise()]
+LLVM_RULES = [SamplerCPU(), DecodeGEMVQ4VNNI(), DecodeGEMVQ4(), DecodeGEMVFloat(), PrefillGEMMAMX(), PrefillGEMMQ4VNNI(), PrefillGEMMBF16(), PrefillGEMM(), MatmulNT(), RowNorm(), RopeTable(), Elementwise()]
 
 fast_exp.install()

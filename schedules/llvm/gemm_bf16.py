@@ -1,0 +1,205 @@
+"""CPU prefill GEMM of f16 models on AVX512-BF16 dot products (`vdpbf16ps`), for CPUs without AMX.
+
+Computed as C^T: per call the activation becomes bf16 pairs (k, k+1), one u32 per token, 16
+tokens a vector; per parallel task `block_n` weight rows (f16, or q4 as (q - 7) * s) are rounded
+to bf16 pairs (L1); the micro-kernel holds block_n x `token_vecs` vectors of 16 tokens' f32 sums
+in registers and per pair broadcasts each row's pair: one `vdpbf16ps` (32 products) each. Both
+operands are rounded to nearest-even bf16 (PyTorch's bf16 and the AMX rule's precision). TVM
+0.27 cannot pass bf16 vectors to an LLVM intrinsic: the instruction is reached through a small
+LLVM IR function on i32 vectors, linked into the kernel. Handles: llvm with avx512bf16,
+many-token NT matmul, f16 activations, f16 or q4 weights, K % 32 == 0 (q4: K % 128 == 0).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tvm import s_tir, te, tirx
+from tvm.s_tir import dlight as dl
+from tvm.script import tirx as T
+from tvm.target import Target, codegen
+
+from .dequant_matmul import match_on_cpu, schedule_extern_epilogue
+from .row_gemv import LANES, activation_f32_at
+
+MAX_ACCUMULATORS = 24  # of AVX-512's 32 vector registers; the rest hold the pair's operands
+CVT_BF16 = "llvm.x86.avx512bf16.cvtneps2bf16.512"
+DPBF16 = "mlcpipe_dpbf16ps"
+DPBF16_IR = r"""
+declare <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(<16 x float>, <32 x bfloat>, <32 x bfloat>)
+define linkonce_odr <16 x float> @mlcpipe_dpbf16ps(<16 x float> %acc, <16 x i32> %a, <16 x i32> %b) #0 {
+  %ab = bitcast <16 x i32> %a to <32 x bfloat>
+  %bb = bitcast <16 x i32> %b to <32 x bfloat>
+  %r = call <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(<16 x float> %acc, <32 x bfloat> %ab, <32 x bfloat> %bb)
+  ret <16 x float> %r
+}
+attributes #0 = { alwaysinline nounwind "target-features"="+avx512f,+avx512bf16" }
+"""
+
+
+@dataclasses.dataclass
+class PrefillGEMMBF16(dl.ScheduleRule):
+    block_n: int = 8  # weight rows per task and micro-kernel
+    token_vecs: int = 3  # 16-token vectors per micro-kernel
+
+    def knob_space(self, func: tirx.PrimFunc, target: Target) -> dict[str, list]:
+        info = _applicable(func, target)
+        if info is None:
+            return {}
+        return {"block_n": [v for v in (4, 6, 8) if info.n % v == 0], "token_vecs": [2, 3, 4]}
+
+    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
+        del tunable
+        info = _applicable(func, target)
+        if (info is None or self.block_n < 1 or self.token_vecs < 1 or info.n % self.block_n
+                or self.block_n * self.token_vecs > MAX_ACCUMULATORS):
+            return None
+        sch = s_tir.Schedule(_build(info, self.block_n, self.token_vecs))
+        sch.parallel(sch.get_loops(sch.get_sblock("x_bf16"))[0])
+        return schedule_extern_epilogue(sch, "gemm_bf16", LANES)
+
+
+def _applicable(func, target):
+    if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
+        return None
+    if not codegen.target_has_features("avx512bf16", target):
+        return None
+    info = match_on_cpu(func, target, decode=False)
+    if info is None or str(info.x.dtype) != "float16" or len(info.rows_shape) != 2 or info.k % 32:
+        return None
+    if info.quantized and (info.k % 128 or info.group_size % 8 or (LANES % (info.group_size // 8) and (info.group_size // 8) % LANES)):
+        return None
+    if not info.quantized and str(info.weight.dtype) != "float16":
+        return None
+    return info
+
+
+def _pair_order(info):
+    """Natural k of the first element of packed pair p (the second is k + 1). q4: within each
+    128-block, pair 16 j + l holds nibbles 2j, 2j+1 of word l (k = 8 l + 2 j), so a row's words
+    decode into contiguous vectors; f16: k = 2 p."""
+    if not info.quantized:
+        return lambda p: 2 * p
+    return lambda p: (p // 64) * 128 + (p % 16) * 8 + ((p % 64) // 16) * 2
+
+
+def _build(info, block_n: int, token_vecs: int) -> tirx.PrimFunc:
+    inputs = info.placeholders()
+    x = inputs[info.param_index(info.x)]
+    tokens = x.shape[-2]
+    per_block = LANES * token_vecs
+    padded = (tokens + per_block - 1) // per_block * per_block
+    order = _pair_order(info)
+
+    def pair(b, p, v, lane):
+        t = (b * token_vecs + v) * LANES + lane
+
+        def bf(i):
+            value = activation_f32_at(x, te.min(t, tokens - 1), i)
+            return te.if_then_else(t < tokens, _bf16_scalar(value), tirx.const(0, "uint32"))
+        return bf(order(p)) | (bf(order(p) + 1) << tirx.const(16, "uint32"))
+
+    # [token block, pair, token vector, 16 tokens]: the micro-kernel's loads of one pair are adjacent
+    xb = te.compute((padded // per_block, info.k // 2, token_vecs, LANES), pair, name="x_bf16")
+    ins = [xb, inputs[info.param_index(info.weight)]]
+    if info.quantized:
+        ins.append(inputs[info.param_index(info.scale)])
+    c = te.extern(
+        (padded * info.n,), ins, lambda i, o: _kernel(info, padded, block_n, token_vecs, *i, o[0]), name="gemm_bf16",
+        dtype="float32", in_buffers=[tirx.decl_buffer(t.shape, t.dtype, name=f"{t.op.name}_buf") for t in ins],
+        out_buffers=[tirx.decl_buffer((padded * info.n,), "float32", name="c_buf")],
+    )
+    mm = te.compute((*x.shape[:-1], info.n), lambda b, m, n: c[m * info.n + n], name="matmul")
+    return info.finish(inputs, mm)
+
+
+def _bf16_scalar(value):
+    bits = T.reinterpret("uint32", value)
+    return (bits + tirx.const(0x7FFF, "uint32") + ((bits >> tirx.const(16, "uint32")) & tirx.const(1, "uint32"))) >> tirx.const(16, "uint32")
+
+
+def _kernel(info, padded, block_n, token_vecs, xb, weight, *rest):
+    """C^T blocks: per task `block_n` weight rows (converted to bf16 pairs, L1), per block of
+    16 token_vecs tokens block_n x token_vecs accumulators of 16 tokens each."""
+    scale, out = (rest[0], rest[1]) if info.quantized else (None, rest[0])
+    n_total, k = info.n, info.k
+    pairs = k // 2
+    u = T.uint32
+
+    def vb(v):
+        return T.broadcast(u(v), LANES)
+
+    def bf16(v):  # 16 f32 -> 16 bf16 bits (u16), round to nearest even: one vcvtneps2bf16
+        return T.reinterpret("uint16x16", T.call_llvm_pure_intrin("bfloat16x16", CVT_BF16, v))
+
+    def pairs_of(lo, hi):  # 16 + 16 bf16 -> 16 u32 pairs (lo in the low half)
+        return T.reinterpret("uint32x16", T.Shuffle([bf16(lo), bf16(hi)], [i // 2 + (i % 2) * LANES for i in range(2 * LANES)]))
+
+    def convert(wb, wf, sf, task, r, c):
+        """Row r of the task, 16 pairs (f16) or 64 pairs (q4: 16 words) at chunk c."""
+        n = task * block_n + r
+        if not info.quantized:
+            word = wf[T.ramp(n * pairs + c * LANES, 1, LANES)]
+            lo = T.Cast("float32x16", T.reinterpret("float16x16", T.Cast("uint16x16", word & vb(0xFFFF))))
+            hi = T.Cast("float32x16", T.reinterpret("float16x16", T.Cast("uint16x16", word >> vb(16))))
+            T.buffer_store(wb, pairs_of(lo, hi), [T.ramp(r * pitch + c * LANES, 1, LANES)])
+            return
+        words = wf[T.ramp(n * (k // 8) + c * LANES, 1, LANES)]
+        wpg = info.group_size // 8
+        gpc = max(LANES // wpg, 1)
+        groups = k // info.group_size
+        if gpc > 1:
+            scales = T.Shuffle([T.Cast(f"float32x{gpc}", sf[T.ramp(n * groups + c * gpc, 1, gpc)])] * (LANES // gpc),
+                               [lane // wpg for lane in range(LANES)])
+        else:
+            scales = T.broadcast(T.Cast("float32", sf[n * groups + (c * LANES) // wpg]), LANES)
+
+        def value(j):
+            nib = T.Cast("float32x16", (words >> vb(4 * j)) & vb(15))
+            return (nib - T.broadcast(T.float32(7.0), LANES)) * scales
+
+        for j in range(4):
+            T.buffer_store(wb, pairs_of(value(2 * j), value(2 * j + 1)), [T.ramp(r * pitch + c * 64 + j * LANES, 1, LANES)])
+
+    def zero(acc):
+        for a in range(block_n * token_vecs):
+            T.buffer_store(acc, T.broadcast(T.float32(0.0), LANES), [T.ramp(a * LANES, 1, LANES)])
+
+    def pair_step(acc, wb, xf, mb, p):
+        xv = [T.reinterpret("int32x16", xf[T.ramp(((mb * pairs + p) * token_vecs + v) * LANES, 1, LANES)]) for v in range(token_vecs)]
+        for r in range(block_n):
+            wv = T.reinterpret("int32x16", T.broadcast(wb[r * pitch + p], LANES))
+            for v in range(token_vecs):
+                lanes = T.ramp((r * token_vecs + v) * LANES, 1, LANES)
+                T.buffer_store(acc, T.call_extern("float32x16", DPBF16, acc[lanes], wv, xv[v]), [lanes])
+
+    def store(acc, task, mb):
+        for v in range(token_vecs):
+            for r in range(block_n):
+                t0 = (mb * token_vecs + v) * LANES
+                T.buffer_store(out, acc[T.ramp((r * token_vecs + v) * LANES, 1, LANES)],
+                               [T.ramp(t0 * n_total + task * block_n + r, n_total, LANES)])
+
+    chunk = LANES if not info.quantized else 64  # pairs converted per step
+    pitch = pairs + LANES  # row pitch of the converted rows: not a multiple of 4 KiB (L1 sets)
+
+    @T.prim_func(private=True, check_well_formed=False)
+    def body():
+        xf = T.decl_buffer((padded * pairs,), "uint32", data=xb.data)
+        wf = T.decl_buffer((n_total * (k // 8 if info.quantized else pairs),), "uint32", data=weight.data)
+        sf = T.decl_buffer((n_total * (k // max(info.group_size, 1)),), str(scale.dtype) if info.quantized else "float16",
+                           data=scale.data if info.quantized else weight.data)
+        for task in T.parallel(n_total // block_n):
+            wb = T.alloc_buffer((block_n * pitch,), "uint32")
+            with T.attr(T.int32(0), "pragma_import_llvm", DPBF16_IR):
+                for r in range(block_n):
+                    for c in range(pairs // chunk):
+                        convert(wb, wf, sf, task, r, c)
+                for mb in range(padded // (LANES * token_vecs)):
+                    acc = T.alloc_buffer((block_n * token_vecs * LANES,), "float32", scope="local")
+                    zero(acc)
+                    for p in range(pairs):
+                        pair_step(acc, wb, xf, mb, p)
+                    store(acc, task, mb)
+
+    return body.body

@@ -1,0 +1,111 @@
+"""PrefillGEMMBF16 (schedules/llvm/gemm_bf16.py): the f16-model prefill GEMM on AVX512-BF16 dot
+products, for CPUs without AMX. Against a NumPy emulation (both operands rounded to bf16,
+exact sums) and the exact kernel, for q0f16 and q4f16_1 at several token counts. Executed where
+the CPU has AVX512-BF16; elsewhere compiled for Zen 4 and its assembly checked."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+import tvm
+
+from pipeline.config import load_model_config
+from pipeline.kernel_inputs import random_args
+from pipeline.targets import load_target
+from pipeline.tune import unscheduled_kernels
+from schedules import schedule_func
+from schedules.llvm.dequant_matmul import match
+from schedules.llvm.gemm_bf16 import PrefillGEMMBF16
+
+HOST = load_target("llvm").tvm_target()
+HOST_BF16 = tvm.target.codegen.target_has_features("avx512bf16", HOST)
+ZEN4 = tvm.target.Target({"kind": "llvm", "mcpu": "znver4"})  # AVX512-BF16, no AMX
+SPR = tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids"})
+SKYLAKE = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512"})  # no BF16
+needs_bf16 = pytest.mark.skipif(not HOST_BF16, reason="this CPU has no AVX512-BF16")
+
+
+def _prefill(kernels):
+    return {n: f for n, f in kernels.items() if "NT_matmul" in n and "seq_len" in f.script()}
+
+
+def _outputs(func, args, target=HOST):
+    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=target)
+    tensors = [tvm.runtime.tensor(a.copy()) for a in args]
+    lib["main"](*tensors)
+    return tensors[-1].numpy().astype(np.float32)
+
+
+def bf16_round(a: np.ndarray) -> np.ndarray:
+    """f32 -> nearest-even bf16, as f64 (finite inputs)."""
+    bits = a.astype(np.float32).view(np.uint32).astype(np.uint64)
+    bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
+    return bits.astype(np.uint32).view(np.float32).astype(np.float64)
+
+
+def emulate(func, args, tokens: int) -> np.ndarray:
+    """The rule's arithmetic: x and the (dequantized) weight rounded to bf16, sums exact."""
+    info = match(func)
+    params = list(func.params)
+    x = args[params.index(info.x)].astype(np.float32).reshape(tokens, info.k)
+    w = args[params.index(info.weight)]
+    if info.quantized:
+        scale = args[params.index(info.scale)].astype(np.float32)
+        q = np.stack([(w >> (4 * j)) & 15 for j in range(8)], axis=-1).reshape(info.n, info.k).astype(np.float32)
+        w = ((q - 7).reshape(info.n, -1, info.group_size) * scale[:, :, None]).reshape(info.n, info.k)
+    return bf16_round(x) @ bf16_round(w.astype(np.float32)).T
+
+
+@pytest.fixture(scope="module", params=["q0f16", "q4f16_1"])
+def kernels(request, tiny_config):
+    return request.param, _prefill(unscheduled_kernels(tiny_config, request.param, ZEN4))
+
+
+def test_rule_compiles_to_vdpbf16ps_and_is_chosen_without_amx(kernels):
+    quant, funcs = kernels
+    func = next(iter(funcs.values()))
+    sch = PrefillGEMMBF16().apply(func, ZEN4, False)
+    lib = tvm.compile(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), target=ZEN4)
+    assert "vdpbf16ps" in lib.mod.inspect_source("s")
+    # q0f16 takes it on Zen 4; q4 keeps the faster VNNI int8 rule; the AMX machine keeps AMX
+    assert schedule_func(func, ZEN4)[1]["rule"] == ("PrefillGEMMBF16" if quant == "q0f16" else "PrefillGEMMQ4VNNI")
+    assert schedule_func(func, SPR)[1]["rule"] == "PrefillGEMMAMX"
+    assert PrefillGEMMBF16().apply(func, SKYLAKE, False) is None  # no BF16 instructions
+    f32 = _prefill(unscheduled_kernels(dataclasses.replace(load_model_config("llama-tiny"), name="t"), "q4f32_1", ZEN4))
+    assert all(PrefillGEMMBF16().apply(f, ZEN4, False) is None for f in f32.values())  # f32 models keep f32
+
+
+@needs_bf16
+@pytest.mark.parametrize("knobs", [{}, {"block_n": 4, "token_vecs": 4}, {"block_n": 8, "token_vecs": 2}])
+def test_bf16_prefill_is_its_bf16_arithmetic(knobs, kernels):
+    _, funcs = kernels
+    taken = emulated = 0
+    for name, func in funcs.items():
+        info = match(func)
+        sch = PrefillGEMMBF16(**knobs).apply(func, HOST, False)
+        assert sch is not None, name
+        for tokens in (2, 17, 40, 130):  # partial token blocks, past 128
+            args = random_args(func, {"seq_len": tokens}, seed=tokens)
+            exact = _outputs(func, args)
+            got = _outputs(sch.mod["main"], args)
+            np.testing.assert_allclose(got, exact, atol=1e-2 * np.abs(exact).max(), err_msg=f"{name} {tokens}")
+            assert np.abs(got - exact).max() > 0  # the bf16 path really ran
+            if not info.epilogue:  # a bare matmul: equal to the emulation up to f32 sums
+                want = emulate(func, args, tokens)
+                np.testing.assert_allclose(got.reshape(tokens, -1), want, rtol=1e-5, atol=1e-5 * np.abs(want).max(), err_msg=f"{name} {tokens}")
+                emulated += 1
+        taken += 1
+    assert taken == 5 and emulated == 4  # qkv, o_proj, gate_up, down, batch_verify's lm_head (bare)
+
+
+@needs_bf16
+def test_bf16_prefill_full_size_gate_up_and_down():
+    funcs = _prefill(unscheduled_kernels(load_model_config("llama-3.2-1b"), "q0f16", HOST))
+    for shape in ((16384, 2048), (2048, 8192)):
+        name, func = next((n, f) for n, f in funcs.items() if (match(f).n, match(f).k) == shape)
+        args = random_args(func, {"seq_len": 33}, seed=2)
+        want = _outputs(func, args)
+        got = _outputs(PrefillGEMMBF16().apply(func, HOST, False).mod["main"], args)
+        np.testing.assert_allclose(got, want, atol=1e-2 * np.abs(want).max(), err_msg=name)
