@@ -6,8 +6,8 @@ to bf16 pairs (L1); the micro-kernel holds block_n x `token_vecs` vectors of 16 
 in registers and per pair broadcasts each row's pair: one `vdpbf16ps` (32 products) each. Both
 operands are rounded to nearest-even bf16 (PyTorch's bf16 and the AMX rule's precision). TVM
 0.27 cannot pass bf16 vectors to an LLVM intrinsic: the instruction is reached through a small
-LLVM IR function on i32 vectors, linked into the kernel. Handles: llvm with avx512bf16,
-many-token NT matmul, f16 activations, f16 or q4 weights, K % 32 == 0 (q4: K % 128 == 0).
+LLVM IR function on i32 vectors, linked into the kernel (aarch64 with BF16: four BFDOTs).
+Handles: many-token NT matmul, f16 activations, f16 or q4 weights, K % 32 == 0 (q4: % 128).
 """
 
 from __future__ import annotations
@@ -22,10 +22,9 @@ from tvm.target import Target, codegen
 from .dequant_matmul import match_on_cpu, schedule_extern_epilogue
 from .row_gemv import LANES, activation_f32_at
 
-MAX_ACCUMULATORS = 24  # of AVX-512's 32 vector registers; the rest hold the pair's operands
 CVT_BF16 = "llvm.x86.avx512bf16.cvtneps2bf16.512"
-DPBF16 = "mlcpipe_dpbf16ps"
-DPBF16_IR = r"""
+DPBF16 = "mlcpipe_dpbf16ps"  # (f32x16 acc, i32x16 a, i32x16 b): acc[i] += a.bf16[2i] b.bf16[2i] + a.bf16[2i+1] b.bf16[2i+1]
+X86_IR = r"""
 declare <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(<16 x float>, <32 x bfloat>, <32 x bfloat>)
 define linkonce_odr <16 x float> @mlcpipe_dpbf16ps(<16 x float> %acc, <16 x i32> %a, <16 x i32> %b) #0 {
   %ab = bitcast <16 x i32> %a to <32 x bfloat>
@@ -35,26 +34,57 @@ define linkonce_odr <16 x float> @mlcpipe_dpbf16ps(<16 x float> %acc, <16 x i32>
 }
 attributes #0 = { alwaysinline nounwind "target-features"="+avx512f,+avx512bf16" }
 """
+# the same on aarch64: four 128-bit BFDOTs (4 f32 lanes, 2 bf16 products each)
+ARM_IR = "declare <4 x float> @llvm.aarch64.neon.bfdot.v4f32.v8bf16(<4 x float>, <8 x bfloat>, <8 x bfloat>)\n" + \
+    "define linkonce_odr <16 x float> @mlcpipe_dpbf16ps(<16 x float> %acc, <16 x i32> %a, <16 x i32> %b) #0 {\n" + "".join(
+        f"  %acc{i} = shufflevector <16 x float> %acc, <16 x float> poison, <4 x i32> <{', '.join(f'i32 {4 * i + j}' for j in range(4))}>\n"
+        f"  %a{i}i = shufflevector <16 x i32> %a, <16 x i32> poison, <4 x i32> <{', '.join(f'i32 {4 * i + j}' for j in range(4))}>\n"
+        f"  %b{i}i = shufflevector <16 x i32> %b, <16 x i32> poison, <4 x i32> <{', '.join(f'i32 {4 * i + j}' for j in range(4))}>\n"
+        f"  %a{i} = bitcast <4 x i32> %a{i}i to <8 x bfloat>\n  %b{i} = bitcast <4 x i32> %b{i}i to <8 x bfloat>\n"
+        f"  %r{i} = call <4 x float> @llvm.aarch64.neon.bfdot.v4f32.v8bf16(<4 x float> %acc{i}, <8 x bfloat> %a{i}, <8 x bfloat> %b{i})\n"
+        for i in range(4)) + \
+    "  %lo = shufflevector <4 x float> %r0, <4 x float> %r1, <8 x i32> <i32 0, i32 1, i32 2, i32 3, i32 4, i32 5, i32 6, i32 7>\n" + \
+    "  %hi = shufflevector <4 x float> %r2, <4 x float> %r3, <8 x i32> <i32 0, i32 1, i32 2, i32 3, i32 4, i32 5, i32 6, i32 7>\n" + \
+    "  %r = shufflevector <8 x float> %lo, <8 x float> %hi, <16 x i32> <" + ", ".join(f"i32 {i}" for i in range(16)) + ">\n" + \
+    "  ret <16 x float> %r\n}\n" + 'attributes #0 = { alwaysinline nounwind "target-features"="+neon,+bf16" }\n'
+# accumulators (16 f32 lanes each) that fit the vector registers with the pair's operands
+MAX_ACCUMULATORS = {"x86": 24, "arm": 4}  # arm: 4 NEON registers per 16 lanes
+DEFAULT_TILE = {"x86": (8, 3), "arm": (4, 1)}  # (block_n, token_vecs)
+
+
+def _isa(target: Target) -> str | None:
+    """'x86' (AVX512-BF16), 'arm' (aarch64 BF16: BFDOT) or None."""
+    if codegen.target_has_features("avx512bf16", target):
+        return "x86"
+    triple = str(target.attrs.get("mtriple", "") or "")
+    if triple.startswith("aarch64") and codegen.target_has_features("bf16", target):
+        return "arm"
+    return None
 
 
 @dataclasses.dataclass
 class PrefillGEMMBF16(dl.ScheduleRule):
-    block_n: int = 8  # weight rows per task and micro-kernel
-    token_vecs: int = 3  # 16-token vectors per micro-kernel
+    block_n: int = 0  # weight rows per task and micro-kernel (0: the ISA's default, DEFAULT_TILE)
+    token_vecs: int = 0  # 16-token vectors per micro-kernel (0: the ISA's default)
 
     def knob_space(self, func: tirx.PrimFunc, target: Target) -> dict[str, list]:
         info = _applicable(func, target)
         if info is None:
             return {}
+        if _isa(target) == "arm":
+            return {"block_n": [v for v in (1, 2, 4) if info.n % v == 0], "token_vecs": [1, 2]}
         return {"block_n": [v for v in (4, 6, 8) if info.n % v == 0], "token_vecs": [2, 3, 4]}
 
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
         del tunable
         info = _applicable(func, target)
-        if (info is None or self.block_n < 1 or self.token_vecs < 1 or info.n % self.block_n
-                or self.block_n * self.token_vecs > MAX_ACCUMULATORS):
+        if info is None:
             return None
-        sch = s_tir.Schedule(_build(info, self.block_n, self.token_vecs))
+        isa = _isa(target)
+        block_n, token_vecs = self.block_n or DEFAULT_TILE[isa][0], self.token_vecs or DEFAULT_TILE[isa][1]
+        if block_n < 1 or token_vecs < 1 or info.n % block_n or block_n * token_vecs > MAX_ACCUMULATORS[isa]:
+            return None
+        sch = s_tir.Schedule(_build(info, block_n, token_vecs, isa))
         sch.parallel(sch.get_loops(sch.get_sblock("x_bf16"))[0])
         return schedule_extern_epilogue(sch, "gemm_bf16", LANES)
 
@@ -62,7 +92,7 @@ class PrefillGEMMBF16(dl.ScheduleRule):
 def _applicable(func, target):
     if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
         return None
-    if not codegen.target_has_features("avx512bf16", target):
+    if _isa(target) is None:
         return None
     info = match_on_cpu(func, target, decode=False)
     if info is None or str(info.x.dtype) != "float16" or len(info.rows_shape) != 2 or info.k % 32:
@@ -83,7 +113,7 @@ def _pair_order(info):
     return lambda p: (p // 64) * 128 + (p % 16) * 8 + ((p % 64) // 16) * 2
 
 
-def _build(info, block_n: int, token_vecs: int) -> tirx.PrimFunc:
+def _build(info, block_n: int, token_vecs: int, isa: str) -> tirx.PrimFunc:
     inputs = info.placeholders()
     x = inputs[info.param_index(info.x)]
     tokens = x.shape[-2]
@@ -105,7 +135,7 @@ def _build(info, block_n: int, token_vecs: int) -> tirx.PrimFunc:
     if info.quantized:
         ins.append(inputs[info.param_index(info.scale)])
     c = te.extern(
-        (padded * info.n,), ins, lambda i, o: _kernel(info, padded, block_n, token_vecs, *i, o[0]), name="gemm_bf16",
+        (padded * info.n,), ins, lambda i, o: _kernel(info, padded, block_n, token_vecs, isa, *i, o[0]), name="gemm_bf16",
         dtype="float32", in_buffers=[tirx.decl_buffer(t.shape, t.dtype, name=f"{t.op.name}_buf") for t in ins],
         out_buffers=[tirx.decl_buffer((padded * info.n,), "float32", name="c_buf")],
     )
@@ -118,7 +148,7 @@ def _bf16_scalar(value):
     return (bits + tirx.const(0x7FFF, "uint32") + ((bits >> tirx.const(16, "uint32")) & tirx.const(1, "uint32"))) >> tirx.const(16, "uint32")
 
 
-def _kernel(info, padded, block_n, token_vecs, xb, weight, *rest):
+def _kernel(info, padded, block_n, token_vecs, isa, xb, weight, *rest):
     """C^T blocks: per task `block_n` weight rows (converted to bf16 pairs, L1), per block of
     16 token_vecs tokens block_n x token_vecs accumulators of 16 tokens each."""
     scale, out = (rest[0], rest[1]) if info.quantized else (None, rest[0])
@@ -129,8 +159,11 @@ def _kernel(info, padded, block_n, token_vecs, xb, weight, *rest):
     def vb(v):
         return T.broadcast(u(v), LANES)
 
-    def bf16(v):  # 16 f32 -> 16 bf16 bits (u16), round to nearest even: one vcvtneps2bf16
-        return T.reinterpret("uint16x16", T.call_llvm_pure_intrin("bfloat16x16", CVT_BF16, v))
+    def bf16(v):  # 16 f32 -> 16 bf16 bits (u16), round to nearest even (x86: one vcvtneps2bf16)
+        if isa == "x86":
+            return T.reinterpret("uint16x16", T.call_llvm_pure_intrin("bfloat16x16", CVT_BF16, v))
+        bits = T.reinterpret("uint32x16", v)
+        return T.Cast("uint16x16", (bits + vb(0x7FFF) + ((bits >> vb(16)) & vb(1))) >> vb(16))
 
     def pairs_of(lo, hi):  # 16 + 16 bf16 -> 16 u32 pairs (lo in the low half)
         return T.reinterpret("uint32x16", T.Shuffle([bf16(lo), bf16(hi)], [i // 2 + (i % 2) * LANES for i in range(2 * LANES)]))
@@ -191,7 +224,7 @@ def _kernel(info, padded, block_n, token_vecs, xb, weight, *rest):
                            data=scale.data if info.quantized else weight.data)
         for task in T.parallel(n_total // block_n):
             wb = T.alloc_buffer((block_n * pitch,), "uint32")
-            with T.attr(T.int32(0), "pragma_import_llvm", DPBF16_IR):
+            with T.attr(T.int32(0), "pragma_import_llvm", X86_IR if isa == "x86" else ARM_IR):
                 for r in range(block_n):
                     for c in range(pairs // chunk):
                         convert(wb, wf, sf, task, r, c)
