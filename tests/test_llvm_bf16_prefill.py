@@ -78,18 +78,23 @@ def test_rule_compiles_to_vdpbf16ps_and_is_chosen_without_amx(kernels):
 
 
 @needs_bf16
-@pytest.mark.parametrize("knobs", [{}, {"block_n": 4, "token_vecs": 4}, {"block_n": 8, "token_vecs": 2}])
+# the default tile (and up to 4 tokens the f32 GEMV branch for f16 weights); other tiles, no branch
+@pytest.mark.parametrize("knobs", [{}, {"block_n": 4, "token_vecs": 4, "low_batch": 0}, {"block_n": 8, "token_vecs": 3}])
 def test_bf16_prefill_is_its_bf16_arithmetic(knobs, kernels):
-    _, funcs = kernels
+    quant, funcs = kernels
+    rule = PrefillGEMMBF16(**knobs)
     taken = emulated = 0
     for name, func in funcs.items():
         info = match(func)
-        sch = PrefillGEMMBF16(**knobs).apply(func, HOST, False)
+        sch = rule.apply(func, HOST, False)
         assert sch is not None, name
-        for tokens in (2, 17, 40, 130):  # partial token blocks, past 128
+        for tokens in (1, 3, 5, 17, 40, 130):  # the few-token branch, partial token blocks, past 128
             args = random_args(func, {"seq_len": tokens}, seed=tokens)
             exact = _outputs(func, args)
             got = _outputs(sch.mod["main"], args)
+            if tokens <= rule.low_batch and quant == "q0f16":  # f32 FMAs: the exact kernel's sums in another order
+                np.testing.assert_allclose(got, exact, atol=2e-3 * np.abs(exact).max(), err_msg=f"{name} {tokens}")
+                continue
             np.testing.assert_allclose(got, exact, atol=1e-2 * np.abs(exact).max(), err_msg=f"{name} {tokens}")
             assert np.abs(got - exact).max() > 0  # the bf16 path really ran
             if not info.epilogue:  # a bare matmul: equal to the emulation up to f32 sums
@@ -97,7 +102,7 @@ def test_bf16_prefill_is_its_bf16_arithmetic(knobs, kernels):
                 np.testing.assert_allclose(got.reshape(tokens, -1), want, rtol=1e-5, atol=1e-5 * np.abs(want).max(), err_msg=f"{name} {tokens}")
                 emulated += 1
         taken += 1
-    assert taken == 5 and emulated == 4  # qkv, o_proj, gate_up, down, batch_verify's lm_head (bare)
+    assert taken == 5 and emulated >= 4  # qkv, o_proj, gate_up, down, batch_verify's lm_head (bare)
 
 
 @needs_bf16

@@ -73,7 +73,7 @@ from tvm.target import Target, codegen
 from .dequant_matmul import match_on_cpu, schedule_extern_epilogue
 from .gemv_float import activation_f32, float_chunk
 from .gemv_q4_vnni import quantize_activation, vnni_chunk
-from .row_gemv import LANES, token_row_loop
+from .row_gemv import LANES, few_token_rows
 
 TILE = 16  # AMX tile: 16 rows x 64 bytes (32 bf16 along K)
 BLOCK = 2 * TILE  # weight rows per task and tokens per step (2 x 2 tiles)
@@ -225,7 +225,7 @@ def _build(info, chunk: int, group: int, low_batch: int) -> tirx.PrimFunc:
             row_chunk, streams = vnni_chunk(info, PLANES, *i[3:7], i[1], i[2])
         else:
             row_chunk, streams = float_chunk(i[2], i[1])
-        return tirx.IfThenElse(tokens <= low_batch, _few_tokens(info, tokens, low_batch, row_chunk, streams, o[0]), amx)
+        return tirx.IfThenElse(tokens <= low_batch, few_token_rows(info, tokens, low_batch, row_chunk, streams, o[0], FEW_ROWS, FEW_PER_PASS, FEW_PREFETCH), amx)
 
     c = te.extern(
         (padded * info.n,),
@@ -238,28 +238,6 @@ def _build(info, chunk: int, group: int, low_batch: int) -> tirx.PrimFunc:
     )
     mm = te.compute((*x.shape[:-1], info.n), lambda b, m, n: c[m * info.n + n].astype("float32"), name="matmul")
     return info.finish(inputs, mm)
-
-
-def _few_tokens(info, tokens, low_batch, chunk, streams, out):
-    """C rows of a few tokens by the decode GEMVs' arithmetic (`chunk`, `streams`: q4 VNNI of
-    gemv_q4_vnni.py or f32 FMAs of gemv_float.py): the AMX path decodes every weight row to bf16
-    whatever the token count, which costs as much as ~4 GEMVs (1B q4 gate_up: ~2.9 ms at 1 to 16
-    tokens against 0.7 ms for one decode GEMV); here the weights stream once for all tokens."""
-
-    def store(t, n, value):
-        T.buffer_store(out, value.astype(out.dtype), [t * info.n + n])
-
-    chunks = info.k // (8 * LANES) if info.quantized else info.k // LANES  # 16 packed words / 16 weights each
-
-    def loop(per_pass):
-        return token_row_loop(info.n, FEW_ROWS, chunks, tokens, per_pass, store, chunk, streams, FEW_PREFETCH)
-
-    # up to FEW_PER_PASS tokens in one pass of exactly that many (a wider pass would compute its
-    # missing tokens too); more in passes of FEW_PER_PASS
-    stmt = loop(min(low_batch, FEW_PER_PASS))
-    for exact in reversed(range(1, min(low_batch, FEW_PER_PASS))):
-        stmt = tirx.IfThenElse(tokens == exact, loop(exact), stmt)
-    return stmt
 
 
 def _kernel(info, padded, chunk, group, xb, weight, scale, out):

@@ -7,6 +7,7 @@ in registers and per pair broadcasts each row's pair: one `vdpbf16ps` (32 produc
 operands are rounded to nearest-even bf16 (PyTorch's bf16 and the AMX rule's precision). TVM
 0.27 cannot pass bf16 vectors to an LLVM intrinsic: the instruction is reached through a small
 LLVM IR function on i32 vectors, linked into the kernel (aarch64 with BF16: four BFDOTs).
+Up to `low_batch` tokens (f16 weights) a branch runs the f32 decode GEMV's FMAs instead.
 Handles: many-token NT matmul, f16 activations, f16 or q4 weights, K % 32 == 0 (q4: % 128).
 """
 
@@ -20,7 +21,8 @@ from tvm.script import tirx as T
 from tvm.target import Target, codegen
 
 from .dequant_matmul import match_on_cpu, schedule_extern_epilogue
-from .row_gemv import LANES, activation_f32_at
+from .gemv_float import activation_f32, float_chunk
+from .row_gemv import LANES, activation_f32_at, few_token_rows
 
 CVT_BF16 = "llvm.x86.avx512bf16.cvtneps2bf16.512"
 DPBF16 = "mlcpipe_dpbf16ps"  # (f32x16 acc, i32x16 a, i32x16 b): acc[i] += a.bf16[2i] b.bf16[2i] + a.bf16[2i+1] b.bf16[2i+1]
@@ -49,7 +51,7 @@ ARM_IR = "declare <4 x float> @llvm.aarch64.neon.bfdot.v4f32.v8bf16(<4 x float>,
     "  ret <16 x float> %r\n}\n" + 'attributes #0 = { alwaysinline nounwind "target-features"="+neon,+bf16" }\n'
 # accumulators (16 f32 lanes each) that fit the vector registers with the pair's operands
 MAX_ACCUMULATORS = {"x86": 24, "arm": 4}  # arm: 4 NEON registers per 16 lanes
-DEFAULT_TILE = {"x86": (8, 3), "arm": (4, 1)}  # (block_n, token_vecs)
+DEFAULT_TILE = {"x86": (8, 2), "arm": (4, 1)}  # (block_n, token_vecs)
 
 
 def _isa(target: Target) -> str | None:
@@ -66,6 +68,7 @@ def _isa(target: Target) -> str | None:
 class PrefillGEMMBF16(dl.ScheduleRule):
     block_n: int = 0  # weight rows per task and micro-kernel (0: the ISA's default, DEFAULT_TILE)
     token_vecs: int = 0  # 16-token vectors per micro-kernel (0: the ISA's default)
+    low_batch: int = 4  # x86, f16 weights, up to this many tokens: the f32 decode GEMV's FMAs (0: off)
 
     def knob_space(self, func: tirx.PrimFunc, target: Target) -> dict[str, list]:
         info = _applicable(func, target)
@@ -84,7 +87,9 @@ class PrefillGEMMBF16(dl.ScheduleRule):
         block_n, token_vecs = self.block_n or DEFAULT_TILE[isa][0], self.token_vecs or DEFAULT_TILE[isa][1]
         if block_n < 1 or token_vecs < 1 or info.n % block_n or block_n * token_vecs > MAX_ACCUMULATORS[isa]:
             return None
-        sch = s_tir.Schedule(_build(info, block_n, token_vecs, isa))
+        if self.low_batch < 0:
+            return None
+        sch = s_tir.Schedule(_build(info, block_n, token_vecs, isa, self.low_batch if isa == "x86" and not info.quantized else 0))
         sch.parallel(sch.get_loops(sch.get_sblock("x_bf16"))[0])
         return schedule_extern_epilogue(sch, "gemm_bf16", LANES)
 
@@ -113,7 +118,7 @@ def _pair_order(info):
     return lambda p: (p // 64) * 128 + (p % 16) * 8 + ((p % 64) // 16) * 2
 
 
-def _build(info, block_n: int, token_vecs: int, isa: str) -> tirx.PrimFunc:
+def _build(info, block_n: int, token_vecs: int, isa: str, low_batch: int) -> tirx.PrimFunc:
     inputs = info.placeholders()
     x = inputs[info.param_index(info.x)]
     tokens = x.shape[-2]
@@ -134,8 +139,18 @@ def _build(info, block_n: int, token_vecs: int, isa: str) -> tirx.PrimFunc:
     ins = [xb, inputs[info.param_index(info.weight)]]
     if info.quantized:
         ins.append(inputs[info.param_index(info.scale)])
+    if low_batch:  # the few-token branch's f32 activation (one token's when it does not run)
+        ins.append(activation_f32(x, info.k, tirx.Select(tokens <= low_batch, tokens, tirx.const(1, str(tokens.ty)))))
+
+    def body(i, o):
+        many = _kernel(info, padded, block_n, token_vecs, isa, *i[:2 + info.quantized], o[0])
+        if not low_batch:
+            return many
+        chunk, streams = float_chunk(i[2], i[1])
+        return tirx.IfThenElse(tokens <= low_batch, few_token_rows(info, tokens, low_batch, chunk, streams, o[0]), many)
+
     c = te.extern(
-        (padded * info.n,), ins, lambda i, o: _kernel(info, padded, block_n, token_vecs, isa, *i, o[0]), name="gemm_bf16",
+        (padded * info.n,), ins, body, name="gemm_bf16",
         dtype="float32", in_buffers=[tirx.decl_buffer(t.shape, t.dtype, name=f"{t.op.name}_buf") for t in ins],
         out_buffers=[tirx.decl_buffer((padded * info.n,), "float32", name="c_buf")],
     )

@@ -143,6 +143,27 @@ def token_row_loop(n_rows: int, rows: int, chunks: int, tokens, per_pass: int, s
     return body.body
 
 
+def few_token_rows(info, tokens, low_batch: int, chunk: Callable, streams: Callable, out, rows: int = 2, per_pass: int = 4,
+                   prefetch: int = 8) -> tirx.Stmt:
+    """C rows (flat [tokens * N] `out`) of up to `low_batch` tokens by a decode GEMV's arithmetic
+    (`chunk`, `streams` of one 16-lane step: q4 words or f16 weights): the GEMM rules decode every
+    weight row whatever the token count (~4 GEMVs' cost); here the weights stream once for all
+    tokens, in passes of exactly 1..per_pass tokens (a wider pass would compute the missing ones)."""
+
+    def store(t, n, value):
+        T.buffer_store(out, value.astype(out.dtype), [t * info.n + n])
+
+    chunks = info.k // (8 * LANES) if info.quantized else info.k // LANES
+
+    def loop(width):
+        return token_row_loop(info.n, rows, chunks, tokens, width, store, chunk, streams, prefetch)
+
+    stmt = loop(min(low_batch, per_pass))
+    for exact in reversed(range(1, min(low_batch, per_pass))):
+        stmt = tirx.IfThenElse(tokens == exact, loop(exact), stmt)
+    return stmt
+
+
 def row_loop(n_rows: int, rows: int, chunks: int, out, chunk: Callable, streams: Callable, prefetch: int) -> tirx.Stmt:
     """for each task of `rows` rows (parallel): acc[r] += chunk(n, c) for c < chunks; out[.., n] = sum(acc[r]).
     `streams(n, c)` lists the addresses (T.address_of) of row n's data for chunk c, prefetched
