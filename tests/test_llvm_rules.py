@@ -13,7 +13,7 @@ from pipeline.kernel_inputs import random_args
 from pipeline.targets import load_target
 from pipeline.tune import unscheduled_kernels
 from schedules import RULES, schedule_func
-from schedules.llvm.dequant_matmul import match
+from schedules.analysis import match_nt_matmul as match
 from schedules.llvm.gemm_dequant import PrefillGEMM
 from schedules.llvm.gemv_q4 import DecodeGEMVQ4
 from schedules.llvm.matmul_nt import MatmulNT

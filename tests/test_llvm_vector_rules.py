@@ -12,8 +12,8 @@ from tvm.script import tirx as T
 from pipeline.kernel_inputs import random_args
 from pipeline.targets import load_target
 from pipeline.tune import unscheduled_kernels
+from schedules.analysis import match_nt_matmul as match
 from schedules.llvm import fast_exp
-from schedules.llvm.dequant_matmul import match
 from schedules.llvm.elementwise import Elementwise
 from schedules.llvm.gemm_amx import PrefillGEMMAMX
 from schedules.llvm.gemv_float import DecodeGEMVFloat

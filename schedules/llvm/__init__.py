@@ -14,7 +14,9 @@ RopeTable     RoPE: cos / sin hoisted out of the head loop into per-(token, dim)
 Elementwise   injective kernels (swiglu, casts, KV append): producers inlined, parallel + vectorized
 SamplerCPU    (first) the sampler kernels, as written (sampler.py)
 
-Importing this package also installs a vectorizable exp lowering for llvm (fast_exp.py).
+Rules import only schedules.base, schedules.analysis and the shared micro-kernels
+(microkernels.py), never each other. Importing this package also installs a vectorizable exp
+lowering for llvm (fast_exp.py).
 """
 
 from . import fast_exp
