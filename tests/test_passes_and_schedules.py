@@ -14,10 +14,11 @@ from pipeline.build import build, export_model
 from pipeline.kernel_inputs import random_args
 from pipeline.passes import PHASES
 from pipeline.passes.pipeline import _phases
+from pipeline.roles import WEIGHT_ROLES
 from pipeline.targets import load_target
 from schedules.llvm.matmul_nt import MatmulNT
 
-LINEAR_ROLES = {"qkv", "o_proj", "gate_up", "down", "lm_head"}
+LINEAR_ROLES = set(WEIGHT_ROLES)
 
 
 @pytest.fixture(scope="module")
