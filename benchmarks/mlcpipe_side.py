@@ -14,9 +14,11 @@ import json
 import time
 from pathlib import Path
 
+from pipeline.roles import WEIGHT_ROLES
+
 ROOT = Path(__file__).resolve().parents[1]
 CACHE_DIR = ".bench-cache"  # beside the artifacts
-GEMV_ROLES = ("qkv", "o_proj", "gate_up", "down", "lm_head")
+GEMV_ROLES = WEIGHT_ROLES  # the decode GEMVs: the kernels that read a weight matrix
 
 
 def source_hash() -> str:

@@ -14,13 +14,12 @@ import tvm
 
 from .artifact import ArtifactError, read_manifest
 from .kernel_inputs import kernel_args, symbolic_dims
-from .quantization import QUANTIZATIONS
+from .quantization import QUANTIZATIONS, TOLERANCE
+from .roles import WEIGHT_ROLES
 
 # Kernels the KV cache carries but mlcpipe's runtime never calls: tree attention (speculative
 # decoding) and page copies (sequence forking / compaction).
 _NOT_RANDOMIZABLE = re.compile(r"^(batch_tree_attn|tree_attn|copy_single_page|compact_kv_copy|tir_kv_cache_debug)")
-_LINEAR_ROLES = {"qkv", "o_proj", "gate_up", "down", "lm_head"}
-_TOLERANCE = {"float32": 1e-4, "float16": 2e-2, "bfloat16": 5e-2}
 
 
 @dataclasses.dataclass
@@ -159,7 +158,7 @@ def _compare(got: list, want: list, tolerance: dict[str, float] | None = None) -
         scale = max(np.abs(w32[finite]).max(), 1e-6)
         err_abs, err_rel = float(diff.max()), float(diff.max() / scale)
         worst_abs, worst_rel = max(worst_abs, err_abs), max(worst_rel, err_rel)
-        ok &= err_rel <= {**_TOLERANCE, **(tolerance or {})}.get(str(g.dtype), 1e-4)
+        ok &= err_rel <= {**TOLERANCE, **(tolerance or {})}.get(str(g.dtype), TOLERANCE["float32"])
     return worst_abs, worst_rel, ok
 
 
@@ -212,7 +211,7 @@ def check_artifact(artifact: str | Path, sizes: tuple[int, ...] = (1, 7), patter
                     label = "static"
                 want = run_on_llvm(reference, _copy(args), key=f"{artifact}:{name}")
                 note = "llvm ref: TVM CPU kernel" if name in counterparts else ""
-                if role in _LINEAR_ROLES and "dequantize" in name:
+                if role in WEIGHT_ROLES and "dequantize" in name:
                     expected = numpy_dequant_matmul(name, manifest["quantization"], args)
                     if expected is not None:
                         _, rel_np, ok_np = _compare([expected], [want[-1]])

@@ -1,5 +1,5 @@
-"""Kernel metadata read from the IR: the role each kernel plays (qkv, o_proj, gate_up, down,
-lm_head, attention, ...), its launch grid/block, and which kernels the paged KV cache carries.
+"""Kernel metadata read from the IR: the role each kernel plays (pipeline/roles.py), its launch
+grid/block, and which kernels the paged KV cache carries.
 
 Weight-consuming kernels are identified from the Relax graph: the parameter a call_tir reads
 tells the role exactly. The rest are classified by their (TVM-given) names.
@@ -12,38 +12,7 @@ import re
 import tvm
 from tvm import relax
 
-_BY_PARAM = (
-    ("qkv_proj", "qkv"),
-    ("o_proj", "o_proj"),
-    ("gate_up_proj", "gate_up"),
-    ("down_proj", "down"),
-    ("lm_head", "lm_head"),
-)
-_BY_NAME = (
-    (r"^sampler_", "sampler"),  # pipeline/model/sampler.py
-    (r"attention|batch_prefill|batch_decode|tree_attn|merge_state", "attention"),
-    (r"kv_cache_transpose_append|transpose_append", "kv append"),
-    (r"rms_norm|layer_norm", "norm"),
-    (r"rope|rotary", "rope"),
-    (r"silu", "swiglu"),
-    (r"take", "embedding"),
-)
-
-
-def _role_for_param(param: str, kernel: str) -> str:
-    if "embed_tokens" in param:
-        return "lm_head" if "matmul" in kernel else "embedding"
-    for key, role in _BY_PARAM:
-        if key in param:
-            return role
-    return role_by_name(kernel)
-
-
-def role_by_name(kernel: str) -> str:
-    for pattern, role in _BY_NAME:
-        if re.search(pattern, kernel):
-            return role
-    return "other"
+from .roles import role_by_name, role_of_param
 
 
 def kernel_roles(mod: tvm.IRModule, param_names: list[str]) -> dict[str, str]:
@@ -63,7 +32,7 @@ def kernel_roles(mod: tvm.IRModule, param_names: list[str]) -> dict[str, str]:
                     kernel = value.args[0].name_hint
                     params = [from_param[a] for a in value.args[1].fields if a in from_param]
                     if params:
-                        roles[kernel] = _role_for_param(params[0], kernel)
+                        roles[kernel] = role_of_param(params[0], kernel)
     for gv, func in mod.functions_items():
         if isinstance(func, tvm.tirx.PrimFunc) and gv.name_hint not in roles:
             roles[gv.name_hint] = role_by_name(gv.name_hint)

@@ -81,7 +81,12 @@ def _candidates(space: dict[str, list], default: dict, budget: int, seed: int) -
 
 
 def compile_kernel(func: tvm.tirx.PrimFunc, target: tvm.target.Target):
-    """One scheduled PrimFunc built on its own, callable as lib["main"]."""
+    """One scheduled PrimFunc built on its own, callable as lib["main"] (with the lowerings the
+    build uses: it is timed as the model will run it)."""
+    if target.kind.name == "llvm":
+        from .backends import backend
+
+        backend("llvm").install_lowerings()
     with target:
         return tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=target)
 
@@ -102,9 +107,12 @@ def time_kernel_ms(lib, args, device, repeat: int) -> float:
 
 
 def output_mismatch(got: np.ndarray, want: np.ndarray, quant: str) -> str | None:
-    """None when two schedules' outputs agree (f16 models: 2% of the output's scale), else why not."""
+    """None when two schedules' outputs agree (within the quantization's tolerance, relative to the
+    output's scale: 2% for f16 models), else why not."""
+    from .quantization import QUANTIZATIONS
+
     scale = float(np.abs(want).max()) or 1.0
-    tol = 2e-2 if "16" in quant else 1e-4
+    tol = QUANTIZATIONS[quant].tolerance
     if np.allclose(got, want, rtol=tol, atol=tol * scale):
         return None
     return f"max abs err {float(np.abs(got - want).max()):.3g}"

@@ -21,6 +21,7 @@ import yaml
 from pipeline.backends import webgpu as webgpu_backend
 from pipeline.build import build
 from pipeline.config import MODELS_DIR, load_model_config
+from pipeline.roles import WEIGHT_ROLES
 from pipeline.runtime import Engine
 from pipeline.targets import load_target
 
@@ -162,7 +163,7 @@ def test_function_table_and_kv_cache_kernels_once(artifact):
     names = [k["name"] for k in manifest["kernels"]]
     # the batched functions reuse prefill's kernels, whose token dim keeps its name `seq_len`
     # (tuning records, `mlcpipe check` and the profiler key on it): only the row gather is new
-    model_roles = {"qkv", "o_proj", "gate_up", "down", "lm_head", "norm", "rope", "swiglu", "embedding"}
+    model_roles = {*WEIGHT_ROLES, "norm", "rope", "swiglu", "embedding"}
     for kernel in manifest["kernels"]:
         dims = {d for arg in kernel["args"] for d in (arg["shape"] or []) if isinstance(d, str)}
         if kernel["role"] in model_roles:

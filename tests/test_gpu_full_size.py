@@ -10,9 +10,11 @@ import subprocess
 
 import pytest
 
+from pipeline.roles import WEIGHT_ROLES
+
 from .test_errors import mlcpipe
 
-LINEAR_ROLES = {"qkv", "o_proj", "gate_up", "down", "lm_head"}
+LINEAR_ROLES = set(WEIGHT_ROLES)
 
 
 def _check_manifest(art, source_file):

@@ -24,6 +24,7 @@ from pipeline.build import export_model
 from pipeline.config import load_model_config
 from pipeline.kernel_inputs import random_args
 from pipeline.passes.pipeline import _phases
+from pipeline.quantization import TOLERANCE
 from pipeline.runners import webgpu as runner
 from pipeline.targets import load_target
 from schedules.gpu import CUDA_RULES, METAL_RULES, WEBGPU_RULES
@@ -77,7 +78,7 @@ def check_on_lavapipe(rule, name: str, func: tvm.tirx.PrimFunc, seed: int = 0) -
     assert got.shape == want.shape and got.dtype == want.dtype
     scale = np.abs(want.astype(np.float64)).max()
     err = np.abs(got.astype(np.float64) - want.astype(np.float64)).max() / scale
-    tol = 2e-2 if want.dtype == np.float16 else 1e-4
+    tol = TOLERANCE[str(want.dtype)]
     assert np.isfinite(got.astype(np.float64)).all() and scale > 0, name
     assert err <= tol, f"{name} {rule}: rel err {err:.2e} > {tol}"
     return err

@@ -16,7 +16,7 @@ from pipeline.kernel_inputs import random_args
 from pipeline.targets import load_target
 from pipeline.tune import unscheduled_kernels
 from schedules import schedule_func
-from schedules.llvm.dequant_matmul import match
+from schedules.analysis import match_nt_matmul as match
 from schedules.llvm.gemm_bf16 import PrefillGEMMBF16
 
 HOST = load_target("llvm").tvm_target()

@@ -10,10 +10,11 @@ import pytest
 import tvm
 
 from pipeline.kernel_inputs import random_args
+from pipeline.quantization import QUANTIZATIONS
 from pipeline.targets import load_target
 from pipeline.tune import unscheduled_kernels
 from schedules import RULES, schedule_func
-from schedules.llvm.dequant_matmul import match
+from schedules.analysis import match_nt_matmul as match
 from schedules.llvm.gemm_dequant import PrefillGEMM
 from schedules.llvm.gemv_q4 import DecodeGEMVQ4
 from schedules.llvm.matmul_nt import MatmulNT
@@ -32,7 +33,7 @@ def _check(func, sch, sizes, quant, name):
     args = random_args(func, sizes, seed=3)
     want = _run(func, [a.copy() for a in args])
     got = _run(sch.mod["main"], [a.copy() for a in args])
-    tol = 2e-2 if "16" in quant else 1e-4
+    tol = QUANTIZATIONS[quant].tolerance
     np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max(), err_msg=f"{name} {sizes}")
     return float(np.abs(got - want).max() / np.abs(want).max())
 

@@ -14,10 +14,12 @@ from pipeline.build import build, export_model
 from pipeline.kernel_inputs import random_args
 from pipeline.passes import PHASES
 from pipeline.passes.pipeline import _phases
+from pipeline.quantization import QUANTIZATIONS
+from pipeline.roles import WEIGHT_ROLES
 from pipeline.targets import load_target
 from schedules.llvm.matmul_nt import MatmulNT
 
-LINEAR_ROLES = {"qkv", "o_proj", "gate_up", "down", "lm_head"}
+LINEAR_ROLES = set(WEIGHT_ROLES)
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +78,7 @@ def test_matmul_rule_keeps_numerics(quant, tiny_config):
             args = random_args(func, {"seq_len": seq_len}, seed=seq_len)
             want = _run(func, [a.copy() for a in args]).astype(np.float32)
             got = _run(sch.mod["main"], [a.copy() for a in args]).astype(np.float32)
-            tol = 2e-2 if "16" in quant else 1e-4
+            tol = QUANTIZATIONS[quant].tolerance
             np.testing.assert_allclose(got, want, rtol=tol, atol=tol * np.abs(want).max(), err_msg=name)
 
 

@@ -17,9 +17,10 @@ import pytest
 from pipeline.profiler.reports import FORMATS, parse_table, parse_tables, render
 from pipeline.profiler.reports._common import ROLES, matmul_shape, percentile
 from pipeline.profiler.schema import device_kernel_name, kernel_stats, measured_samples, validate
+from pipeline.roles import ROLE_OF_NAME, ROLE_OF_PARAM, WEIGHT_ROLES
 
 PROMPT_LEN, GEN_LEN, RUNS = 16, 8, 2
-PER_LAYER_ROLES = ("qkv", "o_proj", "gate_up", "down", "attention", "rope", "swiglu", "kv append")
+PER_LAYER_ROLES = (*(r for r in WEIGHT_ROLES if r != "lm_head"), "attention", "rope", "swiglu", "kv append")
 ONCE_PER_PASS_ROLES = ("lm_head", "embedding")
 
 STATS_LINE = re.compile(
@@ -350,8 +351,7 @@ def test_events_summary(prof_no_shapes):
 
 def test_events_no_samples_rows(prof):
     """Roles and kernels with no measured calls get `no samples` rows."""
-    assert set(ROLES) >= {"qkv", "o_proj", "gate_up", "down", "lm_head", "attention", "kv append", "norm", "rope", "swiglu",
-                          "embedding", "other"}
+    assert set(ROLES) >= {*WEIGHT_ROLES, "attention", "kv append", "norm", "rope", "swiglu", "embedding", "other"}
     gone = {k for k, v in prof["kernels"].items() if v["role"] == "embedding"}
     pruned = {**prof, "samples": [s for s in prof["samples"] if s["kernel"] not in gone]}
     sections = _event_sections(render(pruned, "events"))
@@ -363,9 +363,7 @@ def test_events_no_samples_rows(prof):
 
 
 def test_kernel_roles_vocabulary_is_complete():
-    from pipeline import kernel_info as kernel_roles
-
-    known = {role for _, role in kernel_roles._BY_PARAM} | {role for _, role in kernel_roles._BY_NAME} | {"other"}
+    known = {role for _, role in ROLE_OF_PARAM} | {role for _, role in ROLE_OF_NAME} | {"other", "lm_head", "embedding"}
     assert known <= set(ROLES)
 
 

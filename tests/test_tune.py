@@ -104,6 +104,25 @@ def test_bad_database_and_untimed_target_are_one_line_errors(tmp_path):
     assert not (tmp_path / "x.json").exists()
 
 
+def test_candidates_are_compared_at_the_quantization_entrys_tolerance(monkeypatch):
+    """One tolerance table (pipeline/quantization/tolerance.py) by the model's dtype, shared with
+    `mlcpipe check`: not a guess from the quantization's name."""
+    import numpy as np
+
+    from pipeline import conformance
+    from pipeline.quantization import TOLERANCE, GroupQuantize, NoQuantize
+    from pipeline.tune import output_mismatch
+
+    assert conformance.TOLERANCE is TOLERANCE
+    assert {q: e.tolerance for q, e in QUANTIZATIONS.items()} == {"q0f16": 2e-2, "q0f32": 1e-4, "q4f16_1": 2e-2, "q4f32_1": 1e-4}
+    want = np.linspace(-1, 1, 64, dtype=np.float32)
+    monkeypatch.setitem(QUANTIZATIONS, "q4f32_g16", GroupQuantize(name="q4f32_g16", model_dtype="float32", group_size=16))
+    monkeypatch.setitem(QUANTIZATIONS, "q0bf16", NoQuantize(name="q0bf16", model_dtype="bfloat16"))
+    assert output_mismatch(want * np.float32(1 + 1e-3), want, "q4f32_g16")  # an f32 model: 1e-3 is too far
+    assert output_mismatch(want * np.float32(1 + 8e-2), want, "q0bf16") is None  # bf16: 5e-2 of the scale + 5e-2 relative
+    assert output_mismatch(want * np.float32(1 + 8e-2), want, "q4f16_1")  # f16: 2e-2
+
+
 def test_signature_is_stable_and_shape_sensitive(tiny_config):
     from pipeline.config import load_model_config
 

@@ -39,12 +39,14 @@ def rope_inv_freq(head_dim: int, theta: float, scaling) -> torch.Tensor:
 def q4_values(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """mlcpipe's q4f32_1 quantization (pipeline.quantization.group_quant.GroupQuantize
     .quantize_weight), unpacked: q int32 (N, K) in 0..14 and float32 scales (N, K/32)."""
-    from pipeline.quantization.group_quant import GROUP_SIZE, MAX_INT
+    from pipeline.quantization import QUANTIZATIONS
 
+    q4 = QUANTIZATIONS["q4f32_1"]
+    group, zero = q4.group_size, q4.zero_point
     out_f, in_f = weight.shape
-    w = weight.astype(np.float32, copy=False).reshape(out_f, in_f // GROUP_SIZE, GROUP_SIZE)
-    scale = np.maximum(np.abs(w).max(axis=-1) / np.float32(MAX_INT), np.finfo(np.float32).tiny).astype(np.float32)
-    q = np.clip(np.round(w / scale[..., None]) + MAX_INT, 0, 2 * MAX_INT).astype(np.int32)
+    w = weight.astype(np.float32, copy=False).reshape(out_f, in_f // group, group)
+    scale = np.maximum(np.abs(w).max(axis=-1) / np.float32(zero), np.finfo(np.float32).tiny).astype(np.float32)
+    q = np.clip(np.round(w / scale[..., None]) + zero, 0, 2 * zero).astype(np.int32)
     return q.reshape(out_f, in_f), scale
 
 

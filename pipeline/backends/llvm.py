@@ -12,8 +12,19 @@ SOURCE_FILE = None
 
 
 def compile_context(target_spec):
+    """Around `relax.build`: the llvm lowerings our kernels are built with installed first."""
     del target_spec
+    install_lowerings()
     return contextlib.nullcontext()
+
+
+def install_lowerings() -> None:
+    """The intrinsic lowerings llvm kernels are built with: the vectorizable exp
+    (schedules/llvm/fast_exp.py). Process-wide (TVM's lowering table is global) and idempotent;
+    the build and `mlcpipe tune` call it, importing `schedules` does not."""
+    from schedules.llvm import fast_exp
+
+    fast_exp.install()
 
 
 def export(executable, target, out_dir: Path) -> list[str]:

@@ -1,7 +1,13 @@
-"""Quantization registry: name -> scheme (a plain dict, as MLC-LLM keeps it)."""
+"""Quantization registry: name -> scheme (a plain dict, as MLC-LLM keeps it).
 
-from .group_quant import GroupQuantize
+Each scheme owns its format: the constants it derives from its fields (group_quant.py), the
+dequantize pattern the schedule rules match, and the tolerance its kernels are checked at
+(tolerance.py, one table).
+"""
+
+from .group_quant import DequantizePattern, GroupQuantize
 from .no_quant import NoQuantize
+from .tolerance import TOLERANCE
 
 QUANTIZATIONS = {
     "q0f16": NoQuantize(name="q0f16", model_dtype="float16"),
@@ -10,4 +16,4 @@ QUANTIZATIONS = {
     "q4f32_1": GroupQuantize(name="q4f32_1", model_dtype="float32"),
 }
 
-__all__ = ["QUANTIZATIONS", "GroupQuantize", "NoQuantize"]
+__all__ = ["QUANTIZATIONS", "TOLERANCE", "DequantizePattern", "GroupQuantize", "NoQuantize"]

@@ -1,12 +1,17 @@
 """q4f16_1 / q4f32_1: MLC-LLM's group quantization, bit for bit.
 
-Format (identical to MLC-LLM's `GroupQuantize` with linear_weight_layout "NK"):
-- int4 symmetric, group size 32 along the input (K) axis;
-- `q_weight`: uint32 (out, in/8), 8 values per word, value k of a word in bits [4k, 4k+4)
-  (little-endian nibbles);
-- `q_scale`: model dtype (out, in/32), scale = max|w| / 7;
-- q = clip(round(w / scale) + 7, 0, 14); dequantized w' = (q - 7) * scale.
-Embedding tables use the same layout (vocab, hidden/8); a tied lm_head reads them.
+Format (identical to MLC-LLM's `GroupQuantize` with linear_weight_layout "NK"); every constant
+derives from the entry's `bits` and `group_size`, as MLC-LLM derives them:
+- symmetric int`bits` values, one scale per `group_size` consecutive inputs (K axis);
+- `q_weight`: uint32 (out, in / E), E = 32 // bits values per word (8 for 4 bits, 10 for 3), value
+  e of a word in bits [bits * e, bits * (e + 1)) (little-endian; 32 - E * bits high bits unused);
+- `q_scale`: model dtype (out, in / group_size), scale = max|w| / Z with the zero point
+  Z = 2^(bits - 1) - 1 (7 for 4 bits);
+- q = clip(round(w / scale) + Z, 0, 2 Z); dequantized w' = (q - Z) * scale.
+Embedding tables use the same layout (vocab, hidden / E); a tied lm_head reads them.
+
+The entry also says what its dequantize looks like in TIR (`dequantize_pattern`): the schedule
+rules match fused dequantize-matmul kernels against it (schedules/analysis.py).
 """
 
 from __future__ import annotations
@@ -19,13 +24,28 @@ from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import op
 
 from ..model.layers import Embedding, Linear, nt_matmul
+from .tolerance import TOLERANCE
 
-BITS = 4
-GROUP_SIZE = 32
 STORAGE_DTYPE = "uint32"
-PER_STORAGE = 32 // BITS  # 8 nibbles per uint32
-MAX_INT = (1 << (BITS - 1)) - 1  # 7
-MASK = (1 << BITS) - 1
+STORAGE_BITS = 32
+
+
+@dataclasses.dataclass(frozen=True)
+class DequantizePattern:
+    """The constants of a group-quantized weight's dequantize, as it appears in a kernel:
+
+        D[n, k] = (cast(model_dtype, (W[n, k // elems_per_word] >> cast(storage_dtype, k % elems_per_word * bits))
+                   & mask) - zero_point) * S[n, k // group_size]
+
+    W: `storage_dtype` (N, K / elems_per_word); S, D: `model_dtype`, S (N, K / group_size)."""
+
+    bits: int
+    elems_per_word: int
+    mask: int
+    zero_point: int
+    group_size: int
+    storage_dtype: str
+    model_dtype: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -33,8 +53,40 @@ class GroupQuantize:
     name: str
     model_dtype: str
     kind: str = "group-quant"
-    bits: int = BITS
-    group_size: int = GROUP_SIZE
+    bits: int = 4
+    group_size: int = 32
+
+    def __post_init__(self):
+        if not 2 <= self.bits <= 8:
+            raise ValueError(f"{self.name}: bits={self.bits}: group quantization stores 2- to 8-bit values")
+        if self.group_size % self.elems_per_word:
+            raise ValueError(
+                f"{self.name}: group size {self.group_size} is not a multiple of the {self.elems_per_word} "
+                f"{self.bits}-bit values per {STORAGE_DTYPE} word"
+            )
+
+    # ---- the format's constants (MLC-LLM's num_elem_per_storage, max_int_value) -------------
+    @property
+    def elems_per_word(self) -> int:
+        return STORAGE_BITS // self.bits
+
+    @property
+    def zero_point(self) -> int:
+        return (1 << (self.bits - 1)) - 1
+
+    @property
+    def mask(self) -> int:
+        return (1 << self.bits) - 1
+
+    @property
+    def dequantize_pattern(self) -> DequantizePattern:
+        return DequantizePattern(self.bits, self.elems_per_word, self.mask, self.zero_point, self.group_size,
+                                 STORAGE_DTYPE, self.model_dtype)
+
+    @property
+    def tolerance(self) -> float:
+        """Relative error allowed between two computations of one of this model's kernels."""
+        return TOLERANCE[self.model_dtype]
 
     # ---- shape rules -------------------------------------------------------------------
     def check_shapes(self, config) -> None:
@@ -54,22 +106,22 @@ class GroupQuantize:
 
     # ---- NumPy side: weight conversion and reference -----------------------------------
     def quantize_weight(self, weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """float (out, in) -> (q_weight uint32 (out, in/8), q_scale (out, in/32))."""
+        """float (out, in) -> (q_weight uint32 (out, in / E), q_scale (out, in / group_size))."""
         out_f, in_f = weight.shape
         if in_f % self.group_size:
             raise ValueError(f"input size {in_f} is not a multiple of group size {self.group_size}")
         w = weight.astype(np.float32).reshape(out_f, in_f // self.group_size, self.group_size)
         max_abs = np.abs(w).max(axis=-1)
-        # floor at the dtype's smallest normal number, so an all-zero group gets q = 7, not 0/0
+        # floor at the dtype's smallest normal number, so an all-zero group gets q = Z, not 0/0
         tiny = np.finfo(self.model_dtype).tiny
-        scale = np.maximum(max_abs / np.float32(MAX_INT), tiny).astype(self.model_dtype)
+        scale = np.maximum(max_abs / np.float32(self.zero_point), tiny).astype(self.model_dtype)
         scale_f32 = scale.astype(np.float32)[..., None]
-        q = np.clip(np.round(w / scale_f32) + MAX_INT, 0, 2 * MAX_INT).astype(np.uint32)
-        return pack_nibbles(q.reshape(out_f, in_f)), scale
+        q = np.clip(np.round(w / scale_f32) + self.zero_point, 0, 2 * self.zero_point).astype(np.uint32)
+        return pack_values(q.reshape(out_f, in_f), self.bits), scale
 
     def dequantize_weight(self, q_weight: np.ndarray, q_scale: np.ndarray) -> np.ndarray:
         """(q_weight, q_scale) -> float32 (out, in), exactly as the kernels compute it."""
-        q = unpack_nibbles(q_weight).astype(np.float32) - MAX_INT
+        q = unpack_values(q_weight, self.bits).astype(np.float32) - self.zero_point
         scale = np.repeat(q_scale.astype(np.float32), self.group_size, axis=1)
         return (q.astype(self.model_dtype) * scale.astype(self.model_dtype)).astype(np.float32)
 
@@ -81,12 +133,6 @@ class GroupQuantize:
         q_weight, q_scale = self.quantize_weight(weight)
         return {f"{base}.q_weight": q_weight, f"{base}.q_scale": q_scale}
 
-    def dequantize_param(self, name: str, stored: dict[str, np.ndarray]) -> np.ndarray:
-        if name in stored:
-            return stored[name].astype(np.float32)
-        base = name[: -len(".weight")]
-        return self.dequantize_weight(stored[f"{base}.q_weight"], stored[f"{base}.q_scale"])
-
     # ---- Relax side: replace Linear / Embedding by quantized modules --------------------
     def quantize_model(self, model: nn.Module) -> nn.Module:
         _replace_children(model, self)
@@ -94,40 +140,44 @@ class GroupQuantize:
 
     def dequantize_te(self, q_weight: te.Tensor, q_scale: te.Tensor) -> te.Tensor:
         out_f, packed = q_weight.shape
+        per_word = self.elems_per_word
         return te.compute(
-            (out_f, packed * PER_STORAGE),
-            lambda i, j: self._decode(q_weight[i, j // PER_STORAGE], j) * q_scale[i, j // self.group_size],
+            (out_f, packed * per_word),
+            lambda i, j: self._decode(q_weight[i, j // per_word], j) * q_scale[i, j // self.group_size],
             name="dequantize",
         )
 
     def take_dequantize_te(self, q_weight: te.Tensor, q_scale: te.Tensor, ids: te.Tensor) -> te.Tensor:
         (num,) = ids.shape
         _, packed = q_weight.shape
+        per_word = self.elems_per_word
         return te.compute(
-            (num, packed * PER_STORAGE),
-            lambda t, j: self._decode(q_weight[ids[t], j // PER_STORAGE], j)
-            * q_scale[ids[t], j // self.group_size],
+            (num, packed * per_word),
+            lambda t, j: self._decode(q_weight[ids[t], j // per_word], j) * q_scale[ids[t], j // self.group_size],
             name="take_dequantize",
         )
 
     def _decode(self, word, j):
-        shift = ((j % PER_STORAGE) * BITS).astype(STORAGE_DTYPE)
-        nibble = tirx.bitwise_and(tirx.shift_right(word, shift), tirx.const(MASK, STORAGE_DTYPE))
-        return nibble.astype(self.model_dtype) - tirx.const(MAX_INT, self.model_dtype)
+        shift = ((j % self.elems_per_word) * self.bits).astype(STORAGE_DTYPE)
+        value = tirx.bitwise_and(tirx.shift_right(word, shift), tirx.const(self.mask, STORAGE_DTYPE))
+        return value.astype(self.model_dtype) - tirx.const(self.zero_point, self.model_dtype)
 
 
-def pack_nibbles(q: np.ndarray) -> np.ndarray:
-    """uint values < 16, (out, in) -> uint32 (out, in/8), value k of a word in bits [4k, 4k+4)."""
+def pack_values(q: np.ndarray, bits: int) -> np.ndarray:
+    """uint values < 2^bits, (out, in) -> uint32 (out, in / E), E = 32 // bits values per word,
+    value e of a word in bits [bits * e, bits * (e + 1))."""
+    per_word = STORAGE_BITS // bits
     out_f, in_f = q.shape
-    q = q.astype(np.uint32).reshape(out_f, in_f // PER_STORAGE, PER_STORAGE)
-    shifts = (np.arange(PER_STORAGE, dtype=np.uint32) * BITS)
+    q = q.astype(np.uint32).reshape(out_f, in_f // per_word, per_word)
+    shifts = np.arange(per_word, dtype=np.uint32) * bits
     return np.bitwise_or.reduce(q << shifts, axis=-1).astype(np.uint32)
 
 
-def unpack_nibbles(words: np.ndarray) -> np.ndarray:
-    shifts = (np.arange(PER_STORAGE, dtype=np.uint32) * BITS)
-    nibbles = (words[..., None] >> shifts) & MASK
-    return nibbles.reshape(words.shape[0], -1).astype(np.uint32)
+def unpack_values(words: np.ndarray, bits: int) -> np.ndarray:
+    per_word = STORAGE_BITS // bits
+    shifts = np.arange(per_word, dtype=np.uint32) * bits
+    values = (words[..., None] >> shifts) & np.uint32((1 << bits) - 1)
+    return values.reshape(words.shape[0], -1).astype(np.uint32)
 
 
 class GroupQuantLinear(nn.Module):
@@ -135,7 +185,7 @@ class GroupQuantLinear(nn.Module):
 
     def __init__(self, in_features: int, out_features: int, scheme: GroupQuantize):
         self.in_features, self.out_features, self.scheme = in_features, out_features, scheme
-        self.q_weight = nn.Parameter((out_features, in_features // PER_STORAGE), STORAGE_DTYPE)
+        self.q_weight = nn.Parameter((out_features, in_features // scheme.elems_per_word), STORAGE_DTYPE)
         self.q_scale = nn.Parameter((out_features, in_features // scheme.group_size), scheme.model_dtype)
 
     def forward(self, x: nn.Tensor) -> nn.Tensor:
@@ -148,7 +198,7 @@ class GroupQuantEmbedding(nn.Module):
 
     def __init__(self, num: int, dim: int, scheme: GroupQuantize):
         self.num, self.dim, self.scheme = num, dim, scheme
-        self.q_weight = nn.Parameter((num, dim // PER_STORAGE), STORAGE_DTYPE)
+        self.q_weight = nn.Parameter((num, dim // scheme.elems_per_word), STORAGE_DTYPE)
         self.q_scale = nn.Parameter((num, dim // scheme.group_size), scheme.model_dtype)
 
     def forward(self, ids: nn.Tensor) -> nn.Tensor:

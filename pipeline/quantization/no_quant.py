@@ -6,12 +6,19 @@ import dataclasses
 
 import numpy as np
 
+from .tolerance import TOLERANCE
+
 
 @dataclasses.dataclass(frozen=True)
 class NoQuantize:
     name: str
     model_dtype: str
     kind: str = "no-quant"
+
+    @property
+    def tolerance(self) -> float:
+        """Relative error allowed between two computations of one of this model's kernels."""
+        return TOLERANCE[self.model_dtype]
 
     def check_shapes(self, config) -> None:  # any shape works unquantized
         del config
@@ -23,10 +30,3 @@ class NoQuantize:
     def quantize_param(self, name: str, weight: np.ndarray) -> dict[str, np.ndarray]:
         """Parameter `name` in float -> stored tensors (here: one tensor, cast)."""
         return {name: np.ascontiguousarray(weight.astype(self.model_dtype))}
-
-    def dequantize_param(self, name: str, stored: dict[str, np.ndarray]) -> np.ndarray:
-        return stored[name].astype(np.float32)
-
-    def stored_names(self, name: str, quantized: bool) -> list[str]:
-        del quantized
-        return [name]

@@ -43,7 +43,5 @@ def rules_for(kind: str) -> list:
 CUDA_RULES = rules_for("cuda")
 METAL_RULES = rules_for("metal")
 WEBGPU_RULES = rules_for("webgpu")
-# one list for callers that do not distinguish GPU targets (the CUDA defaults)
-GPU_RULES = CUDA_RULES
 
-__all__ = ["CUDA_RULES", "METAL_RULES", "WEBGPU_RULES", "GPU_RULES", "GEMVDequant", "SamplerGPU", "rules_for"]
+__all__ = ["CUDA_RULES", "METAL_RULES", "WEBGPU_RULES", "GEMVDequant", "SamplerGPU", "rules_for"]

@@ -43,18 +43,10 @@ from __future__ import annotations
 import dataclasses
 
 from tvm import s_tir, tirx
-from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
-from .common import (
-    NTMatmul,
-    analyze_nt_matmul,
-    const,
-    is_gpu,
-    max_threads,
-    max_vector_lanes,
-    webgpu_subgroups,
-)
+from ..analysis import NTMatmul, const, inline_nt_matmul, match_nt_matmul
+from ..base import GPUScheduleRule, max_threads, max_vector_lanes, warp_size, webgpu_subgroups
 
 # Per-target defaults: (threads, rows, vec, unroll).
 DEFAULTS = {
@@ -70,7 +62,7 @@ SUBGROUP_SIZES = (4, 8, 16, 32)
 
 
 @dataclasses.dataclass
-class GEMVDequant(dl.ScheduleRule):
+class GEMVDequant(GPUScheduleRule):
     threads: int = 32
     rows: int = 4
     vec: int = 4
@@ -89,7 +81,7 @@ class GEMVDequant(dl.ScheduleRule):
         limit = max_threads(target)
         vecs = [v for v in (1, 2, 4, 8) if info.words_per_row % v == 0]
         if webgpu_subgroups(target):
-            words, warp = info.words_per_row, _warp_size(target)
+            words, warp = info.words_per_row, warp_size(target)
             lanes = [s for s in SUBGROUP_SIZES if s <= warp and words % s == 0]
             return {"subgroup": lanes, "vec": vecs, "unroll": [1, 2, 4, 8, 16]}
         space = {
@@ -108,7 +100,7 @@ class GEMVDequant(dl.ScheduleRule):
         if info is None:
             return False
         if webgpu_subgroups(target):
-            lanes = self.subgroup or _warp_size(target)
+            lanes = self.subgroup or warp_size(target)
             return self._fit(info, target) == (lanes, 1, self.vec)
         return self._fit(info, target) == (self.threads, self.rows, self.vec)
 
@@ -125,14 +117,12 @@ class GEMVDequant(dl.ScheduleRule):
             return None
 
     def _match(self, func, target) -> NTMatmul | None:
-        if not isinstance(func, tirx.PrimFunc) or not is_gpu(target):
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
-        info = analyze_nt_matmul(func)
-        if info is None:
-            return None
-        if any(not isinstance(b, int) or b != 1 for b in info.batch):
+        info = match_nt_matmul(func)
+        if info is None or info.rows != 1:
             return None  # one token only: batches and symbolic lengths are LowBatchGEMV / Matmul
-        if str(info.vector.dtype) not in ("float16", "float32"):
+        if str(info.x.dtype) not in ("float16", "float32") or info.words_per_row is None:
             return None
         return info
 
@@ -156,7 +146,7 @@ class GEMVDequant(dl.ScheduleRule):
         """(lanes, 1, vec) for a WebGPU target with subgroups: one row per workgroup, at most
         thread_warp_size lanes (TVM takes wider reductions through shared memory), a power of
         two; narrower loads first, so a row keeps its whole subgroup where the row allows."""
-        warp = _warp_size(target)
+        warp = warp_size(target)
         lanes = 1
         while lanes * 2 <= min(self.subgroup or warp, warp, max_threads(target)):
             lanes *= 2
@@ -168,19 +158,18 @@ class GEMVDequant(dl.ScheduleRule):
         return lanes, 1, vec
 
 
-def _warp_size(target: Target) -> int:
-    return int(target.attrs.get("thread_warp_size", 1))
-
-
 def _schedule(info: NTMatmul, threads: int, rows: int, vec: int, unroll: int, target: Target) -> s_tir.Schedule:
-    sch, block = info.sch, info.block
+    inlined = inline_nt_matmul(info)
+    if inlined is None:
+        return None
+    sch, block = inlined.sch, inlined.block
     epw = info.elems_per_word
     *batch_loops, n_loop, k_loop = sch.get_loops(block)
     bx, ty = sch.split(n_loop, factors=[None, rows])
     ko, tx, kv, ke = sch.split(k_loop, factors=[None, threads, vec, epw])
     sch.reorder(bx, ty, tx, *batch_loops, ko, kv, ke)
     # partial sums per lane (rf), then the cross-lane reduction (the original block)
-    rf = sch.rfactor(tx, factor_axis=len(info.batch) + 1)
+    rf = sch.rfactor(tx, factor_axis=len(info.rows_shape) + 1)
     # rfactor leaves the original loops to the write-back block: the rf block has fresh ones
     bx, ty, tx, *_, ko, kv, ke = sch.get_loops(rf)
     sch.bind(bx, "blockIdx.x")
@@ -194,12 +183,12 @@ def _schedule(info: NTMatmul, threads: int, rows: int, vec: int, unroll: int, ta
     if units:
         sch.reorder(*units, red_tx)
     sch.bind(red_tx, "threadIdx.x")
-    if info.epilogue is not None:
+    if inlined.epilogue is not None:
         sch.set_scope(block, 0, "local")
-        sch.reverse_compute_at(info.epilogue, ty, preserve_unit_loops=True)
+        sch.reverse_compute_at(inlined.epilogue, ty, preserve_unit_loops=True)
 
     # registers: this step's words of W, its scales and activations, vector-loaded
-    param_names = {p.name for p in info.sch.mod["main"].params}
+    param_names = {p.name for p in sch.mod["main"].params}
     for name, dtype in _param_reads(sch, rf, param_names):
         local = sch.cache_read(rf, _read_index(sch, rf, name), "local")
         sch.compute_at(local, ko, preserve_unit_loops=True)

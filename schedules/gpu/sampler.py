@@ -29,11 +29,10 @@ from __future__ import annotations
 import dataclasses
 
 from tvm import s_tir, tirx
-from tvm.s_tir import dlight as dl
 from tvm.script import tirx as T
 from tvm.target import Target
 
-from .common import is_gpu, max_threads
+from ..base import GPUScheduleRule, max_threads
 
 SAMPLER_ATTR = "mlcpipe.sampler"  # set by pipeline/model/sampler.py on every sampler kernel
 
@@ -565,7 +564,7 @@ def _one_thread_per_sample(func: tirx.PrimFunc, threads: int) -> s_tir.Schedule:
 
 
 @dataclasses.dataclass
-class SamplerGPU(dl.ScheduleRule):
+class SamplerGPU(GPUScheduleRule):
     threads: int = 0  # lanes per workgroup; 0 = the target's limit
 
     def knob_space(self, func: tirx.PrimFunc, target: Target) -> dict:
@@ -576,7 +575,7 @@ class SamplerGPU(dl.ScheduleRule):
 
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
         del tunable
-        info = _info(func) if isinstance(func, tirx.PrimFunc) and is_gpu(target) else None
+        info = _info(func) if isinstance(func, tirx.PrimFunc) and self.is_target_available(target) else None
         if info is None:
             return None
         threads = self.threads or max_threads(target)

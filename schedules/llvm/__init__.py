@@ -15,10 +15,11 @@ RopeTable     RoPE: cos / sin hoisted out of the head loop into per-(token, dim)
 Elementwise   injective kernels (swiglu, casts, KV append): producers inlined, parallel + vectorized
 SamplerCPU    (first) the sampler kernels, as written (sampler.py)
 
-Importing this package also installs a vectorizable exp lowering for llvm (fast_exp.py).
+Rules import only schedules.base, schedules.analysis and the shared micro-kernels
+(microkernels.py), never each other. The vectorizable exp lowering (fast_exp.py) is installed by
+the build (pipeline/backends/llvm.py), not by importing this package.
 """
 
-from . import fast_exp
 from .elementwise import Elementwise
 from .gemm_amx import PrefillGEMMAMX
 from .gemm_bf16 import PrefillGEMMBF16
@@ -33,5 +34,3 @@ from .row_norm import RowNorm
 from .sampler import SamplerCPU
 
 LLVM_RULES = [SamplerCPU(), DecodeGEMVQ4VNNI(), DecodeGEMVQ4(), DecodeGEMVFloat(), PrefillGEMMAMX(), PrefillGEMMQ4VNNI(), PrefillGEMMBF16(), PrefillGEMM(), MatmulNT(), RowNorm(), RopeTable(), Elementwise()]
-
-fast_exp.install()

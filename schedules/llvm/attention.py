@@ -30,7 +30,7 @@ import tvm
 from tvm import tirx
 from tvm.script import tirx as T
 
-from .row_gemv import lane_sum
+from .microkernels import lane_sum
 
 LOG2E = 1.4426950408889634
 KERNEL_NAME = "batch_decode_paged_kv_cpu"

@@ -20,16 +20,17 @@ from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
 from ..analysis import root_blocks
+from ..base import CPUScheduleRule
 
 
 @dataclasses.dataclass
-class Elementwise(dl.ScheduleRule):
+class Elementwise(CPUScheduleRule):
     lanes: int = 16
     min_parallel: int = 16384
 
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
         del tunable
-        found = root_blocks(func) if target.kind.name == "llvm" else None
+        found = root_blocks(func) if self.is_target_available(target) else None
         if found is None:
             return None
         sch, blocks = found

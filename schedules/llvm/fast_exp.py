@@ -8,8 +8,9 @@ in two parts), Cephes' degree-5 minimax polynomial for e^r, and 2^n built in the
 Accuracy: within 2 ulp of expf on [-87.3, 88.72283]; below that range the result flushes to 0, above
 it is +inf; NaN in gives NaN out. f16 / bf16 are computed in f32.
 
-`install()` is idempotent and process-wide (TVM's intrinsic-lowering table is global); the llvm
-rules call it when imported.
+`install()` is idempotent and process-wide (TVM's intrinsic-lowering table is global). Importing
+this module (or `schedules`) installs nothing: the build calls it (pipeline/backends/llvm.py,
+`install_lowerings`, around relax.build), and so does `mlcpipe tune` before it times kernels.
 """
 
 from __future__ import annotations

@@ -35,9 +35,9 @@ Few tokens (up to `low_batch`, default 4; q4 only on VNNI CPUs): the tile path d
 weight row to bf16 whatever the token count, which costs about as much as 4 decode GEMVs (1B q4
 gate_up: 2.5-3.0 ms at 1 to 16 tokens, the decode GEMV 0.7 ms). The kernel therefore branches on
 the token count: up to `low_batch` tokens it runs the decode GEMVs' arithmetic (q4: the VNNI
-integer dot products of gemv_q4_vnni.py on int8 activation planes per token; unquantized: f32
+integer dot products of gemv_q4_vnni.py (microkernels.vnni_chunk) on int8 activation planes per token; unquantized: f32
 FMAs as gemv_float.py) with each chunk of weights loaded once for all tokens of a pass (exactly
-1-4 tokens per pass, row_gemv.token_row_loop). Measured (2 threads, interleaved), q4 gate_up:
+1-4 tokens per pass, microkernels.token_row_loop). Measured (2 threads, interleaved), q4 gate_up:
 3.0 -> 0.70 ms at 1 token, 2.8 -> 0.9-1.0 at 2, 2.9 -> 1.4 at 3, 2.4 -> 1.5-2.0 at 4, no gain
 from 5 (two passes), so 4 is the default; q0f16 gate_up 4.3 -> 1.8 ms at 1 token, 3.7 -> 2.7 at
 4. Whole 1B prefills of 1 / 2 / 3 / 4 tokens (benchmarks/short_prefill.py): q4f16_1 149 / 163 /
@@ -66,14 +66,21 @@ import dataclasses
 
 import tvm
 from tvm import s_tir, te, tirx
-from tvm.s_tir import dlight as dl
 from tvm.script import tirx as T
 from tvm.target import Target, codegen
 
-from .dequant_matmul import match_on_cpu, schedule_extern_epilogue
-from .gemv_float import activation_f32, float_chunk
-from .gemv_q4_vnni import quantize_activation, vnni_chunk
-from .row_gemv import LANES, few_token_rows
+from ..analysis import match_on_cpu
+from ..base import CPUScheduleRule, is_cpu
+from .microkernels import (
+    LANES,
+    activation_f32,
+    float_chunk,
+    quantize_activation,
+    rebuild,
+    schedule_extern_epilogue,
+    few_token_rows,
+    vnni_chunk,
+)
 
 TILE = 16  # AMX tile: 16 rows x 64 bytes (32 bf16 along K)
 BLOCK = 2 * TILE  # weight rows per task and tokens per step (2 x 2 tiles)
@@ -86,7 +93,7 @@ PLANES, FEW_ROWS, FEW_PER_PASS, FEW_PREFETCH = 2, 2, 4, 8  # few-token branch: a
 
 
 @dataclasses.dataclass
-class PrefillGEMMAMX(dl.ScheduleRule):
+class PrefillGEMMAMX(CPUScheduleRule):
     k_chunk: int = 2048
     group: int = 0  # tasks per parallel group (decode of the next overlapping the current); 0: auto
     low_batch: int = 4  # up to this many tokens take the GEMV branch (q4: on VNNI CPUs); 0: never
@@ -121,7 +128,7 @@ class PrefillGEMMAMX(dl.ScheduleRule):
 
 
 def _applicable(func, target):
-    if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
+    if not isinstance(func, tirx.PrimFunc) or not is_cpu(target):
         return None
     if not (codegen.target_has_features("amx-bf16", target) and codegen.target_has_features("avx512bf16", target)):
         return None
@@ -130,7 +137,7 @@ def _applicable(func, target):
         return None
     if info.k % PIECE:
         return None
-    if info.quantized and (info.group_size % 8 or LANES % (info.group_size // 8)):
+    if info.quantized and (info.bits != 4 or info.group_size % 8 or LANES % (info.group_size // 8)):
         return None
     return info
 
@@ -237,7 +244,7 @@ def _build(info, chunk: int, group: int, low_batch: int) -> tirx.PrimFunc:
         out_buffers=[tirx.decl_buffer((padded * info.n,), out_dtype, name="c_buf")],
     )
     mm = te.compute((*x.shape[:-1], info.n), lambda b, m, n: c[m * info.n + n].astype("float32"), name="matmul")
-    return info.finish(inputs, mm)
+    return rebuild(info, inputs, mm)
 
 
 def _kernel(info, padded, chunk, group, xb, weight, scale, out):

@@ -16,13 +16,12 @@ from __future__ import annotations
 import dataclasses
 
 from tvm import s_tir, te, tirx
-from tvm.s_tir import dlight as dl
 from tvm.script import tirx as T
 from tvm.target import Target, codegen
 
-from .dequant_matmul import match_on_cpu, schedule_extern_epilogue
-from .gemv_float import activation_f32, float_chunk
-from .row_gemv import LANES, activation_f32_at, few_token_rows
+from ..analysis import match_on_cpu
+from ..base import CPUScheduleRule
+from .microkernels import LANES, activation_f32, activation_f32_at, few_token_rows, float_chunk, rebuild, schedule_extern_epilogue
 
 CVT_BF16 = "llvm.x86.avx512bf16.cvtneps2bf16.512"
 DPBF16 = "mlcpipe_dpbf16ps"  # (f32x16 acc, i32x16 a, i32x16 b): acc[i] += a.bf16[2i] b.bf16[2i] + a.bf16[2i+1] b.bf16[2i+1]
@@ -65,7 +64,7 @@ def _isa(target: Target) -> str | None:
 
 
 @dataclasses.dataclass
-class PrefillGEMMBF16(dl.ScheduleRule):
+class PrefillGEMMBF16(CPUScheduleRule):
     block_n: int = 0  # weight rows per task and micro-kernel (0: the ISA's default, DEFAULT_TILE)
     token_vecs: int = 0  # 16-token vectors per micro-kernel (0: the ISA's default)
     low_batch: int = 4  # x86, f16 weights, up to this many tokens: the f32 decode GEMV's FMAs (0: off)
@@ -102,7 +101,7 @@ def _applicable(func, target):
     info = match_on_cpu(func, target, decode=False)
     if info is None or str(info.x.dtype) != "float16" or len(info.rows_shape) != 2 or info.k % 32:
         return None
-    if info.quantized and (info.k % 128 or info.group_size % 8 or (LANES % (info.group_size // 8) and (info.group_size // 8) % LANES)):
+    if info.quantized and (info.bits != 4 or info.k % 128 or info.group_size % 8 or (LANES % (info.group_size // 8) and (info.group_size // 8) % LANES)):
         return None
     if not info.quantized and str(info.weight.dtype) != "float16":
         return None
@@ -155,7 +154,7 @@ def _build(info, block_n: int, token_vecs: int, isa: str, low_batch: int) -> tir
         out_buffers=[tirx.decl_buffer((padded * info.n,), "float32", name="c_buf")],
     )
     mm = te.compute((*x.shape[:-1], info.n), lambda b, m, n: c[m * info.n + n], name="matmul")
-    return info.finish(inputs, mm)
+    return rebuild(info, inputs, mm)
 
 
 def _bf16_scalar(value):

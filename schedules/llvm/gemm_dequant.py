@@ -1,13 +1,14 @@
 """CPU prefill GEMM with the dequantize fused: C[m, n] = sum_k x[m, k] * W[n, k], many tokens m.
 
 For each parallel task of `tile_n` output rows the task first decodes its weight rows into an f32
-tile (q4: (q - 7) * scale; f16: convert) that stays in L2 and is reused by every token, converts
-the activation to f32 once per call, then runs a register-blocked micro-kernel: `block_m` tokens x
-`block_n` weight rows of 16-float vector accumulators along K (block_m*block_n FMAs per
-block_m+block_n vector loads), reduced horizontally at the end of K.
+tile (group-quantized: (q - zero point) * scale; f16: convert) that stays in L2 and is reused by
+every token, converts the activation to f32 once per call, then runs a register-blocked
+micro-kernel: `block_m` tokens x `block_n` weight rows of 16-float vector accumulators along K
+(block_m*block_n FMAs per block_m+block_n vector loads), reduced horizontally at the end of K.
 
 Handles: symbolic or static token count (M), static N, K with N % tile_n == 0 and
-K % lanes == 0, q4 (MLC group quantization) or unquantized weights, any elementwise epilogue.
+K % lanes == 0, group-quantized (MLC's format, any bits: decoded with the quantization's
+constants) or unquantized weights, any elementwise epilogue.
 Single-row (decode) functions are left to the GEMV rules. Anything else: None.
 
 Knobs: tile_n (weight rows per parallel task), block_m, block_n (micro-kernel), lanes (vector width).
@@ -18,14 +19,15 @@ from __future__ import annotations
 import dataclasses
 
 from tvm import s_tir, te, tirx
-from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
-from .dequant_matmul import blocks_after, match_on_cpu
+from ..analysis import blocks_after, match_on_cpu
+from ..base import CPUScheduleRule
+from .microkernels import rebuild
 
 
 @dataclasses.dataclass
-class PrefillGEMM(dl.ScheduleRule):
+class PrefillGEMM(CPUScheduleRule):
     tile_n: int = 32
     block_m: int = 4
     block_n: int = 4
@@ -99,11 +101,13 @@ def _build(info, block_m: int) -> tirx.PrimFunc:
     )
     if info.quantized:
         s = inputs[info.param_index(info.scale)]
-        group = info.group_size
+        fmt = info.dequantize  # the quantization's constants (values per word, bits, mask, zero point)
 
         def decode(n, k):
-            nibble = (w[n, k // 8] >> ((k % 8) * 4).astype("uint32")) & tirx.const(15, "uint32")
-            return (nibble.astype("float32") - tirx.const(7.0, "float32")) * s[n, k // group].astype("float32")
+            shift = ((k % fmt.elems_per_word) * fmt.bits).astype(fmt.storage_dtype)
+            value = (w[n, k // fmt.elems_per_word] >> shift) & tirx.const(fmt.mask, fmt.storage_dtype)
+            zero = tirx.const(float(fmt.zero_point), "float32")
+            return (value.astype("float32") - zero) * s[n, k // fmt.group_size].astype("float32")
 
         wd = te.compute((info.n, info.k), decode, name="weight_f32")
     else:
@@ -111,4 +115,4 @@ def _build(info, block_m: int) -> tirx.PrimFunc:
     k = te.reduce_axis((0, info.k), "k")
     out_shape = list(xf.shape[:-1]) + [info.n]
     mm = te.compute(out_shape, lambda *i: te.sum(xf[(*i[:-1], k)] * wd[i[-1], k], axis=k), name="matmul")
-    return info.finish(inputs, mm, padded=True)
+    return rebuild(info, inputs, mm, padded=True)

@@ -39,17 +39,16 @@ from __future__ import annotations
 import dataclasses
 
 from tvm import s_tir, te, tirx
-from tvm.s_tir import dlight as dl
 from tvm.script import tirx as T
 from tvm.target import Target, codegen
 
-from .dequant_matmul import match_on_cpu, schedule_extern_epilogue
-from .gemv_q4_vnni import RESIDUAL, VPDPBUSD
-from .row_gemv import LANES, activation_f32_at
+from ..analysis import match_on_cpu
+from ..base import CPUScheduleRule, is_cpu
+from .microkernels import LANES, RESIDUAL, VPDPBUSD, activation_f32_at, rebuild, schedule_extern_epilogue
 
 
 @dataclasses.dataclass
-class PrefillGEMMQ4VNNI(dl.ScheduleRule):
+class PrefillGEMMQ4VNNI(CPUScheduleRule):
     block_m: int = 4
     row_vecs: int = 2
     planes: int = 1  # int8 activation planes: 1 = round(x / a) (llama.cpp's Q8), 2 = + residual (~16 bits)
@@ -74,12 +73,12 @@ class PrefillGEMMQ4VNNI(dl.ScheduleRule):
 
 
 def _applicable(func, target):
-    if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
+    if not isinstance(func, tirx.PrimFunc) or not is_cpu(target):
         return None
     if not codegen.target_has_features("avx512vnni", target):
         return None
     info = match_on_cpu(func, target, decode=False)
-    if info is None or not info.quantized or str(info.x.dtype) != "float16" or len(info.rows_shape) != 2:
+    if info is None or info.bits != 4 or str(info.x.dtype) != "float16" or len(info.rows_shape) != 2:
         return None
     if info.group_size % 8 or info.k % info.group_size or info.n % LANES:
         return None
@@ -129,7 +128,7 @@ def _build(info, block_m: int, row_vecs: int, planes: int, low_batch: int) -> ti
         out_buffers=[tirx.decl_buffer((padded * info.n,), "float32", name="c_buf")],
     )
     mm = te.compute((*x.shape[:-1], info.n), lambda b, m, n: c[m * info.n + n], name="matmul")
-    return info.finish(inputs, mm)
+    return rebuild(info, inputs, mm)
 
 
 def _kernel(info, padded, block_m, row_vecs, planes, stored, xq, amax, xsum, weight, scale, out):

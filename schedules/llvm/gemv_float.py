@@ -3,7 +3,7 @@
 Memory-bound: the whole job is streaming W once. The activation is converted to f32 once per
 call; per 16 weights of a row, one load + convert (f16 -> f32 is one instruction with
 avx512_fp16/F16C) and one FMA into the row's f32 accumulator; rows interleaved and weight rows
-software-prefetched ahead (row_gemv.py). MatmulNT's rfactor schedule reached ~16 GB/s on the 1B
+software-prefetched ahead (microkernels.py: the row-GEMV skeleton, `float_chunk`). MatmulNT's rfactor schedule reached ~16 GB/s on the 1B
 q0f16 GEMVs here, short of the ~25 GB/s a plain stream gets; the prefetch makes the difference.
 
 Numerics: products and sums in f32, like the unscheduled kernel (which casts both to f32).
@@ -18,12 +18,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from tvm import te, tirx
-from tvm.script import tirx as T
+from tvm import tirx
 from tvm.target import Target
 
-from .dequant_matmul import match_on_cpu
-from .row_gemv import LANES, RowGEMVRule, activation_f32_at, extern_gemv, row_loop
+from ..analysis import match_on_cpu
+from .microkernels import LANES, RowGEMVRule, activation_f32, extern_gemv, float_chunk, row_loop
 
 
 @dataclasses.dataclass
@@ -45,20 +44,3 @@ class DecodeGEMVFloat(RowGEMVRule):
 
         return extern_gemv(info, inputs, [activation_f32(x, info.k), w], kernel)
 
-
-def activation_f32(x: te.Tensor, k: int, tokens=1) -> te.Tensor:
-    """The first `tokens` rows (static or symbolic) of the activation as f32 [tokens, K]."""
-    return te.compute((tokens, k), lambda t, i: activation_f32_at(x, t, i), name="xf")
-
-
-def float_chunk(x32, weight):
-    """(chunk(n, c, t), streams(n, c)): row n's f32 products with token t's activation over
-    weights 16 c .. 16 c + 15 (16 lanes), and the row's weight address for that chunk."""
-
-    def chunk(n, c, t):
-        return T.Cast("float32x16", weight[n, T.ramp(c * LANES, 1, LANES)]) * x32[t, T.ramp(c * LANES, 1, LANES)]
-
-    def streams(n, c):
-        return [T.address_of(weight[n, c * LANES])]
-
-    return chunk, streams

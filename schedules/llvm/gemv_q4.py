@@ -32,14 +32,15 @@ from __future__ import annotations
 import dataclasses
 
 from tvm import s_tir, te, tirx
-from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
-from .dequant_matmul import blocks_after, match_on_cpu
+from ..analysis import blocks_after, match_on_cpu
+from ..base import CPUScheduleRule
+from .microkernels import rebuild
 
 
 @dataclasses.dataclass
-class DecodeGEMVQ4(dl.ScheduleRule):
+class DecodeGEMVQ4(CPUScheduleRule):
     lanes: int | None = None  # None: the widest of 32, 16, 8 that divides the row's words
     rows: int = 2
 
@@ -90,7 +91,7 @@ class DecodeGEMVQ4(dl.ScheduleRule):
 
 def _applicable(func, target):
     info = match_on_cpu(func, target, decode=True)
-    return info if info is not None and info.quantized else None
+    return info if info is not None and info.bits == 4 else None
 
 
 def _build(info, lanes: int) -> tirx.PrimFunc:
@@ -138,4 +139,4 @@ def _build(info, lanes: int) -> tirx.PrimFunc:
     v = te.reduce_axis((0, wpg), "v")
     out_shape = list(x.shape[:-1]) + [n_rows]
     total = te.compute(out_shape, lambda *i: te.sum(acc[i[-1], v], axis=v), name="row_sum")
-    return info.finish(inputs, total)
+    return rebuild(info, inputs, total)

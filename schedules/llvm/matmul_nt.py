@@ -5,6 +5,9 @@ dequantize) are inlined so the weight is decoded in registers and never material
 consumers (cast, residual add) run right after each row block. The reduction over K is
 vectorised by rfactor over `lanes` partial sums; rows are split into parallel tasks.
 
+Handles: what schedules.analysis.match_nt_matmul recognises (unquantized, or the dequantize of a
+registered quantization), static N, K % lanes == 0. Anything else: None.
+
 Knobs: lanes (vector width of the K reduction), rows (output rows per parallel task),
 unroll (max auto-unroll step of the K loop).
 """
@@ -14,37 +17,35 @@ from __future__ import annotations
 import dataclasses
 
 from tvm import s_tir, tirx
-from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
-from ..analysis import inline_around_reduction
+from ..analysis import const, inline_nt_matmul, match_nt_matmul
+from ..base import CPUScheduleRule
 
 
 @dataclasses.dataclass
-class MatmulNT(dl.ScheduleRule):
+class MatmulNT(CPUScheduleRule):
     lanes: int = 16
     rows: int = 16
     unroll: int = 8
 
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
         del tunable
-        if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm":
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
-        sch = s_tir.Schedule(func)
-        found = inline_around_reduction(sch)
-        if found is None:
+        info = match_nt_matmul(func)
+        inlined = None if info is None else inline_nt_matmul(info)
+        if inlined is None:
             return None
-        red, epilogue = found
-        if not _is_nt_matmul(sch, red):
-            return None
+        sch, red, epilogue = inlined.sch, inlined.block, inlined.epilogue
 
         loops = sch.get_loops(red)
         spatial, k = loops[:-1], loops[-1]
-        k_extent = _const(sch.get(k).extent)
+        k_extent = const(sch.get(k).extent)
         if k_extent is None or k_extent % self.lanes:
             return None
         n_loop = spatial[-1]
-        n_extent = _const(sch.get(n_loop).extent)
+        n_extent = const(sch.get(n_loop).extent)
         if n_extent is None:
             return None
         rows = self.rows if n_extent % self.rows == 0 else 1
@@ -67,15 +68,3 @@ class MatmulNT(dl.ScheduleRule):
         sch.decompose_reduction(rf, rf_loops[-2])
         return sch
 
-
-def _const(expr) -> int | None:
-    return int(expr.value) if isinstance(expr, tirx.IntImm) else None
-
-
-def _is_nt_matmul(sch: s_tir.Schedule, block) -> bool:
-    """Exactly one reduction iter, innermost, and one loop per block iter (no fused loops)."""
-    stmt = sch.get(block)
-    kinds = [iv.iter_type for iv in stmt.iter_vars]
-    if kinds.count(tirx.IterVar.CommReduce) != 1 or kinds[-1] != tirx.IterVar.CommReduce:
-        return False
-    return len(sch.get_loops(block)) == len(stmt.iter_vars)

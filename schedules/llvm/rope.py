@@ -27,22 +27,22 @@ import dataclasses
 import tvm
 import tvm_ffi
 from tvm import s_tir, tirx
-from tvm.s_tir import dlight as dl
 from tvm.target import Target
 
+from ..base import CPUScheduleRule
 from ..tir_rewrite import Load, UnsupportedIR, collect, inline_let, map_stmt_exprs, substitute
 
 TRIG_OPS = ("tirx.cos", "tirx.sin")
 
 
 @dataclasses.dataclass
-class RopeTable(dl.ScheduleRule):
+class RopeTable(CPUScheduleRule):
     lanes: int = 16
     min_parallel: int = 4
 
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
         del tunable
-        if target.kind.name != "llvm" or not isinstance(func, tirx.PrimFunc):
+        if not self.is_target_available(target) or not isinstance(func, tirx.PrimFunc):
             return None
         hoisted = hoist_trig_tables(func)
         if hoisted is None:

@@ -11,14 +11,15 @@ from __future__ import annotations
 import dataclasses
 
 from tvm import s_tir, tirx
-from tvm.s_tir import dlight as dl
 from tvm.target import Target
+
+from ..base import CPUScheduleRule
 
 SAMPLER_ATTR = "mlcpipe.sampler"  # set by pipeline/model/sampler.py on every sampler kernel
 
 
 @dataclasses.dataclass
-class SamplerCPU(dl.ScheduleRule):
+class SamplerCPU(CPUScheduleRule):
     def knob_space(self, func: tirx.PrimFunc, target: Target) -> dict:
         """Nothing to tune: `mlcpipe tune` skips the sampler's kernels (they are claimed here, before
         any rule with knobs could take them)."""
@@ -27,7 +28,7 @@ class SamplerCPU(dl.ScheduleRule):
 
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
         del tunable
-        if target.kind.name != "llvm" or not isinstance(func, tirx.PrimFunc):
+        if not self.is_target_available(target) or not isinstance(func, tirx.PrimFunc):
             return None
         if func.attrs is None or SAMPLER_ATTR not in func.attrs:
             return None

@@ -9,13 +9,10 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 
+from ...roles import ROLES  # noqa: F401  (every role a kernel can have, in report order)
 from ..schema import device_kernel_name, kernel_stats, measured_samples
 
 PHASES = ("prefill", "decode")
-
-# Every role `pipeline.kernel_info` can give a kernel (weight roles first, then by-name roles).
-ROLES = ("qkv", "o_proj", "gate_up", "down", "lm_head", "attention", "kv append", "norm", "rope", "swiglu",
-         "embedding", "sampler", "other")
 
 
 def percentile(values: Sequence[float], q: float) -> float:

@@ -1,0 +1,373 @@
+"""Shared CPU micro-kernels: the pieces the explicit-vector rules build their kernels from.
+
+Those rules (gemv_float, gemv_q4_vnni, gemm_amx, gemm_q4_vnni, gemv_q4, gemm_dequant) compute a
+matched NT matmul (schedules.analysis.NTMatmul) with arithmetic that is not a reordering of the
+original loop nest (integer dot products, converts of whole vectors), so they write new TIR: a
+`te.extern` stage whose body is built here from a per-chunk expression, between TE stages that
+prepare the activation and the original kernel's epilogue (`rebuild`).
+
+- LANES, RowGEMVRule, row_loop, token_row_loop, lane_sum, extern_gemv, vectorize_epilogue: the
+  row-GEMV skeleton. Rows split into parallel tasks of `rows` consecutive rows; per task, one
+  16-lane f32 accumulator per row; per chunk (one vector step along K) each row adds `chunk(n,
+  c)`; the rows of a task are interleaved so their independent chains overlap and share the
+  activation loads; `prefetch` rows ahead, each weight stream is software-prefetched (the
+  hardware prefetchers alone left these kernels at ~60% of the streaming bandwidth here);
+  finally a shuffle tree sums the lanes.
+- activation_f32_at, activation_f32, float_chunk: f32 activations and the unquantized weights'
+  16-lane products (gemv_float.py).
+- NIBBLES, VPDPBUSD, RESIDUAL, quantize_activation, vnni_chunk: the q4 x int8 AVX512-VNNI
+  arithmetic (gemv_q4_vnni.py explains it).
+- rebuild, schedule_extern_epilogue: the rebuilt kernel with the original epilogue, and that
+  epilogue's schedule.
+
+TVM 0.27 note: every vector value is written as one expression. A TVMScript binding of a vector
+(`v = ...` inside the loop) becomes a workspace allocation per parallel task, which costs more
+than the arithmetic.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import functools
+from collections.abc import Callable
+
+from tvm import s_tir, te, tirx
+from tvm.ir.expr import TensorLoad
+from tvm.script import tirx as T
+from tvm.target import Target
+from tvm.tirx import expr as E
+
+from ..analysis import NTMatmul, blocks_after
+from ..base import CPUScheduleRule
+
+LANES = 16  # f32 accumulator lanes (one 512-bit register)
+NIBBLES = 0x0F0F0F0F
+VPDPBUSD = "llvm.x86.avx512.vpdpbusd.512"  # (i32x16 acc, u8x64, s8x64): 4 products per lane
+RESIDUAL = 256.0  # the second activation plane counts in units of a / 256
+
+
+# ---- the row-GEMV skeleton -------------------------------------------------------------------
+@dataclasses.dataclass
+class RowGEMVRule(CPUScheduleRule, abc.ABC):
+    """Base of the explicit-vector GEMV rules: knobs rows and prefetch; subclasses give
+    `applicable(func, target) -> NTMatmul | None` and `build(info) -> PrimFunc`."""
+
+    rows: int = 2  # rows per parallel task, interleaved
+    prefetch: int = 8  # software-prefetch each weight stream this many rows ahead (0: off)
+
+    @abc.abstractmethod
+    def applicable(self, func: tirx.PrimFunc, target: Target):
+        """The matched kernel (NTMatmul) if this rule takes it, else None."""
+
+    @abc.abstractmethod
+    def build(self, info) -> tirx.PrimFunc | None:
+        """The rebuilt kernel (extern_gemv), or None when the knobs do not fit."""
+
+    def knob_space(self, func: tirx.PrimFunc, target: Target) -> dict[str, list]:
+        info = self.applicable(func, target)
+        if info is None:
+            return {}
+        # `prefetch` is not searched: `mlcpipe tune` times a kernel on inputs that stay in the
+        # host's L3 between repeats, where prefetching cannot show what it does for weights
+        # streaming from DRAM in the model (set it in a tuning DB by hand if needed)
+        return {"rows": [v for v in (1, 2, 4) if info.n % v == 0]}
+
+    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
+        del tunable
+        info = self.applicable(func, target)
+        if info is None or info.n % self.rows:
+            return None
+        func = self.build(info)
+        if func is None:
+            return None
+        sch = s_tir.Schedule(func)
+        vectorize_epilogue(sch, info.n)
+        return sch
+
+
+def extern_gemv(info, inputs: list[te.Tensor], ins: list[te.Tensor], body: Callable) -> tirx.PrimFunc:
+    """The rebuilt kernel: `body(*in_buffers, out_buffer)` writes the f32 matmul result
+    [..., N]; the original epilogue follows."""
+    x = inputs[info.param_index(info.x)]
+    out_shape = list(x.shape[:-1]) + [info.n]
+    mm = te.extern(
+        out_shape,
+        ins,
+        lambda i, o: body(*i, o[0]),
+        name="gemv",
+        dtype="float32",
+        in_buffers=[tirx.decl_buffer(t.shape, t.dtype, name=f"{t.op.name}_buf") for t in ins],
+        out_buffers=[tirx.decl_buffer(out_shape, "float32", name="gemv_buf")],
+    )
+    return rebuild(info, inputs, mm)
+
+
+def activation_f32_at(x: te.Tensor, t, i):
+    """Token t's activation element i as f32 (x: [..., tokens, K], leading dims of extent 1)."""
+    return x[(*([0] * (len(x.shape) - 2)), t, i)].astype("float32")
+
+
+def lane_sum(v, lanes: int = LANES):
+    while lanes > 1:
+        lanes //= 2
+        v = T.Shuffle([v], list(range(lanes))) + T.Shuffle([v], list(range(lanes, 2 * lanes)))
+    return T.Shuffle([v], [0])
+
+
+def token_row_loop(n_rows: int, rows: int, chunks: int, tokens, per_pass: int, store: Callable, chunk: Callable,
+                   streams: Callable, prefetch: int) -> tirx.Stmt:
+    """row_loop for a few tokens (`tokens`, may be symbolic): per task of `rows` rows, the tokens
+    in passes of `per_pass` (unrolled, rows x per_pass accumulators); every chunk's weight words
+    are loaded once per pass and serve all of its tokens (LLVM merges the identical loads and
+    nibble unpacking of the unrolled tokens), so the weights stream from memory once and from L1
+    for later passes. `chunk(n, c, t)`; `store(t, n, value)` writes token t's result of row n.
+    A last, partial pass recomputes its last token for the missing ones and does not store them."""
+    tasks = n_rows // rows
+    last = n_rows - 1
+    n_streams = len(streams(0, 0))
+    if n_streams not in (1, 2):
+        raise ValueError(f"token_row_loop prefetches one or two streams, got {n_streams}")
+
+    def ahead(n, c, i):
+        return T.call_llvm_intrin("void", "llvm.prefetch.p0", streams(T.min(n + prefetch, last), c)[i], 0, 3, 1)
+
+    @T.prim_func(private=True, check_well_formed=False)
+    def body():
+        for task in T.parallel(tasks):
+            for tp in range((tokens + per_pass - 1) // per_pass):
+                acc = T.alloc_buffer((rows * per_pass * LANES,), "float32", scope="local")
+                for a in T.unroll(rows * per_pass):
+                    acc[T.ramp(a * LANES, 1, LANES)] = T.broadcast(T.float32(0), LANES)
+                for c in range(chunks):
+                    for r in T.unroll(rows):
+                        if prefetch > 0:
+                            if tp == 0:
+                                T.evaluate(ahead(task * rows + r, c, 0))
+                                if n_streams == 2:
+                                    T.evaluate(ahead(task * rows + r, c, 1))
+                        for t in T.unroll(per_pass):
+                            a = r * per_pass + t
+                            acc[T.ramp(a * LANES, 1, LANES)] = acc[T.ramp(a * LANES, 1, LANES)] + chunk(
+                                task * rows + r, c, T.min(tp * per_pass + t, tokens - 1))
+                for r in T.unroll(rows):
+                    for t in T.unroll(per_pass):
+                        if tp * per_pass + t < tokens:
+                            store(tp * per_pass + t, task * rows + r, lane_sum(acc[T.ramp((r * per_pass + t) * LANES, 1, LANES)]))
+
+    return body.body
+
+
+def few_token_rows(info, tokens, low_batch: int, chunk: Callable, streams: Callable, out, rows: int = 2, per_pass: int = 4,
+                   prefetch: int = 8) -> tirx.Stmt:
+    """C rows (flat [tokens * N] `out`) of up to `low_batch` tokens by a decode GEMV's arithmetic
+    (`chunk`, `streams` of one 16-lane step: q4 words or f16 weights): the GEMM rules decode every
+    weight row whatever the token count (~4 GEMVs' cost); here the weights stream once for all
+    tokens, in passes of exactly 1..per_pass tokens (a wider pass would compute the missing ones)."""
+
+    def store(t, n, value):
+        T.buffer_store(out, value.astype(out.dtype), [t * info.n + n])
+
+    chunks = info.k // (8 * LANES) if info.quantized else info.k // LANES
+
+    def loop(width):
+        return token_row_loop(info.n, rows, chunks, tokens, width, store, chunk, streams, prefetch)
+
+    stmt = loop(min(low_batch, per_pass))
+    for exact in reversed(range(1, min(low_batch, per_pass))):
+        stmt = tirx.IfThenElse(tokens == exact, loop(exact), stmt)
+    return stmt
+
+
+def row_loop(n_rows: int, rows: int, chunks: int, out, chunk: Callable, streams: Callable, prefetch: int) -> tirx.Stmt:
+    """for each task of `rows` rows (parallel): acc[r] += chunk(n, c) for c < chunks; out[.., n] = sum(acc[r]).
+    `streams(n, c)` lists the addresses (T.address_of) of row n's data for chunk c, prefetched
+    `prefetch` rows ahead (0: no software prefetch). One token: token_row_loop with one pass."""
+    lead = [0] * (len(out.shape) - 1)
+
+    def store(t, n, value):
+        T.buffer_store(out, value, [*lead, n])
+
+    return token_row_loop(n_rows, rows, chunks, 1, 1, store, lambda n, c, t: chunk(n, c), streams, prefetch)
+
+
+def vectorize_epilogue(sch, n: int) -> None:
+    """The epilogue blocks after the extern (cast, residual add): one fused loop each, 16 lanes."""
+    for block in blocks_after(sch, sch.get_sblock("gemv")):
+        loop = sch.fuse(*sch.get_loops(block))
+        if n % LANES == 0:
+            sch.vectorize(sch.split(loop, [None, LANES])[1])
+
+
+# ---- f32 activations, unquantized weights ---------------------------------------------------
+def activation_f32(x: te.Tensor, k: int, tokens=1) -> te.Tensor:
+    """The first `tokens` rows (static or symbolic) of the activation as f32 [tokens, K]."""
+    return te.compute((tokens, k), lambda t, i: activation_f32_at(x, t, i), name="xf")
+
+
+def float_chunk(x32, weight):
+    """(chunk(n, c, t), streams(n, c)): row n's f32 products with token t's activation over
+    weights 16 c .. 16 c + 15 (16 lanes), and the row's weight address for that chunk."""
+
+    def chunk(n, c, t):
+        return T.Cast("float32x16", weight[n, T.ramp(c * LANES, 1, LANES)]) * x32[t, T.ramp(c * LANES, 1, LANES)]
+
+    def streams(n, c):
+        return [T.address_of(weight[n, c * LANES])]
+
+    return chunk, streams
+
+
+# ---- q4 weights x int8 activations on AVX512-VNNI ------------------------------------------
+def quantize_activation(x: te.Tensor, k: int, group: int, planes: int = 2, tokens=1):
+    """The activation planes the kernel reads, for the first `tokens` rows of x (static or
+    symbolic): (xlo, xhi) int8 [tokens, planes, K/2] (the even / odd k of each packed word, four
+    per word), w0 int32 [tokens, planes, K/8] (-7 * sum of the word's int8 values) and a_word f32
+    [tokens, K/8] (the int8 scale a of the word's group). Plane 0 is round(x / a); plane 1 (if
+    any) the rounding residual in units of a / 256, so x = a * (p0 + p1 / 256) to ~16 bits."""
+    xf = functools.partial(activation_f32_at, x)
+    r = te.reduce_axis((0, group), "r")
+    amax = te.compute((tokens, k // group), lambda t, g: te.max(te.abs(xf(t, group * g + r)), axis=r), name="amax")
+    inv = te.compute(
+        (tokens, k // group),
+        lambda t, g: te.if_then_else(amax[t, g] > 0, tirx.const(127.0, "float32") / amax[t, g], tirx.const(0.0, "float32")),
+        name="inv",
+    )
+    scaled = te.compute((tokens, k), lambda t, i: xf(t, i) * inv[t, i // group], name="x_scaled")
+
+    def plane(t, p, i):
+        high = tirx.nearbyint(scaled[t, i])
+        low = tirx.nearbyint((scaled[t, i] - high) * tirx.const(RESIDUAL, "float32"))
+        low = te.max(te.min(low, tirx.const(127.0, "float32")), tirx.const(-127.0, "float32"))
+        return te.if_then_else(p == 0, high, low).astype("int8")
+
+    xq = te.compute((tokens, planes, k), plane, name="xq")
+    xlo = te.compute((tokens, planes, k // 2), lambda t, p, i: xq[t, p, 8 * (i // 4) + 2 * (i % 4)], name="xlo")
+    xhi = te.compute((tokens, planes, k // 2), lambda t, p, i: xq[t, p, 8 * (i // 4) + 2 * (i % 4) + 1], name="xhi")
+    j = te.reduce_axis((0, 8), "j")
+    w0 = te.compute((tokens, planes, k // 8), lambda t, p, w: te.sum(xq[t, p, 8 * w + j].astype("int32") * -7, axis=j), name="w0")
+    wpg = group // 8
+    a_word = te.compute((tokens, k // 8), lambda t, w: amax[t, w // wpg] / tirx.const(127.0, "float32"), name="a_word")
+    return xlo, xhi, w0, a_word
+
+
+def vnni_chunk(info, planes, xlo, xhi, w0, a_word, weight, scale):
+    """(chunk(n, c, t), streams(n, c)): chunk gives row n's f32 partial dot product with token
+    t's activation over packed words 16 c .. 16 c + 15 (16 lanes); streams the addresses of the
+    row's weight and scale data for that chunk (for software prefetch)."""
+    wpg = info.group_size // 8
+    gpc = max(LANES // wpg, 1)  # scale groups per chunk of 16 words
+    chunks_per_group = max(wpg // LANES, 1)
+    # word l of chunk c belongs to group c * gpc + expand[l] (to group c // chunks_per_group when gpc == 1)
+    expand = [lane // wpg for lane in range(LANES)]
+    copies = LANES // gpc  # Shuffle cannot widen: it picks from `copies` concatenated copies
+
+    def scale_index(c):
+        return c * gpc if gpc > 1 else c // chunks_per_group
+
+    def vec(buf, t, p, start, lanes):
+        return buf[t, p, T.ramp(start, 1, lanes)]
+
+    def dot(n, c, t, p):
+        """sum over each word's 8 k of (q - 7) * plane p of token t's x: int32 x 16 words"""
+        words = weight[n, T.ramp(c * LANES, 1, LANES)]
+        mask = T.broadcast(T.uint32(NIBBLES), LANES)
+        lo = T.reinterpret("int8x64", words & mask)
+        hi = T.reinterpret("int8x64", (words >> T.broadcast(T.uint32(4), LANES)) & mask)
+        acc = T.call_llvm_pure_intrin("int32x16", VPDPBUSD, vec(w0, t, p, c * LANES, LANES), lo, T.reinterpret("int8x64", vec(xlo, t, p, c * 64, 64)))
+        return T.call_llvm_pure_intrin("int32x16", VPDPBUSD, acc, hi, T.reinterpret("int8x64", vec(xhi, t, p, c * 64, 64)))
+
+    def dots(n, c, t):
+        value = T.Cast("float32x16", dot(n, c, t, 0))
+        if planes == 2:
+            value = value + T.Cast("float32x16", dot(n, c, t, 1)) * T.broadcast(T.float32(1.0 / RESIDUAL), LANES)
+        return value
+
+    def group_scales(n, c, t):
+        if gpc > 1:
+            scales = T.Shuffle([T.Cast(f"float32x{gpc}", scale[n, T.ramp(c * gpc, 1, gpc)])] * copies, expand)
+        else:
+            scales = T.broadcast(T.Cast("float32", scale[n, scale_index(c)]), LANES)
+        return scales * a_word[t, T.ramp(c * LANES, 1, LANES)]
+
+    def chunk(n, c, t):
+        return dots(n, c, t) * group_scales(n, c, t)
+
+    def streams(n, c):
+        return [T.address_of(weight[n, c * LANES]), T.address_of(scale[n, scale_index(c)])]
+
+    return chunk, streams
+
+
+# ---- the rebuilt kernel's epilogue -------------------------------------------------------------
+def rebuild(info: NTMatmul, inputs: list[te.Tensor], matmul: te.Tensor, padded: bool = False) -> tirx.PrimFunc:
+    """PrimFunc(params of `info.func`) = epilogue(matmul): `inputs` are the parameters'
+    placeholders (`info.placeholders()`), `matmul` the new f32 [..., N] result (`padded`: it may
+    have more rows than the output; they are dropped), the epilogue the original one, translated
+    block by block."""
+    params = list(info.func.params)
+    known = list(zip(params[:-1], inputs[:-1])) + [(info.matmul_buffer, matmul)]
+    last = matmul
+    if padded and not info.epilogue:
+        last = te.compute(list(params[-1].shape), lambda *i: matmul(*i), name="rows")
+    for stmt in info.epilogue:
+        last = _translate_block(stmt, known)
+        known.append((stmt.body.buffer, last))
+    args = list(inputs[:-1]) + [last]
+    new = te.create_prim_func(args)
+    new = new.without_attr("global_symbol")
+    for key, value in info.func.attrs.items():
+        new = new.with_attr(key, value)
+    return new
+
+
+def _name(var) -> str:
+    return var.name if hasattr(var, "name") else str(var)
+
+
+_BINARY = tuple(getattr(E, n) for n in ("Add", "Sub", "Mul", "Div", "FloorDiv", "FloorMod", "Min", "Max"))
+
+
+def _rebuild(expr, vmap: dict, tensors: list):
+    if isinstance(expr, TensorLoad):
+        for var, tensor in tensors:
+            if var.same_as(expr.source):
+                return tensor(*[_rebuild(i, vmap, tensors) for i in expr.indices])
+        raise ValueError(f"epilogue reads {_name(expr.source)}, which is neither a parameter nor computed")
+    if isinstance(expr, (tirx.IntImm, tirx.FloatImm)):
+        return expr
+    if isinstance(expr, tirx.Var):
+        for var, value in vmap:
+            if var.same_as(expr):
+                return value
+        return expr
+    if isinstance(expr, E.Cast):
+        return E.Cast(str(expr.ty), _rebuild(expr.value, vmap, tensors))
+    if isinstance(expr, _BINARY):
+        return type(expr)(_rebuild(expr.a, vmap, tensors), _rebuild(expr.b, vmap, tensors))
+    raise ValueError(f"epilogue expression {type(expr).__name__} not supported")
+
+
+def _translate_block(stmt, tensors: list) -> te.Tensor:
+    store = stmt.body
+    ivs = [iv.var for iv in stmt.iter_vars]
+
+    def fcompute(*idx):
+        return _rebuild(store.value, list(zip(ivs, idx)), tensors)
+
+    return te.compute(list(store.buffer.shape), fcompute, name=_name(store.buffer))
+
+
+def schedule_extern_epilogue(sch: s_tir.Schedule, extern: str, lanes: int = 16) -> s_tir.Schedule:
+    """After a rebuilt kernel's extern block `extern` (flat C buffer): the copy-out block inlined
+    into the epilogue (C read straight from the kernel's buffer), each remaining epilogue block's
+    loops fused and parallel, its innermost loop vectorized by `lanes`."""
+    epilogue = blocks_after(sch, sch.get_sblock(extern))
+    if len(epilogue) > 1:
+        sch.compute_inline(epilogue[0])
+        epilogue = epilogue[1:]
+    for block in epilogue:
+        loops = sch.get_loops(block)
+        sch.parallel(sch.fuse(*loops[:-1]))
+        sch.vectorize(sch.split(loops[-1], [None, lanes])[1])
+    return sch
