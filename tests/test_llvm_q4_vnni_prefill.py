@@ -118,3 +118,30 @@ def test_q4_vnni_prefill_full_size_down_proj():
     want = _outputs(func, args)
     got = _outputs(PrefillGEMMQ4VNNI().apply(func, HOST, False).mod["main"], args)
     np.testing.assert_allclose(got, want, atol=1e-2 * np.abs(want).max(), err_msg=name)
+
+
+@pytest.mark.parametrize("isa", ["avxvnni", "arm"])
+def test_int8_rules_on_avx_vnni_and_aarch64_dotprod(isa):
+    """Intel client parts (AVX-VNNI, 256-bit VEX VPDPBUSD) and aarch64 with FEAT_DotProd (SDOT)
+    take both q4 int8 rules, with ISA-sized tiles; checked in the assembly (no such CPU here)."""
+    import re
+
+    from schedules.llvm.gemv_q4_vnni import DecodeGEMVQ4VNNI
+
+    target, pattern = {
+        "avxvnni": (tvm.target.Target({"kind": "llvm", "mcpu": "alderlake"}), r"\{vex\}\s+vpdpbusd\s+[^\n]*%ymm"),
+        "arm": (tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "generic", "mattr": ["+neon", "+dotprod"]}),
+                r"sdot\s+v\d+\.4s, v\d+\.16b, v\d+\.16b"),
+    }[isa]
+    funcs = {n: f for n, f in unscheduled_kernels(_tiny(), "q4f16_1", target).items() if "NT_matmul" in n}
+    prefill = next(f for f in funcs.values() if "seq_len" in f.script())
+    decode = next(f for f in funcs.values() if "seq_len" not in f.script())
+    assert schedule_func(prefill, target)[1]["rule"] == "PrefillGEMMQ4VNNI"
+    assert schedule_func(decode, target)[1]["rule"] == "DecodeGEMVQ4VNNI"
+    assert PrefillGEMMQ4VNNI(block_m=4, row_vecs=2).apply(prefill, target, False) is None  # AVX-512's tile: too many registers
+    for rule, func in ((PrefillGEMMQ4VNNI(), prefill), (DecodeGEMVQ4VNNI(), decode)):
+        sch = rule.apply(func, target, False)
+        lib = tvm.compile(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), target=target)
+        asm = lib.mod.inspect_source("s")
+        assert len(re.findall(pattern, asm)) >= 4, type(rule).__name__
+        assert "vpdpbusd\t%zmm" not in asm and "zmm" not in asm  # no AVX-512 on these CPUs

@@ -65,8 +65,8 @@ def _isa(target: Target) -> str | None:
 
 @dataclasses.dataclass
 class PrefillGEMMBF16(CPUScheduleRule):
-    block_n: int = 0  # weight rows per task and micro-kernel (0: the ISA's default, DEFAULT_TILE)
-    token_vecs: int = 0  # 16-token vectors per micro-kernel (0: the ISA's default)
+    block_n: int | None = None  # weight rows per task and micro-kernel (None: the ISA's default, DEFAULT_TILE)
+    token_vecs: int | None = None  # 16-token vectors per micro-kernel (None: the ISA's default)
     low_batch: int = 4  # x86, f16 weights, up to this many tokens: the f32 decode GEMV's FMAs (0: off)
 
     def knob_space(self, func: tirx.PrimFunc, target: Target) -> dict[str, list]:
@@ -83,7 +83,7 @@ class PrefillGEMMBF16(CPUScheduleRule):
         if info is None:
             return None
         isa = _isa(target)
-        block_n, token_vecs = self.block_n or DEFAULT_TILE[isa][0], self.token_vecs or DEFAULT_TILE[isa][1]
+        block_n, token_vecs = (v if v is not None else d for v, d in zip((self.block_n, self.token_vecs), DEFAULT_TILE[isa]))
         if block_n < 1 or token_vecs < 1 or info.n % block_n or block_n * token_vecs > MAX_ACCUMULATORS[isa]:
             return None
         if self.low_batch < 0:

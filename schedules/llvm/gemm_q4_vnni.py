@@ -40,17 +40,22 @@ import dataclasses
 
 from tvm import s_tir, te, tirx
 from tvm.script import tirx as T
-from tvm.target import Target, codegen
+from tvm.target import Target
 
 from ..analysis import match_on_cpu
 from ..base import CPUScheduleRule, is_cpu
-from .microkernels import LANES, RESIDUAL, VPDPBUSD, activation_f32_at, rebuild, schedule_extern_epilogue
+from .microkernels import LANES, RESIDUAL, activation_f32_at, int8_dot, int8_isa, rebuild, schedule_extern_epilogue
+
+# (block_m, row_vecs) when the knobs say 0; the most block_m x row_vecs whose f32 and two planes'
+# int32 accumulators (16 lanes each) fit the vector registers (AVX-VNNI 16 x 256 bits, NEON 32 x 128)
+DEFAULT_TILE = {"avx512": (4, 2), "avxvnni": (2, 1), "arm": (2, 1)}
+MAX_TILE = {"avx512": 64, "avxvnni": 2, "arm": 2}
 
 
 @dataclasses.dataclass
 class PrefillGEMMQ4VNNI(CPUScheduleRule):
-    block_m: int = 4
-    row_vecs: int = 2
+    block_m: int | None = None  # tokens per micro-kernel (None: the ISA's default, DEFAULT_TILE)
+    row_vecs: int | None = None  # 16-row vectors per micro-kernel and task (None: the ISA's default)
     planes: int = 1  # int8 activation planes: 1 = round(x / a) (llama.cpp's Q8), 2 = + residual (~16 bits)
     low_batch: int = 4  # up to this many tokens: two planes whatever `planes` says (the decode GEMV's precision)
 
@@ -58,15 +63,21 @@ class PrefillGEMMQ4VNNI(CPUScheduleRule):
         info = _applicable(func, target)
         if info is None:
             return {}
+        if int8_isa(target) != "avx512":
+            return {"block_m": [1, 2], "row_vecs": [1], "planes": [1, 2]}
         return {"block_m": [2, 4, 6, 8], "row_vecs": [v for v in (1, 2, 4) if info.n % (LANES * v) == 0], "planes": [1, 2]}
 
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
         del tunable
         info = _applicable(func, target)
-        if (info is None or self.block_m < 1 or self.row_vecs < 1 or info.n % (LANES * self.row_vecs)
-                or self.planes not in (1, 2) or self.low_batch < 0):
+        if info is None:
             return None
-        sch = s_tir.Schedule(_build(info, self.block_m, self.row_vecs, self.planes, self.low_batch))
+        isa = int8_isa(target)
+        block_m, row_vecs = (v if v is not None else d for v, d in zip((self.block_m, self.row_vecs), DEFAULT_TILE[isa]))
+        if (block_m < 1 or row_vecs < 1 or info.n % (LANES * row_vecs) or self.planes not in (1, 2) or self.low_batch < 0
+                or block_m * row_vecs > MAX_TILE[isa]):
+            return None
+        sch = s_tir.Schedule(_build(info, block_m, row_vecs, self.planes, self.low_batch, isa))
         for name in ("amax", "x_q", "x_sum"):
             sch.parallel(sch.get_loops(sch.get_sblock(name))[0])
         return schedule_extern_epilogue(sch, "gemm_vnni", LANES)
@@ -75,7 +86,7 @@ class PrefillGEMMQ4VNNI(CPUScheduleRule):
 def _applicable(func, target):
     if not isinstance(func, tirx.PrimFunc) or not is_cpu(target):
         return None
-    if not codegen.target_has_features("avx512vnni", target):
+    if int8_isa(target) is None:
         return None
     info = match_on_cpu(func, target, decode=False)
     if info is None or info.bits != 4 or str(info.x.dtype) != "float16" or len(info.rows_shape) != 2:
@@ -85,7 +96,7 @@ def _applicable(func, target):
     return info
 
 
-def _build(info, block_m: int, row_vecs: int, planes: int, low_batch: int) -> tirx.PrimFunc:
+def _build(info, block_m: int, row_vecs: int, planes: int, low_batch: int, isa: str) -> tirx.PrimFunc:
     inputs = info.placeholders()
     x = inputs[info.param_index(info.x)]
     w = inputs[info.param_index(info.weight)]
@@ -116,11 +127,11 @@ def _build(info, block_m: int, row_vecs: int, planes: int, low_batch: int) -> ti
     ins = [xq, amax, xsum, w, s]
 
     def body(i, o):
-        many = _kernel(info, padded, block_m, row_vecs, planes, stored, *i, o[0])
+        many = _kernel(info, padded, block_m, row_vecs, planes, stored, isa, *i, o[0])
         if planes == 2 or low_batch == 0:
             return many
         # few tokens (short prompts, the last chunk of a long one): two planes, the GEMV's precision
-        return tirx.IfThenElse(tokens <= low_batch, _kernel(info, padded, block_m, row_vecs, 2, stored, *i, o[0]), many)
+        return tirx.IfThenElse(tokens <= low_batch, _kernel(info, padded, block_m, row_vecs, 2, stored, isa, *i, o[0]), many)
 
     c = te.extern(
         (padded * info.n,), ins, body, name="gemm_vnni", dtype="float32",
@@ -131,7 +142,7 @@ def _build(info, block_m: int, row_vecs: int, planes: int, low_batch: int) -> ti
     return rebuild(info, inputs, mm)
 
 
-def _kernel(info, padded, block_m, row_vecs, planes, stored, xq, amax, xsum, weight, scale, out):
+def _kernel(info, padded, block_m, row_vecs, planes, stored, isa, xq, amax, xsum, weight, scale, out):
     n_total, k, group = info.n, info.k, info.group_size
     groups = k // group
     quads = k // 4
@@ -169,7 +180,7 @@ def _kernel(info, padded, block_m, row_vecs, planes, stored, xq, amax, xsum, wei
                 xb = T.reinterpret("int8x64", T.broadcast(xq32[(p * padded + mb * block_m + m) * quads + q], LANES))
                 for v in range(row_vecs):
                     lanes = T.ramp(((p * block_m + m) * row_vecs + v) * LANES, 1, LANES)
-                    T.buffer_store(iacc, T.call_llvm_pure_intrin("int32x16", VPDPBUSD, iacc[lanes], wv[v], xb), [lanes])
+                    T.buffer_store(iacc, int8_dot(isa, iacc[lanes], wv[v], xb), [lanes])
 
     def fold(facc, iacc, sc, mb, g):
         for m in range(block_m):

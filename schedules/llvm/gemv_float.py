@@ -33,7 +33,7 @@ class DecodeGEMVFloat(RowGEMVRule):
             return None
         return info
 
-    def build(self, info) -> tirx.PrimFunc:
+    def build(self, info, target: Target) -> tirx.PrimFunc:
         inputs = info.placeholders()
         x = inputs[info.param_index(info.x)]
         w = inputs[info.param_index(info.weight)]

@@ -42,10 +42,10 @@ from __future__ import annotations
 import dataclasses
 
 from tvm import tirx
-from tvm.target import Target, codegen
+from tvm.target import Target
 
 from ..analysis import match_on_cpu
-from .microkernels import LANES, RowGEMVRule, extern_gemv, quantize_activation, row_loop, vnni_chunk
+from .microkernels import LANES, RowGEMVRule, extern_gemv, int8_isa, quantize_activation, row_loop, vnni_chunk
 
 
 @dataclasses.dataclass
@@ -55,7 +55,7 @@ class DecodeGEMVQ4VNNI(RowGEMVRule):
     def applicable(self, func: tirx.PrimFunc, target: Target):
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
             return None
-        if not codegen.target_has_features("avx512vnni", target):
+        if int8_isa(target) is None:
             return None
         info = match_on_cpu(func, target, decode=True)
         if info is None or info.bits != 4 or info.k % (8 * LANES) or len(info.rows_shape) not in (1, 2):
@@ -67,7 +67,7 @@ class DecodeGEMVQ4VNNI(RowGEMVRule):
             return None
         return info
 
-    def build(self, info) -> tirx.PrimFunc | None:
+    def build(self, info, target: Target) -> tirx.PrimFunc | None:
         if self.planes not in (1, 2):
             return None
         inputs = info.placeholders()
@@ -75,11 +75,11 @@ class DecodeGEMVQ4VNNI(RowGEMVRule):
         w = inputs[info.param_index(info.weight)]
         s = inputs[info.param_index(info.scale)]
         activation = quantize_activation(x, info.k, info.group_size, self.planes)
-        return extern_gemv(info, inputs, [*activation, w, s], lambda *bufs: _kernel(info, self.rows, self.prefetch, self.planes, *bufs))
+        return extern_gemv(info, inputs, [*activation, w, s], lambda *bufs: _kernel(info, self.rows, self.prefetch, self.planes, int8_isa(target), *bufs))
 
 
-def _kernel(info, rows, prefetch, planes, xlo, xhi, w0, a_word, weight, scale, out):
+def _kernel(info, rows, prefetch, planes, isa, xlo, xhi, w0, a_word, weight, scale, out):
     """The GEMV body over the extern's buffers."""
-    chunk, streams = vnni_chunk(info, planes, xlo, xhi, w0, a_word, weight, scale)
+    chunk, streams = vnni_chunk(info, planes, xlo, xhi, w0, a_word, weight, scale, isa)
     return row_loop(info.n, rows, info.k // (8 * LANES), out, lambda n, c: chunk(n, c, 0), streams, prefetch)
 

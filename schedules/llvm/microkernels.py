@@ -35,7 +35,7 @@ from collections.abc import Callable
 from tvm import s_tir, te, tirx
 from tvm.ir.expr import TensorLoad
 from tvm.script import tirx as T
-from tvm.target import Target
+from tvm.target import Target, codegen
 from tvm.tirx import expr as E
 
 from ..analysis import NTMatmul, blocks_after
@@ -44,6 +44,34 @@ from ..base import CPUScheduleRule
 LANES = 16  # f32 accumulator lanes (one 512-bit register)
 NIBBLES = 0x0F0F0F0F
 VPDPBUSD = "llvm.x86.avx512.vpdpbusd.512"  # (i32x16 acc, u8x64, s8x64): 4 products per lane
+
+
+def int8_isa(target: Target) -> str | None:
+    """The CPU's int8 dot product: 'avx512' (AVX512-VNNI), 'avxvnni' (VEX VPDPBUSD on 256 bits,
+    Intel client parts), 'arm' (aarch64 SDOT, FEAT_DotProd) or None."""
+    has = codegen.target_has_features
+    if has("avx512vnni", target):
+        return "avx512"
+    if has("avxvnni", target):
+        return "avxvnni"
+    if str(target.attrs.get("mtriple", "") or "").startswith("aarch64") and has("dotprod", target):
+        return "arm"
+    return None
+
+
+def int8_dot(isa: str, acc, u8, s8):
+    """acc (i32x16) + per lane the sum of its 4 adjacent byte products u8 x s8 (64 bytes each).
+    On aarch64 SDOT multiplies signed bytes: callers' u8 values are below 128 (q4 nibbles)."""
+    if isa == "avx512":
+        return T.call_llvm_pure_intrin("int32x16", VPDPBUSD, acc, u8, s8)
+    parts, name, lanes = {"avxvnni": (2, "llvm.x86.avx512.vpdpbusd.256", 8), "arm": (4, "llvm.aarch64.neon.sdot.v4i32.v16i8", 4)}[isa]
+    nbytes = 4 * lanes
+
+    def piece(v, i, width):
+        return T.Shuffle([v], list(range(i * width, (i + 1) * width)))
+
+    return T.Shuffle([T.call_llvm_pure_intrin(f"int32x{lanes}", name, piece(acc, i, lanes), piece(u8, i, nbytes), piece(s8, i, nbytes))
+                      for i in range(parts)], list(range(LANES)))
 RESIDUAL = 256.0  # the second activation plane counts in units of a / 256
 
 
@@ -61,7 +89,7 @@ class RowGEMVRule(CPUScheduleRule, abc.ABC):
         """The matched kernel (NTMatmul) if this rule takes it, else None."""
 
     @abc.abstractmethod
-    def build(self, info) -> tirx.PrimFunc | None:
+    def build(self, info, target: Target) -> tirx.PrimFunc | None:
         """The rebuilt kernel (extern_gemv), or None when the knobs do not fit."""
 
     def knob_space(self, func: tirx.PrimFunc, target: Target) -> dict[str, list]:
@@ -78,7 +106,7 @@ class RowGEMVRule(CPUScheduleRule, abc.ABC):
         info = self.applicable(func, target)
         if info is None or info.n % self.rows:
             return None
-        func = self.build(info)
+        func = self.build(info, target)
         if func is None:
             return None
         sch = s_tir.Schedule(func)
@@ -251,7 +279,7 @@ def quantize_activation(x: te.Tensor, k: int, group: int, planes: int = 2, token
     return xlo, xhi, w0, a_word
 
 
-def vnni_chunk(info, planes, xlo, xhi, w0, a_word, weight, scale):
+def vnni_chunk(info, planes, xlo, xhi, w0, a_word, weight, scale, isa: str = "avx512"):
     """(chunk(n, c, t), streams(n, c)): chunk gives row n's f32 partial dot product with token
     t's activation over packed words 16 c .. 16 c + 15 (16 lanes); streams the addresses of the
     row's weight and scale data for that chunk (for software prefetch)."""
@@ -274,8 +302,8 @@ def vnni_chunk(info, planes, xlo, xhi, w0, a_word, weight, scale):
         mask = T.broadcast(T.uint32(NIBBLES), LANES)
         lo = T.reinterpret("int8x64", words & mask)
         hi = T.reinterpret("int8x64", (words >> T.broadcast(T.uint32(4), LANES)) & mask)
-        acc = T.call_llvm_pure_intrin("int32x16", VPDPBUSD, vec(w0, t, p, c * LANES, LANES), lo, T.reinterpret("int8x64", vec(xlo, t, p, c * 64, 64)))
-        return T.call_llvm_pure_intrin("int32x16", VPDPBUSD, acc, hi, T.reinterpret("int8x64", vec(xhi, t, p, c * 64, 64)))
+        acc = int8_dot(isa, vec(w0, t, p, c * LANES, LANES), lo, T.reinterpret("int8x64", vec(xlo, t, p, c * 64, 64)))
+        return int8_dot(isa, acc, hi, T.reinterpret("int8x64", vec(xhi, t, p, c * 64, 64)))
 
     def dots(n, c, t):
         value = T.Cast("float32x16", dot(n, c, t, 0))
