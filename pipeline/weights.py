@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
+import re
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -13,8 +15,8 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from .artifact import RUNTIME_CONFIG, ArtifactError, atomic_directory, write_json
-from .config import ConfigError, ModelConfig, check_quantization
+from .artifact import RUNTIME_CONFIG, ArtifactError, atomic_directory, confined, read_json, sha256_file, verify_bytes, write_json
+from .config import ConfigError, ModelConfig, check_quantization, short_repr
 from .mlc_contract import TENSOR_CACHE, copy_tokenizer_files, mlc_chat_config
 from .model import MODELS
 from .quantization import QUANTIZATIONS
@@ -36,6 +38,10 @@ _HF_FIELDS = {
     "rope_theta": "rope_theta",
     "rms_norm_eps": "rms_norm_eps",
 }
+
+
+def _uint(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 class SafetensorsDir:
@@ -183,22 +189,114 @@ def convert_weights(
             },
             show_progress=False,
         )
+        add_shard_digests(tmp)
         copied = copy_tokenizer_files(Path(source), tmp) if str(source) != "synthetic" else []
         write_json(tmp / RUNTIME_CONFIG, mlc_chat_config(config, quant, tmp, copied))
     log(f"[mlcpipe] wrote {len(ordered)} tensors ({total_bytes / 2**20:.1f} MiB) to {output}")
     return Path(output)
 
 
-def load_stored_weights(weights_dir: Path) -> dict[str, np.ndarray]:
-    """Read a tensor cache back into NumPy (used by tests and the reference model)."""
-    path = Path(weights_dir) / TENSOR_CACHE
+_CACHE_DTYPES = {
+    "float16": np.float16, "float32": np.float32, "float64": np.float64, "bfloat16": ml_dtypes.bfloat16,
+    "int8": np.int8, "uint8": np.uint8, "int16": np.int16, "uint16": np.uint16, "int32": np.int32, "uint32": np.uint32,
+    "int64": np.int64, "uint64": np.uint64,
+}
+_HEX = {"sha256": 64, "md5sum": 32}
+
+
+def read_tensor_cache(weights_dir: Path) -> tuple[Path, list[dict]]:
+    """(tensor-cache.json, its shard records) with every field validated: each dataPath inside
+    `weights_dir`, a SHA-256 (mlcpipe's) or MD5 (MLC's) per shard, records of known dtypes and
+    raw format whose bytes lie inside their shard and match their shape; one-line ArtifactError."""
+    root = Path(weights_dir)
+    path = root / TENSOR_CACHE
     if not path.is_file():
         raise ArtifactError(f"{weights_dir}: {TENSOR_CACHE} missing; run `mlcpipe convert-weights` first")
-    info = json.loads(path.read_text())
+    cache = read_json(path, "tensor cache")
+    if not isinstance(cache, dict) or not isinstance(cache.get("records"), list):
+        raise ArtifactError(f"{path}: not a tensor cache (expected an object with a 'records' list)")
+    names: set[str] = set()
+    for i, shard in enumerate(cache["records"]):
+        field = f"{path}: field 'records[{i}]"
+        if not isinstance(shard, dict):
+            raise ArtifactError(f"{field}': got {short_repr(shard)}; expected a shard object")
+        confined(root, shard.get("dataPath"), f"{field}.dataPath'")
+        if shard.get("format") != "raw-shard":
+            raise ArtifactError(f"{field}.format': got {short_repr(shard.get('format'))}; allowed: 'raw-shard'")
+        if not _uint(shard.get("nbytes")):
+            raise ArtifactError(f"{field}.nbytes': got {short_repr(shard.get('nbytes'))}; expected an integer >= 0")
+        digests = [k for k in _HEX if k in shard]
+        if not digests:
+            raise ArtifactError(f"{field}': no 'sha256' or 'md5sum' recorded for {shard['dataPath']}; re-run `mlcpipe convert-weights`")
+        for key in digests:
+            if not (isinstance(shard[key], str) and re.fullmatch(f"[0-9a-f]{{{_HEX[key]}}}", shard[key])):
+                raise ArtifactError(f"{field}.{key}': got {short_repr(shard[key])}; expected {_HEX[key]} hex digits")
+        if not isinstance(shard.get("records"), list):
+            raise ArtifactError(f"{field}.records': got {short_repr(shard.get('records'))}; expected a list")
+        for j, rec in enumerate(shard["records"]):
+            where = f"{field}.records[{j}]"
+            if not isinstance(rec, dict) or not isinstance(rec.get("name"), str) or not rec["name"]:
+                raise ArtifactError(f"{where}': got {short_repr(rec)}; expected an object with a name")
+            if rec["name"] in names:
+                raise ArtifactError(f"{where}.name': {short_repr(rec['name'])} appears twice")
+            names.add(rec["name"])
+            dtype, shape = rec.get("dtype"), rec.get("shape")
+            if dtype not in _CACHE_DTYPES:
+                raise ArtifactError(f"{where}.dtype': got {short_repr(dtype)}; allowed: {sorted(_CACHE_DTYPES)}")
+            if rec.get("format", "raw") != "raw":
+                raise ArtifactError(f"{where}.format': got {short_repr(rec.get('format'))}; allowed: 'raw'")
+            if not isinstance(shape, list) or not all(_uint(d) for d in shape):
+                raise ArtifactError(f"{where}.shape': got {short_repr(shape)}; expected a list of integers >= 0")
+            offset, nbytes = rec.get("byteOffset"), rec.get("nbytes")
+            want = math.prod(shape) * np.dtype(_CACHE_DTYPES[dtype]).itemsize
+            if not _uint(nbytes) or nbytes != want:
+                raise ArtifactError(f"{where}.nbytes': got {short_repr(nbytes)}; shape {shape} {dtype} needs {want}")
+            if not _uint(offset) or offset + nbytes > shard["nbytes"]:
+                raise ArtifactError(f"{where}.byteOffset': got {short_repr(offset)}; the {nbytes} bytes must lie inside "
+                                    f"the shard's {shard['nbytes']} bytes")
+    return path, cache["records"]
+
+
+def read_shard(weights_dir: Path, cache_path: Path, shard: dict) -> bytes:
+    """One shard's bytes, checked against the size and digest its tensor cache records (SHA-256
+    when mlcpipe wrote it, else MLC's MD5) before any tensor is taken from it."""
+    path = Path(weights_dir) / shard["dataPath"]
+    if not path.is_file():
+        raise ArtifactError(f"{path}: weight shard missing (named in {cache_path})")
+    data = path.read_bytes()
+    if len(data) != shard["nbytes"]:
+        raise ArtifactError(f"{path}: {len(data)} bytes, {cache_path} records {shard['nbytes']}: the shard is truncated "
+                            "or was replaced; re-run `mlcpipe convert-weights`")
+    algo = "sha256" if "sha256" in shard else "md5"
+    verify_bytes(path, data, shard["sha256" if algo == "sha256" else "md5sum"], str(cache_path), algo)
+    return data
+
+
+def verify_tensor_cache(weights_dir: Path) -> list[dict]:
+    """Validate tensor-cache.json and check every shard's digest (for runtimes that read the
+    shards themselves); returns the shard records."""
+    path, shards = read_tensor_cache(weights_dir)
+    for shard in shards:
+        read_shard(weights_dir, path, shard)
+    return shards
+
+
+def add_shard_digests(weights_dir: Path) -> None:
+    """Record each shard's SHA-256 beside MLC's md5sum in tensor-cache.json (what `run` checks)."""
+    path = Path(weights_dir) / TENSOR_CACHE
+    cache = json.loads(path.read_text())
+    for shard in cache["records"]:
+        shard["sha256"] = sha256_file(Path(weights_dir) / shard["dataPath"])
+    path.write_text(json.dumps(cache, indent=4))
+
+
+def load_stored_weights(weights_dir: Path) -> dict[str, np.ndarray]:
+    """Read a tensor cache back into NumPy, every shard verified first (`read_shard`)."""
+    path, shards = read_tensor_cache(weights_dir)
     out = {}
-    for shard in info["records"]:
-        raw = (Path(weights_dir) / shard["dataPath"]).read_bytes()
+    for shard in shards:
+        raw = read_shard(weights_dir, path, shard)
         for rec in shard["records"]:
             buf = raw[rec["byteOffset"] : rec["byteOffset"] + rec["nbytes"]]
-            out[rec["name"]] = np.frombuffer(buf, dtype=rec["dtype"]).reshape(rec["shape"]).copy()
+            out[rec["name"]] = np.frombuffer(buf, dtype=_CACHE_DTYPES[rec["dtype"]]).reshape(rec["shape"]).copy()
     return out
