@@ -17,9 +17,11 @@ import numpy as np
 
 from .artifact import RUNTIME_CONFIG, ArtifactError, atomic_directory, confined, read_json, sha256_file, verify_bytes, write_json
 from .config import ConfigError, ModelConfig, check_quantization, short_repr
-from .mlc_contract import TENSOR_CACHE, copy_tokenizer_files, mlc_chat_config
+from .mlc_contract import TENSOR_CACHE, copy_tokenizer_files, detect_tokenizer_info, mlc_chat_config
 from .model import MODELS
 from .quantization import QUANTIZATIONS
+from .quantization.group_quant import MAX_INT
+from .tokenizer import Tokenizer
 
 _SAFETENSORS_DTYPES = {
     "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
@@ -40,12 +42,23 @@ _HF_FIELDS = {
 }
 
 
+# Every dtype of the safetensors format -> bytes per element (the size check needs it for all).
+_SAFETENSORS_ITEMSIZE = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1,
+    "I16": 2, "U16": 2, "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8,
+}
+MAX_SAFETENSORS_HEADER = 100_000_000  # the safetensors library's own limit
+
+
 def _uint(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 class SafetensorsDir:
-    """Every tensor of a directory of *.safetensors files (sharded or not), read lazily."""
+    """Every tensor of a directory of *.safetensors files (sharded or not), read lazily. Each
+    header is checked against its file before any tensor is read: header length within the file,
+    a JSON object, known dtypes, data_offsets [start, end] inside the data, disjoint and covering it
+    without gaps, each end - start = prod(shape) * itemsize; ArtifactError naming file and tensor."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
@@ -54,15 +67,10 @@ class SafetensorsDir:
             raise ArtifactError(f"{self.path}: no *.safetensors files")
         self.index: dict[str, tuple[Path, dict, int]] = {}
         for file in files:
-            with open(file, "rb") as fh:
-                (header_len,) = struct.unpack("<Q", fh.read(8))
-                try:
-                    header = json.loads(fh.read(header_len))
-                except json.JSONDecodeError as exc:
-                    raise ArtifactError(f"{file}: corrupt safetensors header: {exc}") from None
+            header, base = _read_safetensors_header(file)
             for name, info in header.items():
                 if name != "__metadata__":
-                    self.index[name] = (file, info, 8 + header_len)
+                    self.index[name] = (file, info, base)
 
     def __contains__(self, name: str) -> bool:
         return name in self.index
@@ -77,12 +85,82 @@ class SafetensorsDir:
         return np.frombuffer(array, dtype=dtype).reshape(info["shape"])
 
 
+def _read_safetensors_header(file: Path) -> tuple[dict, int]:
+    """(header, offset of the data) of one safetensors file, validated (see SafetensorsDir)."""
+    size = file.stat().st_size
+    if size < 8:
+        raise ArtifactError(f"{file}: truncated safetensors file ({size} bytes; it starts with an 8-byte header length)")
+    with open(file, "rb") as fh:
+        (header_len,) = struct.unpack("<Q", fh.read(8))
+        if header_len > size - 8 or header_len > MAX_SAFETENSORS_HEADER:
+            raise ArtifactError(f"{file}: corrupt safetensors header: length {header_len} bytes, but the file has "
+                                f"{size - 8} bytes after it (allowed: at most {min(size - 8, MAX_SAFETENSORS_HEADER)})")
+        raw = fh.read(header_len)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        what = exc.msg if isinstance(exc, json.JSONDecodeError) else "not UTF-8 JSON"
+        raise ArtifactError(f"{file}: corrupt safetensors header: {what}") from None
+    if not isinstance(header, dict):
+        raise ArtifactError(f"{file}: corrupt safetensors header: expected a JSON object, got {type(header).__name__}")
+    data_size = size - 8 - header_len
+    spans = []
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        where = f"{file}: tensor {short_repr(name)}"
+        if not isinstance(info, dict):
+            raise ArtifactError(f"{where}: got {short_repr(info)}; expected an object with dtype, shape, data_offsets")
+        dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+        if dtype not in _SAFETENSORS_ITEMSIZE:
+            raise ArtifactError(f"{where}: dtype {short_repr(dtype)}; allowed: {sorted(_SAFETENSORS_ITEMSIZE)}")
+        if not isinstance(shape, list) or not all(_uint(d) for d in shape):
+            raise ArtifactError(f"{where}: shape {short_repr(shape)}; expected a list of integers >= 0")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(_uint(o) for o in offsets)):
+            raise ArtifactError(f"{where}: data_offsets {short_repr(offsets)}; expected [start, end], integers >= 0")
+        start, end = offsets
+        if not start <= end <= data_size:
+            raise ArtifactError(f"{where}: data_offsets [{start}, {end}] outside the {data_size} data bytes "
+                                "(allowed: start <= end <= data size)")
+        want = math.prod(shape) * _SAFETENSORS_ITEMSIZE[dtype]
+        if end - start != want:
+            raise ArtifactError(f"{where}: data_offsets [{start}, {end}] hold {end - start} bytes; shape {shape} {dtype} "
+                                f"needs {want}")
+        spans.append((start, end, name))
+    spans.sort()
+    for (_, end_a, name_a), (start, end, name) in zip(spans, spans[1:]):
+        if start < end_a:
+            raise ArtifactError(f"{file}: tensor {short_repr(name)}: data_offsets [{start}, {end}] overlaps tensor "
+                                f"{short_repr(name_a)}, which ends at {end_a} (allowed: disjoint byte ranges)")
+    position = 0
+    for start, end, name in spans:
+        if start != position:
+            raise ArtifactError(f"{file}: tensor {short_repr(name)}: data_offsets [{start}, {end}] leave a gap of "
+                                f"{start - position} bytes (tensors must be contiguous from byte 0)")
+        position = end
+    if position != data_size:
+        raise ArtifactError(f"{file}: corrupt safetensors file: tensors end at data byte {position}, the file has {data_size}")
+    return header, 8 + header_len
+
+
 def check_hf_config(config: ModelConfig, hf_dir: Path) -> None:
     path = Path(hf_dir) / "config.json"
     if not path.is_file():
         raise ArtifactError(f"{hf_dir}: config.json missing (expected a Hugging Face checkpoint directory)")
-    hf = json.loads(path.read_text())
-    hf.setdefault("head_dim", hf.get("hidden_size", 0) // max(hf.get("num_attention_heads", 1), 1))
+    hf = read_json(path, "Hugging Face config")
+    if not isinstance(hf, dict):
+        raise ConfigError(f"{path}: expected a JSON object at top level, got {type(hf).__name__}")
+    for key, attr in _HF_FIELDS.items():
+        if key not in hf:
+            continue
+        ours, theirs = getattr(config, attr), hf[key]
+        kind_ok = isinstance(theirs, bool) if isinstance(ours, bool) else (
+            not isinstance(theirs, bool) and isinstance(theirs, (int, float)) and math.isfinite(theirs))
+        if not kind_ok:
+            expected = "true or false" if isinstance(ours, bool) else "a finite number"
+            raise ConfigError(f"{path}: field '{key}': got {short_repr(theirs)}; expected {expected}")
+    if "head_dim" not in hf and isinstance(hf.get("hidden_size"), int) and isinstance(hf.get("num_attention_heads"), int):
+        hf["head_dim"] = hf["hidden_size"] // max(hf["num_attention_heads"], 1)
     hf.setdefault("tie_word_embeddings", False)
     for key, attr in _HF_FIELDS.items():
         if key not in hf:
@@ -91,7 +169,7 @@ def check_hf_config(config: ModelConfig, hf_dir: Path) -> None:
         theirs = hf[key]
         same = abs(float(theirs) - float(ours)) <= 1e-9 * max(1.0, abs(float(ours))) if isinstance(ours, float) else theirs == ours
         if not same:
-            raise ConfigError(f"{path}: field '{key}': got {theirs!r}, but {config.source} says {ours!r}")
+            raise ConfigError(f"{path}: field '{key}': got {short_repr(theirs)}, but {config.source} says {ours!r}")
 
 
 def synthetic_source(config: ModelConfig, seed: int = 0) -> Callable[[str, tuple[int, ...]], np.ndarray]:
@@ -106,8 +184,35 @@ def synthetic_source(config: ModelConfig, seed: int = 0) -> Callable[[str, tuple
     return get
 
 
-def logical_weights(config: ModelConfig, source: str | Path, seed: int = 0):
-    """Yield (logical name, float32 array) for every logical parameter of the model."""
+def _check_values(where: str, values: np.ndarray, limit: tuple[float, str] | None) -> None:
+    """A checkpoint tensor holds finite numbers within `limit` ((max |value|, why)); ArtifactError
+    naming the tensor, the count of NaN / Inf and the largest |value| otherwise."""
+    finite = np.isfinite(values)
+    if not finite.all():
+        nan = int(np.isnan(values).sum())
+        inf = values.size - int(finite.sum()) - nan
+        raise ArtifactError(f"{where}: {nan} NaN and {inf} Inf values of {values.size}; a checkpoint must hold finite numbers")
+    if limit is not None and values.size:
+        peak = float(np.abs(values).max())
+        if peak > limit[0]:
+            count = int((np.abs(values) > limit[0]).sum())
+            raise ArtifactError(f"{where}: max |value| {peak:.6g} ({count} values above {limit[0]:g}); {limit[1]}")
+
+
+def value_limit(quant: str) -> tuple[float, str] | None:
+    """(largest |weight| the quantization stores, why) for a checkpoint converted to `quant`:
+    float16 holds |x| <= 65504; a q4f16_1 group stores max|w| / 7 as a float16 scale and
+    dequantizes (q - 7) * scale in float16, so its weights must stay within 65504 too."""
+    dtype = QUANTIZATIONS[quant].model_dtype
+    if dtype in ("float16", "bfloat16"):
+        finfo = ml_dtypes.finfo(dtype) if dtype == "bfloat16" else np.finfo(dtype)
+        return float(finfo.max), f"{quant} stores {dtype} (allowed: |value| <= {float(finfo.max):g}); rescale the checkpoint or use a f32 quantization"
+    return None
+
+
+def logical_weights(config: ModelConfig, source: str | Path, seed: int = 0, limit: tuple[float, str] | None = None):
+    """Yield (logical name, float32 array) for every logical parameter of the model; checkpoint
+    tensors must be finite and, with `limit` (see `value_limit`), within it."""
     sources = MODELS[config.architecture]["hf_sources"](config)
     if str(source) == "synthetic":
         get = synthetic_source(config, seed)
@@ -131,7 +236,9 @@ def logical_weights(config: ModelConfig, source: str | Path, seed: int = 0):
                 raise ArtifactError(
                     f"{source}: tensor '{hf_name}' has dtype {array.dtype}; expected a float dtype (F32, F16, BF16)"
                 )
-            parts.append(np.asarray(array, dtype=np.float32))
+            values = np.asarray(array, dtype=np.float32)
+            _check_values(f"{tensors.index[hf_name][0]}: tensor '{hf_name}'", values, limit)
+            parts.append(values)
         yield ws.name, parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
 
 
@@ -156,13 +263,23 @@ def convert_weights(
     check_quantization(config, quant)
     if str(source) != "synthetic" and not Path(source).is_dir():
         raise ArtifactError(f"--source {source}: not a directory (expected a Hugging Face checkpoint or 'synthetic')")
+    if str(source) != "synthetic" and (Path(source) / "tokenizer.json").is_file():  # refused before it is copied
+        detect_tokenizer_info(Path(source))
+        Tokenizer.check(Path(source) / "tokenizer.json")
     scheme = QUANTIZATIONS[quant]
     expected = expected_parameters(config, quant)
     stored: dict[str, np.ndarray] = {}
     total_params = 0
-    for name, weight in logical_weights(config, source, seed):
+    limit = value_limit(quant)
+    for name, weight in logical_weights(config, source, seed, limit=limit):
         total_params += weight.size
-        stored.update(scheme.quantize_param(name, weight))
+        for stored_name, array in scheme.quantize_param(name, weight).items():
+            with np.errstate(over="ignore"):  # a q4f16_1 scale's largest dequantized value, (14 - 7) * scale
+                peak = array * array.dtype.type(MAX_INT) if stored_name.endswith(".q_scale") else array
+            if array.dtype.kind == "f" and not np.isfinite(peak).all():  # e.g. a q4f16_1 scale that rounded up
+                raise ArtifactError(f"{source}: parameter '{stored_name}' is not finite in {array.dtype} (max |weight| of "
+                                    f"{name}: {float(np.abs(weight).max()):.6g}); {limit[1] if limit else ''}")
+            stored[stored_name] = array
     for name, shape, dtype in expected:
         if name not in stored:
             raise ArtifactError(f"{source}: no tensor produced for parameter '{name}'")
