@@ -15,8 +15,14 @@ def _log(message: str) -> None:
     click.echo(message, err=True)
 
 
+MAX_ERROR_CHARS = 2000
+
+
 def _fail(exc: Exception) -> None:
-    click.echo(f"error: {exc}", err=True)
+    message = " ".join(str(exc).split("\n"))  # one line, whatever raised it
+    if len(message) > MAX_ERROR_CHARS:
+        message = message[: MAX_ERROR_CHARS - 8] + "...(cut)"
+    click.echo(f"error: {message}", err=True)
     sys.exit(2)
 
 
@@ -94,10 +100,12 @@ def build(model, quant, target_name, mcpu, arch, fatbin_archs, output, weights, 
 @click.option("--trials", default=32, show_default=True, type=click.IntRange(min=1), help="metaschedule: candidates searched per kernel.")
 def tune(model, quant, target_name, mcpu, arch, db_path, pattern, budget, tokens, tuner, trials):  # noqa: PLR0913
     """Time schedule knob candidates (or a MetaSchedule search) per kernel; store the winners for `mlcpipe build`."""
+    from .conformance import kernel_pattern
     from .config import check_quantization, load_model_config
     from .targets import load_target
     from .tuning import TuningDB, default_db_path
 
+    kernel_pattern(pattern)
     config = load_model_config(model)
     check_quantization(config, quant)
     target = load_target(target_name, _target_overrides(mcpu, arch))
@@ -139,6 +147,33 @@ def _parse_tokens(text: str) -> list[int]:
         raise click.BadParameter(f"{text!r}: expected comma-separated integers, e.g. 1,2,3") from None
 
 
+def _parse_sizes(text: str) -> tuple[int, ...]:
+    """--sizes: comma-separated token counts >= 1 (ValueError: one line)."""
+    from .config import short_repr
+
+    try:
+        sizes = tuple(int(t) for t in text.replace(" ", "").split(",") if t != "")
+    except ValueError:
+        sizes = ()
+    if not sizes or any(s < 1 for s in sizes):
+        raise ValueError(f"--sizes {short_repr(text)}: expected comma-separated token counts >= 1, e.g. 1,7")
+    return sizes
+
+
+def _output_file(path: Path | None, flag: str, example: str) -> Path | None:
+    """A file the command will write (-o, --save-json): refused before any work when it is a
+    directory or its directory does not exist (ValueError: one line)."""
+    if path is None:
+        return None
+    path = Path(path)
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise ValueError(f"{flag} {path}: is a directory; give a file name such as {path / example}")
+    if not parent.is_dir():
+        raise ValueError(f"{flag} {path}: directory {parent} does not exist")
+    return path
+
+
 def _device_options(command):
     """Where the artifact runs: --rpc / --rpc-tracker / --rpc-key (TVM's runtime on another machine:
     llvm, cuda, metal) or --adapter / --browser (a WebGPU runtime for webgpu artifacts)."""
@@ -167,10 +202,10 @@ def _run_options(rpc, rpc_tracker, rpc_key, adapter, browser, prefill_chunk=None
 
 
 def _backend_of(artifact: Path):
-    from .artifact import read_manifest
+    from .artifact import RUN_FIELDS, read_manifest
     from .backends import backend
 
-    return backend(read_manifest(artifact)["target"]["kind"])
+    return backend(read_manifest(artifact, RUN_FIELDS)["target"]["kind"])
 
 
 @main.command()
@@ -242,16 +277,15 @@ def run(artifact, weights, prompt_tokens, prompt, tokenizer, max_new_tokens, wei
 @_device_options
 def check(artifact, sizes, pattern, as_json, rpc, rpc_tracker, rpc_key, adapter, browser):  # noqa: PLR0913
     """Kernel conformance: every kernel of the shipped library run on its device, compared with llvm / NumPy."""
-    from .artifact import read_manifest
-    from .conformance import check_artifact, report_json
+    from .artifact import RUN_FIELDS, read_manifest
+    from .conformance import check_artifact, kernel_pattern, report_json
 
     def progress(i, n, name):
         click.echo(f"[{i + 1}/{n}] {name}", err=True)
 
-    read_manifest(artifact)  # a bad --artifact is reported before connecting
-    size_list = tuple(int(s) for s in _parse_tokens(sizes))
-    if not size_list or any(s < 1 for s in size_list):
-        raise click.BadParameter(f"{sizes!r}: expected comma-separated token counts >= 1, e.g. 1,7", param_hint="--sizes")
+    read_manifest(artifact, RUN_FIELDS)  # a bad --artifact is reported before connecting
+    kernel_pattern(pattern)
+    size_list = _parse_sizes(sizes)
     options = _run_options(rpc, rpc_tracker, rpc_key, adapter, browser)
     report = check_artifact(artifact, size_list, pattern, progress=progress, options=options)
     click.echo(report_json(report) if as_json else report.table() + "\n\n" + report.summary)
@@ -282,15 +316,17 @@ def profile(ctx, artifact, model, quant, target_name, weights, prompt_len, gen_l
     """Profile a model run: kernel statistics tables (see also `profile compare`)."""
     if ctx.invoked_subcommand is not None:
         return
-    from .artifact import read_manifest
+    from .artifact import RUN_FIELDS, read_manifest
     from .profiler.reports import render
     from .profiler.schema import save_profile
 
     if (artifact is None) == (quant is None):
         raise click.UsageError("give --artifact DIR, or --quant (with --model/--target) to build and profile")
+    _output_file(output, "-o", "report.md")
+    _output_file(save_json, "--save-json", "profile.json")
     if artifact is None:
         artifact = _cached_build(model, quant, target_name)
-    manifest = read_manifest(artifact)
+    manifest = read_manifest(artifact, RUN_FIELDS)
     device = _backend_of(artifact)
     options = dataclasses.replace(_run_options(rpc, rpc_tracker, rpc_key, adapter, browser), timed=True, console=_log)
     if browser and fmt is None:
@@ -361,6 +397,7 @@ def profile_render(profile_json, fmt, peak_gbps, output):
     from .profiler.reports import render
     from .profiler.schema import load_profile
 
+    _output_file(output, "-o", "report.md")
     data = load_profile(profile_json)
     text = render(data, fmt, peak_gbps=peak_gbps if peak_gbps is not None else data.get("peak_gbps"))
     if output:
@@ -373,12 +410,17 @@ def profile_render(profile_json, fmt, peak_gbps, output):
 @click.argument("before", type=click.Path(path_type=Path, exists=True, dir_okay=False))
 @click.argument("after", type=click.Path(path_type=Path, exists=True, dir_okay=False))
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None)
-def profile_compare(before, after, output):
+@click.option("--allow-different", is_flag=True, help="Compare profiles of different models or quantizations (refused by default).")
+def profile_compare(before, after, output, allow_different):
     """A/B report of two profile JSON files (per-kernel Δ with a significance test)."""
-    from .profiler.compare import compare
+    from .profiler.compare import check_comparable, compare
     from .profiler.schema import load_profile
 
-    text = compare(load_profile(before), load_profile(after), name_a=before.stem, name_b=after.stem)
+    _output_file(output, "-o", "compare.md")
+    a, b = load_profile(before), load_profile(after)
+    if not allow_different:
+        check_comparable(a, b, str(before), str(after))
+    text = compare(a, b, name_a=before.stem, name_b=after.stem)
     if output:
         output.write_text(text)
     else:

@@ -30,6 +30,68 @@ class ConfigError(ValueError):
     """A user-facing configuration error (one line: file, field, value, what is allowed)."""
 
 
+MAX_YAML_BYTES = 1 << 20  # a model / target / matrix YAML is a few KiB; refuse anything past 1 MiB
+SHORT_REPR = 80  # longest value repr an error message quotes
+
+
+def short_repr(value: Any, limit: int = SHORT_REPR) -> str:
+    """repr(value) cut to `limit` characters (an error line quoting a huge value stays short)."""
+    if isinstance(value, (str, bytes)) and len(value) > 4 * limit:
+        value = value[: 4 * limit]  # no repr of megabytes just to cut it
+    text = repr(value)
+    if isinstance(value, (list, tuple, dict, set)) and len(text) > 64 * limit:
+        text = text[: 64 * limit]
+    return text if len(text) <= limit else text[: limit - 8] + "...(cut)"
+
+
+def short_text(text: Any, limit: int = SHORT_REPR) -> str:
+    """str(text) cut to `limit` characters."""
+    text = str(text)[: 4 * limit] if not isinstance(text, str) else text
+    return text if len(text) <= limit else text[: limit - 8] + "...(cut)"
+
+
+class _NoAliasLoader(yaml.SafeLoader):
+    """SafeLoader that refuses aliases (`*name`, `<<: *name`): alias expansion is how a few
+    hundred bytes of YAML become gigabytes of objects (billion laughs)."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(
+                None, None, f"alias '*{event.anchor}' not allowed (YAML anchors/aliases are refused; write the value out)",
+                event.start_mark)
+        return super().compose_node(parent, index)
+
+
+def load_yaml(path: Path, what: str = "YAML") -> Any:
+    """A YAML file parsed safely: at most MAX_YAML_BYTES, no aliases; ConfigError (one line,
+    with the line and column of a syntax error) otherwise."""
+    path = Path(path)
+    try:
+        size = path.stat().st_size
+        if size > MAX_YAML_BYTES:
+            raise ConfigError(f"{path}: {size} bytes; a {what} file may have at most {MAX_YAML_BYTES} bytes (1 MiB)")
+        with open(path, "rb") as f:
+            data = f.read(MAX_YAML_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read {what}: {exc.strerror or exc}") from None
+    if len(data) > MAX_YAML_BYTES:  # grew since stat, or not a regular file
+        raise ConfigError(f"{path}: more than {MAX_YAML_BYTES} bytes; a {what} file may have at most 1 MiB")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: invalid YAML: not UTF-8 text (byte {exc.start})") from None
+    try:
+        return yaml.load(text, Loader=_NoAliasLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{path}: invalid YAML{where}: {short_text(problem, 200)}") from None
+    except RecursionError:
+        raise ConfigError(f"{path}: invalid YAML: nested too deeply") from None
+
+
 @dataclasses.dataclass(frozen=True)
 class RopeScaling:
     rope_type: str
@@ -165,7 +227,7 @@ _ROPE_FIELDS = {
 
 
 def _err(path: str, field: str, value: Any, allowed: str) -> ConfigError:
-    return ConfigError(f"{path}: field '{field}': got {value!r}; {allowed}")
+    return ConfigError(f"{path}: field '{short_text(field)}': got {short_repr(value)}; {allowed}")
 
 
 def _positive_int(path: str, raw: dict, field: str) -> int:
@@ -210,7 +272,7 @@ def _parse_rope_scaling(path: str, raw: Any) -> RopeScaling | None:
         )
     unknown = set(raw) - set(_ROPE_FIELDS)
     if unknown:
-        raise _err(path, "rope_scaling", sorted(unknown)[0], f"unknown key; allowed: {sorted(_ROPE_FIELDS)}")
+        raise _err(path, "rope_scaling", sorted(unknown, key=str)[0], f"unknown key; allowed: {sorted(_ROPE_FIELDS)}")
     return RopeScaling(**values)
 
 
@@ -269,7 +331,7 @@ def parse_conv_template(raw: Any, path: str, vocab_size: int, field: str = "conv
         name, raw = raw, {"name": raw, **CONV_TEMPLATES[raw]}
     if not isinstance(raw, dict):
         raise _err(path, field, raw, f"expected a template name or a mapping with fields {sorted(_CONV_FIELDS)}")
-    unknown = sorted(set(raw) - _CONV_FIELDS)
+    unknown = sorted(set(raw) - _CONV_FIELDS, key=str)
     if unknown:
         raise _err(path, f"{field}.{unknown[0]}", raw[unknown[0]], f"unknown field; allowed: {sorted(_CONV_FIELDS)}")
     for key in ("roles", "seps"):
@@ -325,7 +387,7 @@ def parse_model_config(raw: Any, path: str) -> ModelConfig:
         *_GENERATION_FIELDS, *_TOKEN_ID_DEFAULTS, "conv_template",
         "position_embedding_base", *_MLC_DERIVED,  # as mlc-chat-config.json's model_config has them
     }
-    unknown = sorted(set(raw) - known)
+    unknown = sorted(set(raw) - known, key=str)
     if unknown:
         raise _err(path, unknown[0], raw[unknown[0]], f"unknown field; allowed: {sorted(known)}")
     if raw["architecture"] not in SUPPORTED_ARCHITECTURES:
@@ -424,14 +486,7 @@ def resolve_model_path(model: str) -> Path:
 
 def load_model_config(model: str) -> ModelConfig:
     path = resolve_model_path(model)
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"{path}: invalid YAML{where}: {problem}") from None
-    return parse_model_config(raw, str(path))
+    return parse_model_config(load_yaml(path, "model config"), str(path))
 
 
 def check_quantization(config: ModelConfig, quant: str) -> None:

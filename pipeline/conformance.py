@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import tvm
 
-from .artifact import ArtifactError, read_manifest
+from .artifact import RUN_FIELDS, RUNTIME_CONFIG, ArtifactError, read_json, read_manifest, verified, verified_library
+from .config import short_repr
 from .kernel_inputs import kernel_args, symbolic_dims
 from .quantization import QUANTIZATIONS, TOLERANCE
 from .roles import WEIGHT_ROLES
@@ -61,11 +62,20 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.2e}"
 
 
-def _load_tir(artifact: Path, name: str) -> tvm.IRModule:
-    path = artifact / "tir" / name
-    if not path.is_file():
+def _load_tir(artifact: Path, manifest: dict, name: str) -> tvm.IRModule:
+    if not (artifact / "tir" / name).is_file():
         raise ArtifactError(f"{artifact}: tir/{name} missing (artifact built by an older mlcpipe? rebuild it)")
-    return tvm.ir.load_json(path.read_text())
+    return tvm.ir.load_json(verified(artifact, manifest, f"tir/{name}", "files").read_text())
+
+
+def kernel_pattern(pattern: str | None) -> re.Pattern | None:
+    """--kernels as a compiled regex; ValueError (one line) when it is not one."""
+    if pattern is None:
+        return None
+    try:
+        return re.compile(pattern)
+    except re.error as exc:
+        raise ValueError(f"--kernels {short_repr(pattern)}: not a regular expression ({exc})") from None
 
 
 _COMPILED: dict[str, tvm.runtime.Module] = {}
@@ -162,6 +172,15 @@ def _compare(got: list, want: list, tolerance: dict[str, float] | None = None) -
     return worst_abs, worst_rel, ok
 
 
+def _skip_reason(name: str, reference: tvm.tirx.PrimFunc) -> str:
+    """Why `check` does not run kernel `name` ("" when it does)."""
+    if _NOT_RANDOMIZABLE.match(name):
+        return "tree attention / page copies: unused by the mlcpipe runtime"
+    if _is_thread_bound(reference):
+        return "no llvm reference for this GPU-only kernel"
+    return ""
+
+
 def check_artifact(artifact: str | Path, sizes: tuple[int, ...] = (1, 7), pattern: str | None = None, seed: int = 0, progress=None,
                    options=None) -> CheckReport:
     """Every kernel of the artifact's shipped library run on its device (the backend's
@@ -170,41 +189,50 @@ def check_artifact(artifact: str | Path, sizes: tuple[int, ...] = (1, 7), patter
     from .backends import RunOptions, backend
 
     artifact = Path(artifact)
-    manifest = read_manifest(artifact)
+    regex = kernel_pattern(pattern)
+    manifest = read_manifest(artifact, RUN_FIELDS)
     kind = manifest["target"]["kind"]
     options = options or RunOptions()
     device = backend(kind)
+    # what is checked is what ships: the library (and the files the checks read) as built, or nothing
+    verified_library(artifact, manifest)
+    if manifest.get("kernel_source"):
+        verified(artifact, manifest, manifest["kernel_source"], "kernel_source")
     roles = {k["name"]: k.get("role", "other") for k in manifest["kernels"]}
-    unscheduled = _load_tir(artifact, "unscheduled.json")
-    scheduled = _load_tir(artifact, "scheduled.json")
-    chat_config = json.loads((artifact / "mlc-chat-config.json").read_text())
+    unscheduled = _load_tir(artifact, manifest, "unscheduled.json")
+    scheduled = _load_tir(artifact, manifest, "scheduled.json")
+    chat_config = read_json(verified(artifact, manifest, RUNTIME_CONFIG, "files"), RUNTIME_CONFIG)
     counterparts = _attention_counterparts(chat_config, _model_dtype(manifest)) if kind != "llvm" else {}
     model_config = chat_config["model_config"]
     heads = {"H": model_config["num_attention_heads"], "D": model_config["head_dim"]}
     results: list[KernelResult] = []
     names = sorted(gv.name_hint for gv in scheduled.get_global_vars())
-    if pattern:
-        names = [n for n in names if re.search(pattern, n)]
+    if regex is not None:
+        names = [n for n in names if regex.search(n)]
     if not names:
-        raise ArtifactError(f"--kernels {pattern!r}: matches none of the {len(scheduled.get_global_vars())} kernels of {artifact}")
+        raise ArtifactError(f"--kernels {short_repr(pattern)}: matches none of the {len(scheduled.get_global_vars())} kernels of {artifact}")
     run = device.kernel_runner(artifact, manifest, options)
     if run is None:
         rows = device.static_checks(artifact, manifest, names, roles)
         results = [KernelResult(name, role, "-", status, note=note) for name, role, status, note in rows]
         return CheckReport(str(artifact), kind, False, results, device.not_executed(options))
+    skips = {name: _skip_reason(name, counterparts.get(name, unscheduled[name])) for name in names}
+    if all(skips.values()):  # a check that runs nothing proves nothing
+        if hasattr(run, "close"):
+            run.close()
+        which = f"--kernels {short_repr(pattern)}: matches only" if pattern else f"{artifact}: has only"
+        raise ArtifactError(f"{which} kernels check skips ({', '.join(names[:3])}{', ...' if len(names) > 3 else ''}): "
+                            "no kernel would run")
     try:
         for index, name in enumerate(names):
             if progress:
                 progress(index, len(names), name)
             func_u = unscheduled[name]
             role = roles.get(name, "other")
-            if _NOT_RANDOMIZABLE.match(name):
-                results.append(KernelResult(name, role, "-", "skip", note="tree attention / page copies: unused by the mlcpipe runtime"))
+            if skips[name]:
+                results.append(KernelResult(name, role, "-", "skip", note=skips[name]))
                 continue
             reference = counterparts.get(name, func_u)
-            if _is_thread_bound(reference):
-                results.append(KernelResult(name, role, "-", "skip", note="no llvm reference for this GPU-only kernel"))
-                continue
             for size in sizes if symbolic_dims(func_u) else (sizes[0],):
                 args, label = kernel_args(func_u, size, seed=seed, heads=heads)
                 if not symbolic_dims(func_u):

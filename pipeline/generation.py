@@ -10,7 +10,6 @@ what MLC-LLM's engine and WebLLM call) on the device.
 
 from __future__ import annotations
 
-import json
 from abc import ABC, abstractmethod
 from collections import Counter
 from collections.abc import Sequence
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .artifact import RUNTIME_CONFIG, read_manifest
+from .artifact import RUN_FIELDS, RUNTIME_CONFIG, read_json, read_manifest, verified
 
 
 def checked_prefill_chunk(requested: int | None, built: int) -> int:
@@ -91,8 +90,8 @@ class Generation(ABC):
     def _open_artifact(self, artifact, prefill_chunk: int | None) -> None:
         """The artifact's manifest and runtime config, and the sizes generation checks against."""
         self.artifact = Path(artifact)
-        self.manifest = read_manifest(self.artifact)
-        self.config = json.loads((self.artifact / RUNTIME_CONFIG).read_text())
+        self.manifest = read_manifest(self.artifact, RUN_FIELDS)
+        self.config = read_json(verified(self.artifact, self.manifest, RUNTIME_CONFIG, "files"), RUNTIME_CONFIG)
         self.vocab_size = int(self.config["vocab_size"])
         self.context_window = int(self.config["context_window_size"])
         self.prefill_chunk = checked_prefill_chunk(prefill_chunk, int(self.config["prefill_chunk_size"]))

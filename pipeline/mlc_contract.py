@@ -15,8 +15,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from .artifact import MANIFEST, RUNTIME_CONFIG, ArtifactError, read_manifest
-from .config import DEFAULT_CONV_TEMPLATE, ModelConfig, parse_conv_template
+from .artifact import MANIFEST, RUNTIME_CONFIG, ArtifactError, confined, read_json, read_manifest
+from .config import DEFAULT_CONV_TEMPLATE, ModelConfig, parse_conv_template, short_repr
 
 MLC_CHAT_CONFIG_VERSION = "0.1.0"
 TENSOR_CACHE = "tensor-cache.json"
@@ -68,10 +68,9 @@ def detect_tokenizer_info(model_dir: Path | None) -> dict[str, Any]:
     path = Path(model_dir) / "tokenizer.json" if model_dir is not None else None
     if path is None or not path.is_file():
         return info
-    try:
-        tokenizer = json.loads(path.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise ArtifactError(f"{path}: not valid JSON: {exc}") from None
+    tokenizer = read_json(path, "tokenizer.json")
+    if not isinstance(tokenizer, dict):
+        raise ArtifactError(f"{path}: corrupt tokenizer.json: expected a JSON object, got {type(tokenizer).__name__}")
 
     def parts(node: Any, key: str) -> list[dict]:
         if not isinstance(node, dict):
@@ -221,17 +220,19 @@ def check_model_dir(weights_dir: str | Path) -> dict[str, Any]:
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise MLCContractError(f"{config_path}: not valid JSON: {exc}") from None
     check_chat_config(data, str(config_path))
-    absent = [name for name in data["tokenizer_files"] if not (root / str(name)).is_file()]
+    absent = [name for name in data["tokenizer_files"]
+              if not confined(root, name, f"{config_path}: field 'tokenizer_files'").is_file()]
     if absent:
         raise MLCContractError(f"{root}: tokenizer file(s) {', '.join(map(repr, absent))} listed in 'tokenizer_files' are missing")
     cache_path = root / TENSOR_CACHE
     if not cache_path.is_file():
         raise MLCContractError(f"{root}: {TENSOR_CACHE} missing (the weights MLC-LLM / WebLLM load); run `mlcpipe convert-weights`")
+    from .weights import read_tensor_cache
+
     try:
-        cache = json.loads(cache_path.read_text())
-        shards = [record["dataPath"] for record in cache["records"]]
-    except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError) as exc:
-        raise MLCContractError(f"{cache_path}: not a tensor cache (records[].dataPath): {exc!r}") from None
+        shards = [record["dataPath"] for record in read_tensor_cache(root)[1]]
+    except ArtifactError as exc:
+        raise MLCContractError(str(exc)) from None
     absent = [shard for shard in shards if not (root / shard).is_file()]
     if absent:
         raise MLCContractError(f"{root}: weight shard(s) {', '.join(map(repr, absent[:3]))}{' ...' if len(absent) > 3 else ''} "
@@ -252,6 +253,6 @@ def check_library(artifact: str | Path) -> dict[str, Any]:
         raise MLCContractError(f"{artifact}: library lacks function(s) {', '.join(map(repr, missing))} "
                                f"that MLC-LLM / WebLLM call (has: {', '.join(sorted(functions))})")
     library = manifest.get("library")
-    if not library or not (Path(artifact) / library).is_file():
-        raise MLCContractError(f"{artifact}: library file {library!r} missing")
+    if not library or not confined(Path(artifact), library, f"{Path(artifact) / MANIFEST}: field 'library'").is_file():
+        raise MLCContractError(f"{artifact}: library file {short_repr(library)} missing")
     return manifest

@@ -10,7 +10,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .artifact import RUNTIME_CONFIG, ArtifactError
+from .artifact import RUNTIME_CONFIG, ArtifactError, verified_library
 from .generation import Generation
 from .weights import TENSOR_CACHE
 
@@ -43,10 +43,8 @@ class Engine(Generation):
         self._remote_funcs: dict = {}
         self._remote_shapes: dict = {}
         kind = self.manifest["target"]["kind"]
-        library = self.artifact / self.manifest["library"]
-        if not library.is_file():
-            raise ArtifactError(f"{self.artifact}: library {self.manifest['library']} missing")
         started = time.perf_counter()
+        library = verified_library(self.artifact, self.manifest)  # a corrupt library can crash the process
         if remote is None:
             self.device = _device_for(kind)
             self.lib = tvm.runtime.load_module(str(library))
@@ -221,9 +219,7 @@ def save_logits(path: str | Path, steps: Sequence[np.ndarray]) -> Path:
 def library_kernel_runner(artifact: Path, manifest: dict, remote=None):
     """(kernel name, args) -> args after the call: one kernel of the artifact's shipped library on
     its device, here or on a TVM RPC session's (for `mlcpipe check`)."""
-    library = Path(artifact) / manifest["library"]
-    if not library.is_file():
-        raise ArtifactError(f"{artifact}: library {manifest['library']} missing")
+    library = verified_library(Path(artifact), manifest)  # a corrupt library can crash the process
     kind = manifest["target"]["kind"]
     if remote is None:
         device = _device_for(kind)

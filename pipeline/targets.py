@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import platform
+import re
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from .config import CONFIG_DIR, ConfigError
+from .config import CONFIG_DIR, ConfigError, load_yaml, short_repr
 
 TARGETS_DIR = CONFIG_DIR / "targets"
 
@@ -123,10 +123,10 @@ def load_target(name: str, overrides: dict[str, Any] | None = None) -> TargetSpe
     path = TARGETS_DIR / f"{name}.yaml"
     if not path.is_file():
         raise ConfigError(f"--target {name!r}: unknown target; allowed: {available_targets()}")
-    try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: invalid YAML: {str(exc).splitlines()[0]}") from None
+    raw = load_yaml(path, "target preset") or {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a YAML mapping at top level, got {type(raw).__name__}")
+    given = {k for k, v in (overrides or {}).items() if v is not None}
     raw = {**raw, **{k: v for k, v in (overrides or {}).items() if v is not None}}
     peak = raw.pop("peak_gbps", 0)
     kind = raw.get("kind")
@@ -141,13 +141,53 @@ def load_target(name: str, overrides: dict[str, Any] | None = None) -> TargetSpe
         _check_webgpu_subgroups(path, raw)
     if kind == "cuda":
         archs = options.setdefault("fatbin_archs", [raw.get("arch", "sm_80")])
-        if not isinstance(archs, list) or not all(isinstance(a, str) and a.startswith("sm_") for a in archs):
-            raise ConfigError(f"{path}: field 'fatbin_archs': got {archs!r}; expected {_OPTIONS[('cuda', 'fatbin_archs')]}")
+        if not isinstance(archs, list) or not archs or not all(isinstance(a, str) and a.startswith("sm_") for a in archs):
+            raise ConfigError(f"{path}: field 'fatbin_archs': got {short_repr(archs)}; expected {_OPTIONS[('cuda', 'fatbin_archs')]}")
+        for field, values in (("arch", [raw.get("arch", "sm_80")]), ("fatbin_archs", archs)):
+            _check_cuda_archs(f"--{field.replace('_', '-')}" if field in given else f"{path}: field '{field}'", values)
         if raw.get("arch") not in archs:
             options["fatbin_archs"] = [*archs, raw.get("arch")]
     target = dict(raw)
     _validate_with_tvm(path, target)
     return TargetSpec(name=name, target=target, peak_gbps=float(peak), options=options)
+
+
+# The archs nvcc 12.x-13.x compile for (nvcc --list-gpu-code), used when nvcc is not installed.
+KNOWN_CUDA_ARCHS = ("sm_50", "sm_52", "sm_53", "sm_60", "sm_61", "sm_62", "sm_70", "sm_72", "sm_75", "sm_80", "sm_86",
+                    "sm_87", "sm_88", "sm_89", "sm_90", "sm_100", "sm_101", "sm_103", "sm_110", "sm_120", "sm_121")
+
+
+@functools.lru_cache(maxsize=1)
+def cuda_archs() -> tuple[tuple[str, ...], str]:
+    """(sm_XY archs nvcc compiles for, where the list came from): `nvcc --list-gpu-code` when
+    nvcc is installed (a few ms), else KNOWN_CUDA_ARCHS."""
+    import subprocess
+
+    from .backends.cuda import find_nvcc
+
+    try:
+        nvcc = find_nvcc()
+        out = subprocess.run([nvcc, "--list-gpu-code"], capture_output=True, text=True, timeout=60)
+    except (RuntimeError, OSError, subprocess.TimeoutExpired):
+        return KNOWN_CUDA_ARCHS, "known list; nvcc not found"
+    listed = tuple(a for a in out.stdout.split() if re.fullmatch(r"sm_\d+", a))
+    if out.returncode != 0 or not listed:
+        return KNOWN_CUDA_ARCHS, "known list"
+    return tuple(sorted(listed, key=lambda a: int(a[3:]))), "nvcc --list-gpu-code"
+
+
+def _check_cuda_archs(where: str, archs: list) -> None:
+    """Each arch is one nvcc compiles for: sm_XY it lists, sm_XYa for XY >= 90, sm_XYf for
+    XY >= 100 (the arch-specific and family variants it does not list)."""
+    allowed, source = cuda_archs()
+    for arch in archs:
+        m = re.fullmatch(r"sm_(\d+)([af]?)", arch) if isinstance(arch, str) else None
+        ok = bool(m) and f"sm_{m.group(1)}" in allowed and (
+            not m.group(2) or int(m.group(1)) >= (90 if m.group(2) == "a" else 100))
+        if not ok:
+            head = f"{where} {short_repr(arch)}:" if where.startswith("--") else f"{where}: got {short_repr(arch)};"
+            raise ConfigError(f"{head} not an arch nvcc compiles for; allowed: {', '.join(allowed)} "
+                              f"(and sm_XYa for XY >= 90, sm_XYf for XY >= 100; {source})")
 
 
 def _check_webgpu_subgroups(path: Path, raw: dict[str, Any]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .artifact import ArtifactError
+from .config import short_text
 
 
 class Tokenizer:
@@ -14,7 +15,25 @@ class Tokenizer:
         except ImportError:
             raise ArtifactError(f"{path}: reading it needs the `tokenizers` package (pip install 'mlcpipe[tokenizers]')") from None
         self.path = path
-        self._tok = HFTokenizer.from_file(str(path))
+        self._tok = self._load(HFTokenizer, path)
+
+    @staticmethod
+    def _load(factory, path: Path):
+        try:
+            return factory.from_file(str(path))
+        except Exception as exc:  # noqa: BLE001 - `tokenizers` raises plain Exception with serde's message
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ArtifactError(f"{path}: corrupt tokenizer.json (the `tokenizers` package cannot read it: "
+                                f"{short_text(reason, 160)})") from None
+
+    @classmethod
+    def check(cls, path: Path) -> None:
+        """ArtifactError (one line) if `tokenizers` is installed and cannot read `path`."""
+        try:
+            from tokenizers import Tokenizer as HFTokenizer
+        except ImportError:
+            return
+        cls._load(HFTokenizer, Path(path))
 
     def encode(self, text: str) -> list[int]:
         return list(self._tok.encode(text).ids)

@@ -18,13 +18,14 @@ has the same kernel. `mlcpipe tune` writes it (pipeline/tune.py); `mlcpipe build
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
 from typing import Any
 
 from .artifact import ArtifactError, sha256_file
-from .config import REPO_ROOT
+from .config import REPO_ROOT, short_repr, short_text
 
 SCHEMA, VERSION = "mlcpipe-tuning", 1
 
@@ -50,31 +51,63 @@ class TuningDB:
 
     @classmethod
     def load(cls, path: Path) -> "TuningDB":
+        """The database at `path` (empty when there is none), every record checked: ArtifactError
+        in one line naming the file, the record and the field otherwise."""
         path = Path(path)
         if not path.exists():
             return cls(path)
+        if not path.is_file():
+            raise ArtifactError(f"{path}: not a tuning database (not a file)")
         try:
-            data = json.loads(path.read_text())
+            data = json.loads(path.read_bytes().decode("utf-8"))
         except json.JSONDecodeError as exc:
             raise ArtifactError(f"{path}: not a tuning database (bad JSON at line {exc.lineno}: {exc.msg})") from None
+        except (UnicodeDecodeError, RecursionError, OSError) as exc:
+            raise ArtifactError(f"{path}: not a tuning database ({short_text(exc, 120)})") from None
         if not isinstance(data, dict) or data.get("schema") != SCHEMA:
             raise ArtifactError(f"{path}: not a tuning database (schema field must be '{SCHEMA}')")
         if data.get("version") != VERSION:
-            raise ArtifactError(f"{path}: tuning database version {data.get('version')!r} not supported (allowed: {VERSION})")
+            raise ArtifactError(f"{path}: tuning database version {short_repr(data.get('version'))} not supported (allowed: {VERSION})")
         records = data.get("records")
         if not isinstance(records, dict):
             raise ArtifactError(f"{path}: field 'records' must be an object")
         for key, table in records.items():
+            if not isinstance(table, dict):
+                raise ArtifactError(f"{path}: field 'records.{short_text(key)}': got {short_repr(table)}; expected an object "
+                                    "{kernel signature: record}")
             for sig, rec in table.items():
+                where = f"{path}: record {short_text(sig)} of target {short_text(key)}"
                 if not isinstance(rec, dict) or not isinstance(rec.get("rule"), str) or not isinstance(rec.get("knobs"), dict):
-                    raise ArtifactError(f"{path}: record {sig} of target {key} needs 'rule' (string) and 'knobs' (object)")
+                    raise ArtifactError(f"{where} needs 'rule' (string) and 'knobs' (object)")
                 if rec["rule"] == "MetaSchedule" and not isinstance(rec.get("trace"), str):
-                    raise ArtifactError(f"{path}: record {sig} of target {key} has rule 'MetaSchedule' but no 'trace' (a JSON string)")
+                    raise ArtifactError(f"{where} has rule 'MetaSchedule' but no 'trace' (a JSON string)")
+                for knob, value in rec["knobs"].items():
+                    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                        raise ArtifactError(f"{where}: knob {short_text(knob)}: got {short_repr(value)}; "
+                                            "expected an integer >= 0 (or null: the rule's choice)")
         return cls(path, records)
 
     def table(self, target: dict[str, Any]) -> dict[str, dict]:
-        """signature -> record for one target (empty when never tuned there)."""
-        return self.records.get(target_key(target), {})
+        """signature -> record for one target (empty when never tuned there); each record's rule
+        must be one of the target's rules (or MetaSchedule) and its knobs fields of that rule."""
+        table = self.records.get(target_key(target), {})
+        if table:
+            from schedules import RULES, rule_by_name
+
+            kind = target.get("kind")
+            for sig, rec in table.items():
+                if rec["rule"] == "MetaSchedule":
+                    continue
+                rule = rule_by_name(kind, rec["rule"]) if kind in RULES else None
+                where = f"{self.path}: record {short_text(sig)} of target {target_key(target)}"
+                if rule is None:
+                    names = sorted({type(r).__name__ for r in RULES.get(kind, [])} | {"MetaSchedule"})
+                    raise ArtifactError(f"{where}: rule {short_repr(rec['rule'])} unknown; allowed on {kind}: {', '.join(names)}")
+                knobs = sorted(f.name for f in dataclasses.fields(rule)) if dataclasses.is_dataclass(rule) else []
+                unknown = [k for k in rec["knobs"] if k not in knobs]
+                if unknown:
+                    raise ArtifactError(f"{where}: knob {short_repr(unknown[0])} is not a knob of {rec['rule']}; allowed: {knobs}")
+        return table
 
     def put(self, target: dict[str, Any], signature: str, record: dict[str, Any]) -> None:
         self.records.setdefault(target_key(target), {})[signature] = record

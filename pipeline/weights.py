@@ -6,6 +6,8 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import math
+import re
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -13,11 +15,13 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from .artifact import RUNTIME_CONFIG, ArtifactError, atomic_directory, write_json
-from .config import ConfigError, ModelConfig, check_quantization
-from .mlc_contract import TENSOR_CACHE, copy_tokenizer_files, mlc_chat_config
+from .artifact import RUNTIME_CONFIG, ArtifactError, atomic_directory, confined, read_json, sha256_file, verify_bytes, write_json
+from .config import ConfigError, ModelConfig, check_quantization, short_repr
+from .mlc_contract import TENSOR_CACHE, copy_tokenizer_files, detect_tokenizer_info, mlc_chat_config
 from .model import MODELS
 from .quantization import QUANTIZATIONS
+from .quantization.group_quant import MAX_INT
+from .tokenizer import Tokenizer
 
 _SAFETENSORS_DTYPES = {
     "F64": np.float64, "F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16,
@@ -38,8 +42,23 @@ _HF_FIELDS = {
 }
 
 
+# Every dtype of the safetensors format -> bytes per element (the size check needs it for all).
+_SAFETENSORS_ITEMSIZE = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "F8_E8M0": 1,
+    "I16": 2, "U16": 2, "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8,
+}
+MAX_SAFETENSORS_HEADER = 100_000_000  # the safetensors library's own limit
+
+
+def _uint(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
 class SafetensorsDir:
-    """Every tensor of a directory of *.safetensors files (sharded or not), read lazily."""
+    """Every tensor of a directory of *.safetensors files (sharded or not), read lazily. Each
+    header is checked against its file before any tensor is read: header length within the file,
+    a JSON object, known dtypes, data_offsets [start, end] inside the data, disjoint and covering it
+    without gaps, each end - start = prod(shape) * itemsize; ArtifactError naming file and tensor."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
@@ -48,15 +67,10 @@ class SafetensorsDir:
             raise ArtifactError(f"{self.path}: no *.safetensors files")
         self.index: dict[str, tuple[Path, dict, int]] = {}
         for file in files:
-            with open(file, "rb") as fh:
-                (header_len,) = struct.unpack("<Q", fh.read(8))
-                try:
-                    header = json.loads(fh.read(header_len))
-                except json.JSONDecodeError as exc:
-                    raise ArtifactError(f"{file}: corrupt safetensors header: {exc}") from None
+            header, base = _read_safetensors_header(file)
             for name, info in header.items():
                 if name != "__metadata__":
-                    self.index[name] = (file, info, 8 + header_len)
+                    self.index[name] = (file, info, base)
 
     def __contains__(self, name: str) -> bool:
         return name in self.index
@@ -71,12 +85,82 @@ class SafetensorsDir:
         return np.frombuffer(array, dtype=dtype).reshape(info["shape"])
 
 
+def _read_safetensors_header(file: Path) -> tuple[dict, int]:
+    """(header, offset of the data) of one safetensors file, validated (see SafetensorsDir)."""
+    size = file.stat().st_size
+    if size < 8:
+        raise ArtifactError(f"{file}: truncated safetensors file ({size} bytes; it starts with an 8-byte header length)")
+    with open(file, "rb") as fh:
+        (header_len,) = struct.unpack("<Q", fh.read(8))
+        if header_len > size - 8 or header_len > MAX_SAFETENSORS_HEADER:
+            raise ArtifactError(f"{file}: corrupt safetensors header: length {header_len} bytes, but the file has "
+                                f"{size - 8} bytes after it (allowed: at most {min(size - 8, MAX_SAFETENSORS_HEADER)})")
+        raw = fh.read(header_len)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        what = exc.msg if isinstance(exc, json.JSONDecodeError) else "not UTF-8 JSON"
+        raise ArtifactError(f"{file}: corrupt safetensors header: {what}") from None
+    if not isinstance(header, dict):
+        raise ArtifactError(f"{file}: corrupt safetensors header: expected a JSON object, got {type(header).__name__}")
+    data_size = size - 8 - header_len
+    spans = []
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        where = f"{file}: tensor {short_repr(name)}"
+        if not isinstance(info, dict):
+            raise ArtifactError(f"{where}: got {short_repr(info)}; expected an object with dtype, shape, data_offsets")
+        dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
+        if dtype not in _SAFETENSORS_ITEMSIZE:
+            raise ArtifactError(f"{where}: dtype {short_repr(dtype)}; allowed: {sorted(_SAFETENSORS_ITEMSIZE)}")
+        if not isinstance(shape, list) or not all(_uint(d) for d in shape):
+            raise ArtifactError(f"{where}: shape {short_repr(shape)}; expected a list of integers >= 0")
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(_uint(o) for o in offsets)):
+            raise ArtifactError(f"{where}: data_offsets {short_repr(offsets)}; expected [start, end], integers >= 0")
+        start, end = offsets
+        if not start <= end <= data_size:
+            raise ArtifactError(f"{where}: data_offsets [{start}, {end}] outside the {data_size} data bytes "
+                                "(allowed: start <= end <= data size)")
+        want = math.prod(shape) * _SAFETENSORS_ITEMSIZE[dtype]
+        if end - start != want:
+            raise ArtifactError(f"{where}: data_offsets [{start}, {end}] hold {end - start} bytes; shape {shape} {dtype} "
+                                f"needs {want}")
+        spans.append((start, end, name))
+    spans.sort()
+    for (_, end_a, name_a), (start, end, name) in zip(spans, spans[1:]):
+        if start < end_a:
+            raise ArtifactError(f"{file}: tensor {short_repr(name)}: data_offsets [{start}, {end}] overlaps tensor "
+                                f"{short_repr(name_a)}, which ends at {end_a} (allowed: disjoint byte ranges)")
+    position = 0
+    for start, end, name in spans:
+        if start != position:
+            raise ArtifactError(f"{file}: tensor {short_repr(name)}: data_offsets [{start}, {end}] leave a gap of "
+                                f"{start - position} bytes (tensors must be contiguous from byte 0)")
+        position = end
+    if position != data_size:
+        raise ArtifactError(f"{file}: corrupt safetensors file: tensors end at data byte {position}, the file has {data_size}")
+    return header, 8 + header_len
+
+
 def check_hf_config(config: ModelConfig, hf_dir: Path) -> None:
     path = Path(hf_dir) / "config.json"
     if not path.is_file():
         raise ArtifactError(f"{hf_dir}: config.json missing (expected a Hugging Face checkpoint directory)")
-    hf = json.loads(path.read_text())
-    hf.setdefault("head_dim", hf.get("hidden_size", 0) // max(hf.get("num_attention_heads", 1), 1))
+    hf = read_json(path, "Hugging Face config")
+    if not isinstance(hf, dict):
+        raise ConfigError(f"{path}: expected a JSON object at top level, got {type(hf).__name__}")
+    for key, attr in _HF_FIELDS.items():
+        if key not in hf:
+            continue
+        ours, theirs = getattr(config, attr), hf[key]
+        kind_ok = isinstance(theirs, bool) if isinstance(ours, bool) else (
+            not isinstance(theirs, bool) and isinstance(theirs, (int, float)) and math.isfinite(theirs))
+        if not kind_ok:
+            expected = "true or false" if isinstance(ours, bool) else "a finite number"
+            raise ConfigError(f"{path}: field '{key}': got {short_repr(theirs)}; expected {expected}")
+    if "head_dim" not in hf and isinstance(hf.get("hidden_size"), int) and isinstance(hf.get("num_attention_heads"), int):
+        hf["head_dim"] = hf["hidden_size"] // max(hf["num_attention_heads"], 1)
     hf.setdefault("tie_word_embeddings", False)
     for key, attr in _HF_FIELDS.items():
         if key not in hf:
@@ -85,7 +169,7 @@ def check_hf_config(config: ModelConfig, hf_dir: Path) -> None:
         theirs = hf[key]
         same = abs(float(theirs) - float(ours)) <= 1e-9 * max(1.0, abs(float(ours))) if isinstance(ours, float) else theirs == ours
         if not same:
-            raise ConfigError(f"{path}: field '{key}': got {theirs!r}, but {config.source} says {ours!r}")
+            raise ConfigError(f"{path}: field '{key}': got {short_repr(theirs)}, but {config.source} says {ours!r}")
 
 
 def synthetic_source(config: ModelConfig, seed: int = 0) -> Callable[[str, tuple[int, ...]], np.ndarray]:
@@ -100,8 +184,35 @@ def synthetic_source(config: ModelConfig, seed: int = 0) -> Callable[[str, tuple
     return get
 
 
-def logical_weights(config: ModelConfig, source: str | Path, seed: int = 0):
-    """Yield (logical name, float32 array) for every logical parameter of the model."""
+def _check_values(where: str, values: np.ndarray, limit: tuple[float, str] | None) -> None:
+    """A checkpoint tensor holds finite numbers within `limit` ((max |value|, why)); ArtifactError
+    naming the tensor, the count of NaN / Inf and the largest |value| otherwise."""
+    finite = np.isfinite(values)
+    if not finite.all():
+        nan = int(np.isnan(values).sum())
+        inf = values.size - int(finite.sum()) - nan
+        raise ArtifactError(f"{where}: {nan} NaN and {inf} Inf values of {values.size}; a checkpoint must hold finite numbers")
+    if limit is not None and values.size:
+        peak = float(np.abs(values).max())
+        if peak > limit[0]:
+            count = int((np.abs(values) > limit[0]).sum())
+            raise ArtifactError(f"{where}: max |value| {peak:.6g} ({count} values above {limit[0]:g}); {limit[1]}")
+
+
+def value_limit(quant: str) -> tuple[float, str] | None:
+    """(largest |weight| the quantization stores, why) for a checkpoint converted to `quant`:
+    float16 holds |x| <= 65504; a q4f16_1 group stores max|w| / 7 as a float16 scale and
+    dequantizes (q - 7) * scale in float16, so its weights must stay within 65504 too."""
+    dtype = QUANTIZATIONS[quant].model_dtype
+    if dtype in ("float16", "bfloat16"):
+        finfo = ml_dtypes.finfo(dtype) if dtype == "bfloat16" else np.finfo(dtype)
+        return float(finfo.max), f"{quant} stores {dtype} (allowed: |value| <= {float(finfo.max):g}); rescale the checkpoint or use a f32 quantization"
+    return None
+
+
+def logical_weights(config: ModelConfig, source: str | Path, seed: int = 0, limit: tuple[float, str] | None = None):
+    """Yield (logical name, float32 array) for every logical parameter of the model; checkpoint
+    tensors must be finite and, with `limit` (see `value_limit`), within it."""
     sources = MODELS[config.architecture]["hf_sources"](config)
     if str(source) == "synthetic":
         get = synthetic_source(config, seed)
@@ -125,7 +236,9 @@ def logical_weights(config: ModelConfig, source: str | Path, seed: int = 0):
                 raise ArtifactError(
                     f"{source}: tensor '{hf_name}' has dtype {array.dtype}; expected a float dtype (F32, F16, BF16)"
                 )
-            parts.append(np.asarray(array, dtype=np.float32))
+            values = np.asarray(array, dtype=np.float32)
+            _check_values(f"{tensors.index[hf_name][0]}: tensor '{hf_name}'", values, limit)
+            parts.append(values)
         yield ws.name, parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
 
 
@@ -150,13 +263,23 @@ def convert_weights(
     check_quantization(config, quant)
     if str(source) != "synthetic" and not Path(source).is_dir():
         raise ArtifactError(f"--source {source}: not a directory (expected a Hugging Face checkpoint or 'synthetic')")
+    if str(source) != "synthetic" and (Path(source) / "tokenizer.json").is_file():  # refused before it is copied
+        detect_tokenizer_info(Path(source))
+        Tokenizer.check(Path(source) / "tokenizer.json")
     scheme = QUANTIZATIONS[quant]
     expected = expected_parameters(config, quant)
     stored: dict[str, np.ndarray] = {}
     total_params = 0
-    for name, weight in logical_weights(config, source, seed):
+    limit = value_limit(quant)
+    for name, weight in logical_weights(config, source, seed, limit=limit):
         total_params += weight.size
-        stored.update(scheme.quantize_param(name, weight))
+        for stored_name, array in scheme.quantize_param(name, weight).items():
+            with np.errstate(over="ignore"):  # a q4f16_1 scale's largest dequantized value, (14 - 7) * scale
+                peak = array * array.dtype.type(MAX_INT) if stored_name.endswith(".q_scale") else array
+            if array.dtype.kind == "f" and not np.isfinite(peak).all():  # e.g. a q4f16_1 scale that rounded up
+                raise ArtifactError(f"{source}: parameter '{stored_name}' is not finite in {array.dtype} (max |weight| of "
+                                    f"{name}: {float(np.abs(weight).max()):.6g}); {limit[1] if limit else ''}")
+            stored[stored_name] = array
     for name, shape, dtype in expected:
         if name not in stored:
             raise ArtifactError(f"{source}: no tensor produced for parameter '{name}'")
@@ -183,22 +306,114 @@ def convert_weights(
             },
             show_progress=False,
         )
+        add_shard_digests(tmp)
         copied = copy_tokenizer_files(Path(source), tmp) if str(source) != "synthetic" else []
         write_json(tmp / RUNTIME_CONFIG, mlc_chat_config(config, quant, tmp, copied))
     log(f"[mlcpipe] wrote {len(ordered)} tensors ({total_bytes / 2**20:.1f} MiB) to {output}")
     return Path(output)
 
 
-def load_stored_weights(weights_dir: Path) -> dict[str, np.ndarray]:
-    """Read a tensor cache back into NumPy (used by tests and the reference model)."""
-    path = Path(weights_dir) / TENSOR_CACHE
+_CACHE_DTYPES = {
+    "float16": np.float16, "float32": np.float32, "float64": np.float64, "bfloat16": ml_dtypes.bfloat16,
+    "int8": np.int8, "uint8": np.uint8, "int16": np.int16, "uint16": np.uint16, "int32": np.int32, "uint32": np.uint32,
+    "int64": np.int64, "uint64": np.uint64,
+}
+_HEX = {"sha256": 64, "md5sum": 32}
+
+
+def read_tensor_cache(weights_dir: Path) -> tuple[Path, list[dict]]:
+    """(tensor-cache.json, its shard records) with every field validated: each dataPath inside
+    `weights_dir`, a SHA-256 (mlcpipe's) or MD5 (MLC's) per shard, records of known dtypes and
+    raw format whose bytes lie inside their shard and match their shape; one-line ArtifactError."""
+    root = Path(weights_dir)
+    path = root / TENSOR_CACHE
     if not path.is_file():
         raise ArtifactError(f"{weights_dir}: {TENSOR_CACHE} missing; run `mlcpipe convert-weights` first")
-    info = json.loads(path.read_text())
+    cache = read_json(path, "tensor cache")
+    if not isinstance(cache, dict) or not isinstance(cache.get("records"), list):
+        raise ArtifactError(f"{path}: not a tensor cache (expected an object with a 'records' list)")
+    names: set[str] = set()
+    for i, shard in enumerate(cache["records"]):
+        field = f"{path}: field 'records[{i}]"
+        if not isinstance(shard, dict):
+            raise ArtifactError(f"{field}': got {short_repr(shard)}; expected a shard object")
+        confined(root, shard.get("dataPath"), f"{field}.dataPath'")
+        if shard.get("format") != "raw-shard":
+            raise ArtifactError(f"{field}.format': got {short_repr(shard.get('format'))}; allowed: 'raw-shard'")
+        if not _uint(shard.get("nbytes")):
+            raise ArtifactError(f"{field}.nbytes': got {short_repr(shard.get('nbytes'))}; expected an integer >= 0")
+        digests = [k for k in _HEX if k in shard]
+        if not digests:
+            raise ArtifactError(f"{field}': no 'sha256' or 'md5sum' recorded for {shard['dataPath']}; re-run `mlcpipe convert-weights`")
+        for key in digests:
+            if not (isinstance(shard[key], str) and re.fullmatch(f"[0-9a-f]{{{_HEX[key]}}}", shard[key])):
+                raise ArtifactError(f"{field}.{key}': got {short_repr(shard[key])}; expected {_HEX[key]} hex digits")
+        if not isinstance(shard.get("records"), list):
+            raise ArtifactError(f"{field}.records': got {short_repr(shard.get('records'))}; expected a list")
+        for j, rec in enumerate(shard["records"]):
+            where = f"{field}.records[{j}]"
+            if not isinstance(rec, dict) or not isinstance(rec.get("name"), str) or not rec["name"]:
+                raise ArtifactError(f"{where}': got {short_repr(rec)}; expected an object with a name")
+            if rec["name"] in names:
+                raise ArtifactError(f"{where}.name': {short_repr(rec['name'])} appears twice")
+            names.add(rec["name"])
+            dtype, shape = rec.get("dtype"), rec.get("shape")
+            if dtype not in _CACHE_DTYPES:
+                raise ArtifactError(f"{where}.dtype': got {short_repr(dtype)}; allowed: {sorted(_CACHE_DTYPES)}")
+            if rec.get("format", "raw") != "raw":
+                raise ArtifactError(f"{where}.format': got {short_repr(rec.get('format'))}; allowed: 'raw'")
+            if not isinstance(shape, list) or not all(_uint(d) for d in shape):
+                raise ArtifactError(f"{where}.shape': got {short_repr(shape)}; expected a list of integers >= 0")
+            offset, nbytes = rec.get("byteOffset"), rec.get("nbytes")
+            want = math.prod(shape) * np.dtype(_CACHE_DTYPES[dtype]).itemsize
+            if not _uint(nbytes) or nbytes != want:
+                raise ArtifactError(f"{where}.nbytes': got {short_repr(nbytes)}; shape {shape} {dtype} needs {want}")
+            if not _uint(offset) or offset + nbytes > shard["nbytes"]:
+                raise ArtifactError(f"{where}.byteOffset': got {short_repr(offset)}; the {nbytes} bytes must lie inside "
+                                    f"the shard's {shard['nbytes']} bytes")
+    return path, cache["records"]
+
+
+def read_shard(weights_dir: Path, cache_path: Path, shard: dict) -> bytes:
+    """One shard's bytes, checked against the size and digest its tensor cache records (SHA-256
+    when mlcpipe wrote it, else MLC's MD5) before any tensor is taken from it."""
+    path = Path(weights_dir) / shard["dataPath"]
+    if not path.is_file():
+        raise ArtifactError(f"{path}: weight shard missing (named in {cache_path})")
+    data = path.read_bytes()
+    if len(data) != shard["nbytes"]:
+        raise ArtifactError(f"{path}: {len(data)} bytes, {cache_path} records {shard['nbytes']}: the shard is truncated "
+                            "or was replaced; re-run `mlcpipe convert-weights`")
+    algo = "sha256" if "sha256" in shard else "md5"
+    verify_bytes(path, data, shard["sha256" if algo == "sha256" else "md5sum"], str(cache_path), algo)
+    return data
+
+
+def verify_tensor_cache(weights_dir: Path) -> list[dict]:
+    """Validate tensor-cache.json and check every shard's digest (for runtimes that read the
+    shards themselves); returns the shard records."""
+    path, shards = read_tensor_cache(weights_dir)
+    for shard in shards:
+        read_shard(weights_dir, path, shard)
+    return shards
+
+
+def add_shard_digests(weights_dir: Path) -> None:
+    """Record each shard's SHA-256 beside MLC's md5sum in tensor-cache.json (what `run` checks)."""
+    path = Path(weights_dir) / TENSOR_CACHE
+    cache = json.loads(path.read_text())
+    for shard in cache["records"]:
+        shard["sha256"] = sha256_file(Path(weights_dir) / shard["dataPath"])
+    path.write_text(json.dumps(cache, indent=4))
+
+
+def load_stored_weights(weights_dir: Path) -> dict[str, np.ndarray]:
+    """Read a tensor cache back into NumPy, every shard verified first (`read_shard`)."""
+    path, shards = read_tensor_cache(weights_dir)
     out = {}
-    for shard in info["records"]:
-        raw = (Path(weights_dir) / shard["dataPath"]).read_bytes()
+    for shard in shards:
+        raw = read_shard(weights_dir, path, shard)
         for rec in shard["records"]:
             buf = raw[rec["byteOffset"] : rec["byteOffset"] + rec["nbytes"]]
-            out[rec["name"]] = np.frombuffer(buf, dtype=rec["dtype"]).reshape(rec["shape"]).copy()
+            out[rec["name"]] = np.frombuffer(buf, dtype=_CACHE_DTYPES[rec["dtype"]]).reshape(rec["shape"]).copy()
     return out

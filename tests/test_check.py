@@ -33,15 +33,22 @@ def test_check_passes_every_kernel_on_llvm(llvm_artifact):
 
 def test_check_runs_the_shipped_library(llvm_artifact, tiny_config, tmp_path):
     """The kernels come from the artifact's lib.so, not from its TIR: a library whose rms_norm was
-    built with another epsilon (swapped in) fails that kernel, and only the norms."""
+    built with another epsilon (swapped in, its manifest digest updated to match: a library that
+    differs from its digest is refused, tests/test_hostile_inputs.py) fails that kernel, and only the norms."""
     import dataclasses
+    import json
     import shutil
+
+    from pipeline.artifact import sha256_file
 
     other = build(dataclasses.replace(tiny_config, rms_norm_eps=0.5), "q4f32_1", load_target("llvm"),
                   output=tmp_path / "other", log=lambda *_: None)
     swapped = tmp_path / "swapped"
     shutil.copytree(llvm_artifact, swapped)
     shutil.copyfile(other / "lib.so", swapped / "lib.so")
+    manifest = json.loads((swapped / "manifest.json").read_text())
+    manifest["files"]["lib.so"] = {"sha256": sha256_file(swapped / "lib.so"), "bytes": (swapped / "lib.so").stat().st_size}
+    (swapped / "manifest.json").write_text(json.dumps(manifest))
     report = conformance.check_artifact(swapped, sizes=(3,), pattern="^rms_norm|NT_matmul")
     status = {r.kernel: r.status for r in report.results}
     assert not report.ok

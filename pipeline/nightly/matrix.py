@@ -8,9 +8,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from ..config import CONFIG_DIR, MODELS_DIR, ConfigError, check_quantization, load_model_config
+from ..config import CONFIG_DIR, MODELS_DIR, ConfigError, check_quantization, load_model_config, load_yaml, short_repr, short_text
 from ..quantization import QUANTIZATIONS
 
 DEFAULT_MATRIX = CONFIG_DIR / "nightly.yaml"
@@ -69,13 +67,14 @@ def _preset_kind(preset: str) -> str | None:
     from ..targets import TARGETS_DIR
 
     try:
-        return (yaml.safe_load((TARGETS_DIR / f"{preset}.yaml").read_text()) or {}).get("kind")
-    except (OSError, yaml.YAMLError):
+        raw = load_yaml(TARGETS_DIR / f"{preset}.yaml", "target preset") or {}
+    except ConfigError:
         return None
+    return raw.get("kind") if isinstance(raw, dict) else None
 
 
 def _err(path: Path, field: str, value: Any, allowed: str) -> ConfigError:
-    return ConfigError(f"{path}: field '{field}': got {value!r}; {allowed}")
+    return ConfigError(f"{path}: field '{short_text(field)}': got {short_repr(value)}; {allowed}")
 
 
 def _name_list(path: Path, raw: dict, field: str) -> list:
@@ -152,10 +151,7 @@ def load_matrix(path: str | Path | None = None) -> Matrix:
     path = Path(path) if path else DEFAULT_MATRIX
     if not path.is_file():
         raise ConfigError(f"--matrix {str(path)!r}: file not found")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: invalid YAML: {str(exc).splitlines()[0]}") from None
+    raw = load_yaml(path, "nightly matrix")
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a YAML mapping with keys {list(_TOP)}, got {type(raw).__name__}")
     for key in raw:

@@ -10,7 +10,8 @@ import json
 import os
 from pathlib import Path
 
-from ..artifact import MANIFEST, ArtifactError, sha256_file
+from ..artifact import MANIFEST, ArtifactError, confined, sha256_file
+from ..config import short_repr
 
 INDEX = "index.json"
 
@@ -35,7 +36,14 @@ def verify_files(root: Path, expected: dict[str, dict], exclude: tuple[str, ...]
     root = Path(root)
     problems = []
     for rel, want in sorted(expected.items()):
-        path = root / rel
+        try:  # a listed path must stay inside `root` (no '..', absolute paths or escaping symlinks)
+            path = confined(root, rel, f"{root}: listed file")
+        except ArtifactError as exc:
+            problems.append(str(exc))
+            continue
+        if not isinstance(want, dict):
+            problems.append(f"{path}: listed with {short_repr(want)}; expected {{sha256, bytes}}")
+            continue
         if not path.is_file():
             problems.append(f"{path}: missing (listed with sha256 {want.get('sha256', '?')[:16]}…)")
             continue

@@ -44,7 +44,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .schema import load_profile, measured_samples
+from ..config import short_repr
+from .schema import ProfileError, load_profile, measured_samples
 
 NOISE_FLOOR_PCT = 10.0  # minimal change of the mean and median call time for a regression/improvement
 DRIFT_FACTOR = 4.0  # the floor (log scale) is also this times the common-mode drift
@@ -514,10 +515,22 @@ def compare(a: dict, b: dict, name_a: str = "A", name_b: str = "B", alpha: float
     return "\n".join(out) + "\n"
 
 
+def check_comparable(a: dict, b: dict, name_a: str, name_b: str) -> None:
+    """Profiles of different models or quantizations are refused (ProfileError, one line): their
+    kernels differ in shape, so a per-kernel A/B of them reports shape changes as regressions."""
+    for field in ("model", "quantization"):
+        if a[field] != b[field]:
+            raise ProfileError(f"{name_a} and {name_b}: different {field} ({short_repr(a[field])} vs {short_repr(b[field])}); "
+                               "compare profiles of one model and quantization, or pass --allow-different")
+
+
 def compare_files(path_a: str | Path, path_b: str | Path, alpha: float = 0.05,
-                  noise_floor_pct: float = NOISE_FLOOR_PCT) -> str:
-    """`compare` of two profile JSON files, named by their file names."""
+                  noise_floor_pct: float = NOISE_FLOOR_PCT, allow_different: bool = False) -> str:
+    """`compare` of two profile JSON files, named by their file names (refused for different
+    models or quantizations unless `allow_different`)."""
     a, b = load_profile(path_a), load_profile(path_b)
+    if not allow_different:
+        check_comparable(a, b, str(path_a), str(path_b))
     name_a, name_b = Path(path_a).stem, Path(path_b).stem
     if name_a == name_b:
         name_a, name_b = str(path_a), str(path_b)

@@ -19,7 +19,10 @@ Statistics exclude warm-up samples (warmup: true), which stay in the file.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
+
+from ..config import short_repr, short_text
 
 SCHEMA = "mlcpipe-profile"
 VERSION = 1
@@ -31,25 +34,83 @@ class ProfileError(ValueError):
 
 
 def load_profile(path: str | Path) -> dict:
+    """A profile JSON file, validated (`validate`); ProfileError in one line otherwise."""
+    from ..artifact import ArtifactError, read_json
+
     path = Path(path)
+    if not path.exists():
+        raise ProfileError(f"{path}: file not found")
     try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise ProfileError(f"{path}: file not found") from None
-    except json.JSONDecodeError as exc:
-        raise ProfileError(f"{path}: not JSON ({exc})") from None
+        data = read_json(path, "profile")
+    except ArtifactError as exc:
+        raise ProfileError(str(exc)) from None
     validate(data, str(path))
     return data
 
 
+def _number(value, minimum: float | None = 0.0) -> bool:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return ok and (minimum is None or value >= minimum)
+
+
+def _int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+# field -> (check, what is allowed) for each entry of `steps` and `samples` (what the reports read)
+_STEP_FIELDS = {"mode": (lambda v: v in ("low-overhead", "per-kernel"), "'low-overhead' or 'per-kernel'"),
+                "run": (_int, "an integer >= 0"), "warmup": (lambda v: isinstance(v, bool), "true or false"),
+                "phase": (lambda v: isinstance(v, str), "a phase name"), "step": (_int, "an integer >= 0"),
+                "ms": (_number, "a finite number >= 0")}
+_SAMPLE_FIELDS = {"kernel": (lambda v: isinstance(v, str) and bool(v), "a kernel name"),
+                  "phase": (lambda v: isinstance(v, str), "a phase name"), "step": (_int, "an integer >= 0"),
+                  "run": (_int, "an integer >= 0"), "warmup": (lambda v: isinstance(v, bool), "true or false"),
+                  "ms": (_number, "a finite number >= 0")}
+_METRICS = ("load_ms", "ttft_ms", "prefill_ms", "prefill_tok_s", "decode_tok_s", "peak_host_memory_bytes", "weight_bytes")
+
+
 def validate(data: dict, where: str = "profile") -> None:
+    """The profile has every top-level field, of the right kind, and every step / sample the
+    statistics read is well-formed (finite durations); ProfileError in one line otherwise."""
     if not isinstance(data, dict) or data.get("schema") != SCHEMA:
         raise ProfileError(f"{where}: not an mlcpipe profile (field 'schema' must be {SCHEMA!r})")
     if data.get("version") != VERSION:
-        raise ProfileError(f"{where}: field 'version': got {data.get('version')!r}; this mlcpipe reads version {VERSION}")
+        raise ProfileError(f"{where}: field 'version': got {short_repr(data.get('version'))}; this mlcpipe reads version {VERSION}")
     for key in _REQUIRED:
         if key not in data:
             raise ProfileError(f"{where}: field '{key}' is missing")
+    kinds = {"model": str, "quantization": str, "device": str, "target": dict, "config": dict, "metrics": dict,
+             "kernels": dict, "steps": list, "samples": list}
+    for key, kind in kinds.items():
+        if not isinstance(data[key], kind):
+            raise ProfileError(f"{where}: field '{key}': got {short_repr(data[key])}; expected {_KIND_NAMES[kind]}")
+    if not isinstance(data["target"].get("kind"), str):
+        raise ProfileError(f"{where}: field 'target.kind': got {short_repr(data['target'].get('kind'))}; expected a target kind")
+    metrics = data["metrics"]
+    for key in _METRICS:
+        if key in metrics and not _number(metrics[key]):
+            raise ProfileError(f"{where}: field 'metrics.{key}': got {short_repr(metrics[key])}; expected a finite number >= 0")
+    decode = metrics.get("decode_ms_per_token", {})
+    if not isinstance(decode, dict) or not all(_number(v) for v in decode.values()):
+        raise ProfileError(f"{where}: field 'metrics.decode_ms_per_token': got {short_repr(decode)}; "
+                           "expected an object of finite numbers >= 0")
+    for name, info in data["kernels"].items():
+        if not isinstance(info, dict):
+            raise ProfileError(f"{where}: field 'kernels.{short_text(name)}': got {short_repr(info)}; expected an object")
+    for key, fields in (("steps", _STEP_FIELDS), ("samples", _SAMPLE_FIELDS)):
+        for i, entry in enumerate(data[key]):
+            if not isinstance(entry, dict):
+                raise ProfileError(f"{where}: field '{key}[{i}]': got {short_repr(entry)}; expected an object")
+            for field, (ok, allowed) in fields.items():
+                if field == "mode" and field not in entry:
+                    continue  # older profiles: low-overhead steps only
+                if field not in entry:
+                    raise ProfileError(f"{where}: field '{key}[{i}].{field}' is missing")
+                if not ok(entry[field]):
+                    raise ProfileError(f"{where}: field '{key}[{i}].{field}': got {short_repr(entry[field])}; expected {allowed}")
+
+
+_KIND_NAMES = {str: "a string", dict: "an object", list: "a list"}
 
 
 def save_profile(data: dict, path: str | Path) -> None:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..artifact import RUNTIME_CONFIG, ArtifactError, read_manifest
+from ..artifact import RUN_FIELDS, RUNTIME_CONFIG, ArtifactError, read_manifest, verified_library
 from ..generation import Generation
 from ..weights import TENSOR_CACHE
 
@@ -186,11 +186,12 @@ class WebGPUEngine(Generation):
         self._tmp = None
         weights_dir = self._weights_dir(weights, seed)
         check_tensor_cache(weights_dir, self.manifest["parameters"])
+        library = verified_library(self.artifact, self.manifest)  # node reads the file itself
         self.runner = DawnRunner(adapter, browser=browser, timed=timed_adapter, console=console)
         self.adapter = self.runner.adapter
         try:
             reply = self.runner.request(
-                "open", adapter=self.adapter, wasm=str(self.artifact / self.manifest["library"]), weights=str(weights_dir),
+                "open", adapter=self.adapter, wasm=str(library), weights=str(weights_dir),
                 params=[p["name"] for p in self.manifest["parameters"]],
                 needs_f16=any(p["dtype"] == "float16" for p in self.manifest["parameters"]),
             )
@@ -248,11 +249,12 @@ class KernelRunner:
     """Kernels of an artifact's shipped lib.wasm run one by one in Dawn (for `mlcpipe check`)."""
 
     def __init__(self, artifact: str | Path, adapter: str | None = None, browser: bool = False):
-        manifest = read_manifest(Path(artifact))
+        manifest = read_manifest(Path(artifact), RUN_FIELDS)
+        library = verified_library(Path(artifact), manifest)  # node reads the file itself
         self.runner = DawnRunner(adapter, browser=browser)
         self.adapter = self.runner.adapter
         try:
-            reply = self.runner.request("open", adapter=self.adapter, wasm=str(Path(artifact) / manifest["library"]), weights=None,
+            reply = self.runner.request("open", adapter=self.adapter, wasm=str(library), weights=None,
                                         params=[], needs_f16=any(p["dtype"] == "float16" for p in manifest["parameters"]))
         except RunnerError:
             self.runner.close()
@@ -277,10 +279,12 @@ class KernelRunner:
 
 def check_tensor_cache(weights_dir: Path, parameters: list[dict]) -> None:
     """Every parameter the artifact takes is in the tensor cache with its shape and dtype."""
+    from ..weights import verify_tensor_cache
+
     index = Path(weights_dir) / TENSOR_CACHE
     if not index.is_file():
         raise ArtifactError(f"--weights {weights_dir}: {TENSOR_CACHE} missing; run `mlcpipe convert-weights` or pass --weights synthetic")
-    records = {r["name"]: r for shard in json.loads(index.read_text())["records"] for r in shard["records"]}
+    records = {r["name"]: r for shard in verify_tensor_cache(Path(weights_dir)) for r in shard["records"]}
     for spec in parameters:
         rec = records.get(spec["name"])
         if rec is None:
