@@ -20,7 +20,6 @@ from .config import ConfigError, ModelConfig, check_quantization, short_repr
 from .mlc_contract import TENSOR_CACHE, copy_tokenizer_files, detect_tokenizer_info, mlc_chat_config
 from .model import MODELS
 from .quantization import QUANTIZATIONS
-from .quantization.group_quant import MAX_INT
 from .tokenizer import Tokenizer
 
 _SAFETENSORS_DTYPES = {
@@ -275,7 +274,7 @@ def convert_weights(
         total_params += weight.size
         for stored_name, array in scheme.quantize_param(name, weight).items():
             with np.errstate(over="ignore"):  # a q4f16_1 scale's largest dequantized value, (14 - 7) * scale
-                peak = array * array.dtype.type(MAX_INT) if stored_name.endswith(".q_scale") else array
+                peak = array * array.dtype.type(scheme.zero_point) if stored_name.endswith(".q_scale") else array
             if array.dtype.kind == "f" and not np.isfinite(peak).all():  # e.g. a q4f16_1 scale that rounded up
                 raise ArtifactError(f"{source}: parameter '{stored_name}' is not finite in {array.dtype} (max |weight| of "
                                     f"{name}: {float(np.abs(weight).max()):.6g}); {limit[1] if limit else ''}")
