@@ -1,20 +1,11 @@
 """What a kernel is, for rules of every target family (as TVM dlight's `analysis`): block helpers
 and the one NT-matmul matcher.
 
-`match_nt_matmul(func)` recognises `[dequantize ->] NT_matmul [-> epilogue...]` PrimFuncs:
-
-  dequantize  D[n, k] = (cast(dt, (W[n, k // E] >> cast(u32, k % E * B)) & M) - Z) * S[n, k // G]
-  NT_matmul   C[..., n] += cast(f32, X[..., k]) * cast(f32, D[n, k])   (casts absent for f32)
-  epilogues   elementwise blocks reading C (and other parameters), writing the next tensor.
-
-The dequantize is matched node by node (multiply by a scale load, subtract a constant, cast,
-mask, shift of a packed-word load), with its constants (bits B, values per word E, mask M, zero
-point Z, group size G) and dtypes checked against the dequantize patterns of the registered
-quantization entries (`pipeline.quantization`, each entry's `dequantize_pattern`): the format
-is the quantization's, never restated here. Anything else returns None, so the rule declines.
-
-The CPU rules rebuild a matched kernel (schedules/llvm/microkernels.py, `rebuild`); the GPU
-GEMV and MatmulNT schedule its loop nest with the producers inlined (`inline_nt_matmul`).
+`match_nt_matmul(func)` recognises `[dequantize ->] NT_matmul [-> epilogue...]` PrimFuncs, the
+dequantize only when it matches a registered quantization's `dequantize_pattern`
+(`pipeline.quantization`); anything else returns None and the rule declines. CPU rules rebuild a
+matched kernel (llvm/microkernels.py, `rebuild`); GEMVDequant (GPU) and MatmulNT (CPU) schedule
+its loop nest with the producers inlined (`inline_nt_matmul`). Details: docs/schedules.md.
 """
 
 from __future__ import annotations

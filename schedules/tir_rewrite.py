@@ -1,7 +1,7 @@
 """Small post-order rewriting of TIR expressions and block bodies.
 
 TVM 0.27's Python API has no stmt_functor (ir_transform / substitute), and schedule primitives
-cannot move an *expression* into a block of its own. Rules that need that (rope.py: hoisting the
+cannot move an *expression* into a block of its own. Rules that need that (llvm/rope.py: hoisting the
 cos / sin of RoPE out of the head loop) rewrite block bodies with these helpers. They cover the
 node kinds elementwise kernels use; anything else raises `UnsupportedIR`, and the rule declines.
 """

@@ -1,19 +1,9 @@
-"""GPU (CUDA, Metal, WebGPU) schedule rules, per target.
+"""GPU (CUDA, Metal, WebGPU) schedule rules, per target: ours first, then TVM dlight's.
 
-Our own rules come first, then TVM dlight's GPU rules as fallbacks, in the order MLC-LLM uses
-them: Matmul (prefill GEMM, tensor cores where available), GEMV, LowBatchGEMV, Reduction,
-GeneralReduction (norms, softmax), Fallback (thread-binds anything else).
-
-- GEMVDequant (gemv_dequant.py): one-token decode GEMV with the int4 dequantize fused in
-  (`fused_dequantizeN_NT_matmulM[_cast][_add]`) and the unquantized f16/f32 NT_matmul.
-- SamplerGPU (sampler.py): hand-written GPU forms of the sampler's in-place and sort kernels
-  (its softmax / top-p kernels fall through to dlight).
-- Multi-token GEMV and rms_norm stay dlight's. Our model has no static 2-8 row GEMV: prefill
-  and any batched decode go through the symbolic `seq_len` kernels, which dlight's Matmul takes
-  (LowBatchGEMV stays in the list for static small batches). dlight's Reduction already gives
-  the rms_norm one block per row (1024 threads on CUDA, coalesced loads, two-level warp-shuffle
-  reduce, the normalisation fused after it): a 4 KB row is launch-latency bound either way.
-
+Order (`rules_for`): SamplerGPU (sampler.py: every sampler kernel), GEMVDequant (gemv_dequant.py:
+one-token GEMV, int4 dequantize fused, or unquantized f16/f32), then dlight's Matmul, GEMV,
+LowBatchGEMV, Reduction, GeneralReduction and Fallback, in MLC-LLM's order. Multi-token GEMV and
+rms_norm stay dlight's (docs/schedules.md says why).
 Each rule is a dataclass whose fields are its knobs; `Rule.for_target(kind)` gives the target's
 defaults and `rule.knob_space(func, target)` the candidate values for one kernel.
 """

@@ -1,41 +1,12 @@
-"""Decode GEMV, C[1, 1, n] = sum_k A[1, 1, k] * W'[n, k], with the dequantize fused as a prologue.
+"""Decode GEMV on GPUs, C[1, 1, n] = sum_k A[1, 1, k] * W'[n, k], the dequantize fused as a prologue.
 
-Covers `fused_dequantizeN_NT_matmulM[_cast][_add]` (MLC q4f16_1 / q4f32_1: W uint32 [N, K/8], 8
-little-endian nibbles per word, scale [N, K/32], w = (nibble - 7) * scale) and the unquantized
-f16/f32 `NT_matmul` (q0f16, q0f32), for one token: every spatial dim but n is 1 and static.
-
-Launch: a block of (threads, rows) threads computes `rows` output rows; the `threads` lanes of a
-row (threadIdx.x) split K between them. In each step a lane loads `vec` consecutive 32-bit words of
-its row of W into registers (one 16-byte load for vec=4), unpacks the nibbles there, loads the
-matching activations (vector loads: 16 bytes on CUDA, 4 lanes on Metal / WebGPU; served by L1/L2
-since every row of the block reads the same ones), and accumulates in float32. Neighbouring lanes read neighbouring words, so a warp reads
-a contiguous `threads * vec * 4` bytes of a row per step. At the end the lanes of a row combine
-their partial sums with one cross-thread reduction: TVM lowers it to warp / simdgroup shuffles on
-CUDA and Metal (threads <= warp size), and to a shared-memory tree on WebGPU, whose preset has
-thread_warp_size 1. The cast / residual-add epilogue runs right after, written by lane 0 of each row.
-
-WebGPU with subgroups (opt-in: `supports_subgroups: true` on the webgpu target, which TVM 0.27
-pairs with thread_warp_size 32): a workgroup is one row and one subgroup, `subgroup` lanes wide
-(threads = subgroup, rows = 1), and TVM lowers the row's reduction to subgroupShuffleDown steps
-and a subgroupShuffle broadcast, no shared memory or barrier. One row per workgroup keeps every
-lane index inside the subgroup: TVM's broadcast for row r reads lane r * threads, past the end
-of the subgroup once a workgroup holds more lanes than one (WGSL leaves that value
-indeterminate). Such a kernel is right on adapters whose subgroups have at least `subgroup`
-lanes; the WebGPU runner refuses it on narrower ones. The default lanes are the target's
-thread_warp_size (32), the width TVM's own subgroup kernels (dlight's norms, attention) assume
-in the same artifact. Lavapipe (Mesa llvmpipe, 256-bit SIMD) runs 8-lane subgroups: subgroup=8
-matches NumPy there (tests/test_webgpu_subgroups.py). Lavapipe timings, q4f16_1 N = K = 2048
-with cast + add, the three schedules interleaved in one run (20 calls each; 2 cores, shared):
-median 16.5 ms shared-memory tree 16 x 8 (default), 15.2 ms shared-memory 8 x 1, 14.4 ms
-subgroups 8 x 1; f16 N = K = 2048: 21.8 / 20.9 / 20.4 ms. A CPU: a sanity check, no speed claim.
-
-Knobs (dataclass fields; `knob_space` lists the values valid for a kernel):
-  threads  lanes per output row (threadIdx.x)
-  rows     output rows per block (threadIdx.y)
-  vec      32-bit words of W each lane loads per step (4 = 16-byte loads)
-  unroll   max auto-unroll of the K-step loop
-  subgroup WebGPU with subgroups only: lanes per row = subgroup size relied on (threads and rows
-           unused there); 0 = the target's thread_warp_size
+Covers `fused_dequantizeN_NT_matmulM[_cast][_add]` (MLC q4f16_1 / q4f32_1) and the unquantized
+f16/f32 `NT_matmul` (q0f16, q0f32), one token only: every spatial dim but n is 1 and static.
+A block of (threads, rows) lanes computes `rows` output rows, the `threads` lanes of a row split
+K; WebGPU with subgroups runs one row of `subgroup` lanes per workgroup. See docs/schedules.md.
+Knobs: threads (lanes per row), rows (rows per block), vec (32-bit words of W per lane and step),
+unroll (max auto-unroll of the K loop), subgroup (WebGPU with subgroups only: lanes per row
+relied on; 0 = the target's thread_warp_size). Per-target defaults: `GEMVDequant.for_target`.
 """
 
 from __future__ import annotations

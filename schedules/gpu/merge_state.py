@@ -1,27 +1,11 @@
-"""A race-free `tir_attention_merge_state` for GPU targets, replacing TVM's.
+"""A race-free `tir_attention_merge_state` for GPU targets (CUDA, Metal, WebGPU), replacing TVM's.
 
-TVM bug (apache-tvm 0.27, tvm/relax/frontend/nn/llm/_decode_kernels.py, `_merge_state_inplace`,
-lines 455-526): the kernel merges two attention states in place, V, S <- merge(V, S, V_other,
-S_other). Each (token, head) row is handled by `bdx = head_dim / 4` threads (threadIdx.x), every
-one of which reads S[token, head] (line 497) and then writes the merged log-sum-exp back into
-the same S[token, head] (line 521), with no barrier in between. A thread that writes S before
-another thread of its row has read it makes that thread merge with the already-merged S: its
-V columns and its (last-writer-wins) S come out wrong. The kernel is right only if all `bdx`
-threads of a row read S before any of them writes it, i.e. if they run in lockstep in one
-warp / SIMD group. WebGPU promises no such thing: Mesa llvmpipe/lavapipe (8-lane subgroups)
-breaks it from head_dim 64 on (bdx = 16: columns 32..63 and S wrong, max error ~2.6 at
-Llama-3.2-1B's attention shape), SwiftShader (4 lanes) already at head_dim 32 (bdx = 8). CUDA
-only gets it right by the warp's lockstep (bdx <= 32, and not guaranteed under Volta's
-independent thread scheduling). The PagedKVCache calls this kernel whenever a prefill chunk
-attends to earlier context (paged prefill + ragged prefill, then the merge), hence wrong logits
-for every prompt chunk after the first and every later turn, while single-chunk prompts and
-decode are right.
-
-The fix: the same kernel (same launch, threads, vector loads; the same parameters TVM picked,
-recovered from its kernel) with a workgroup barrier between the reads of S and the write of S
-(a write-after-read hazard: an execution barrier is enough), and one writer of S per row
-(threadIdx.x == 0). The barrier is in uniform control flow (every thread of the block reaches it),
-as WGSL requires. Upstream TVM (main, as stored) still has the racy kernel.
+TVM 0.27's `_merge_state_inplace` (tvm/relax/frontend/nn/llm/_decode_kernels.py) has every thread
+of a (token, head) row read S[token, head] and then write the merged log-sum-exp back into it with
+no barrier in between: right only when a row's threads run in lockstep, so on WebGPU (lavapipe,
+SwiftShader) every prompt chunk after the first gets wrong logits. This is the same kernel (same
+launch and parameters, recovered from TVM's) with a workgroup barrier between the reads of S and
+its write, and one writer of S per row. No knobs. The race in detail: docs/schedules.md.
 """
 
 from __future__ import annotations

@@ -1,26 +1,9 @@
 """GPU forms of the sampler kernels (pipeline/model/sampler.py): the rule SamplerGPU.
 
-The sampler's in-place kernels (logit bias, penalties, bitmask, the sort's steps) read and write
-the same buffer, which the schedule's `bind` refuses (no compact dataflow); the bitonic sort's
-tile kernels also need workgroup memory and barriers between steps. For these the rule returns a
-hand-written thread-bound kernel of the same signature and contract (checked against the
-reference kernel on llvm by `mlcpipe check`). dlight's reduction rules do not take the softmax and
-top-p chunk passes (a reduction with no epilogue, padded chunks) and its Fallback would give one
-thread a whole chunk: those are written here too, one workgroup per chunk with a tree reduction in
-workgroup memory. The top-p pick keeps its reference loop, split over threads (one per sample).
-
-- apply_logit_bias / apply_penalty: one thread per (sequence, token) entry. The runtimes give
-  each token at most once per sequence, so no two threads touch the same logit.
-- apply_bitmask: one thread per (sequence, vocabulary entry).
-- argsort_tiles / argsort_merge(_final): one workgroup per tile of `tile` entries (2048: keys +
-  indices fill WebGPU's guaranteed 16 KB of workgroup memory), held in workgroup memory for all
-  the network's steps inside the tile; each of the `threads` lanes compare-exchanges tile/2/threads
-  disjoint pairs per step, a barrier between steps (uniform control flow, as WGSL requires).
-- argsort_global: one thread per compare-exchange pair of a step whose pairs span tiles.
-- softmax_chunk_stats / top_p_chunk_sums: one workgroup (<= 256 lanes) per (row, chunk); the
-  merge: one per row; softmax_normalize: one thread per probability.
-- top_p_pick: one thread per sample (the runtimes draw one sample per sequence).
-
+Every kernel the sampler marks (logit bias, penalties, bitmask, the bitonic argsort's steps, the
+softmax / top-p chunk passes) gets a hand-written thread-bound kernel of the same signature and
+contract (checked against the llvm reference by `mlcpipe check`); top_p_pick keeps its reference
+loop, one thread per sample. Launch shapes per kernel: docs/schedules.md.
 Knob: threads (lanes per workgroup; 0 = the target's limit: 256 on WebGPU / Metal, 1024 on CUDA).
 """
 

@@ -1,23 +1,12 @@
-"""CPU (LLVM) schedule rules, most specific first.
+"""CPU (LLVM) schedule rules, in the order they are tried (LLVM_RULES; the first match wins).
 
-DecodeGEMVQ4VNNI  one-token q4 GEMV on AVX512-VNNI: int8 activations, u8 x s8 dot products
-DecodeGEMVQ4  one-token q4 GEMV, group scale factored out, nibbles unpacked in registers (f32
-              activations: where VNNI is absent, or pinned by a tuning database)
-PrefillGEMMAMX  many-token GEMM on AMX bf16 tiles (f16-activation models), weight tile decoded per task;
-              1-4 tokens: a branch with the decode GEMVs' arithmetic (low batch)
-PrefillGEMMQ4VNNI  many-token q4 GEMM on AVX512-VNNI without AMX: the decode GEMV's int8 arithmetic, tokens in passes
-PrefillGEMMBF16  many-token GEMM of f16 models on AVX512-BF16 without AMX (vdpbf16ps), q0f16's prefill
-PrefillGEMM   many-token GEMM, weight tile decoded once per task, register-blocked micro-kernel
-DecodeGEMVFloat  one-token GEMV with unquantized weights: f32 accumulation, prefetched rows
-MatmulNT      any other NT matmul (unquantized decode GEMV, odd shapes): rfactor-vectorised K
-RowNorm       per-row reductions + elementwise (rms_norm): reduction once per row, rows in parallel
-RopeTable     RoPE: cos / sin hoisted out of the head loop into per-(token, dim) tables
-Elementwise   injective kernels (swiglu, casts, KV append): producers inlined, parallel + vectorized
-SamplerCPU    (first) the sampler kernels, as written (sampler.py)
-
-Rules import only schedules.base, schedules.analysis and the shared micro-kernels
-(microkernels.py), never each other. The vectorizable exp lowering (fast_exp.py) is installed by
-the build (pipeline/backends/llvm.py), not by importing this package.
+SamplerCPU; the decode GEMVs DecodeGEMVQ4VNNI (q4, int8 dot products), DecodeGEMVQ4 (q4, f32) and
+DecodeGEMVFloat (unquantized); the prefill GEMMs PrefillGEMMAMX (AMX bf16 tiles), PrefillGEMMQ4VNNI
+(q4, int8 dot products), PrefillGEMMBF16 (bf16 dot products) and PrefillGEMM (f32 FMAs); MatmulNT
+(any other NT matmul), RowNorm (rms_norm), RopeTable (RoPE), Elementwise (injective kernels).
+Rules import only schedules.base, schedules.analysis and microkernels.py, never each other; the
+vectorizable exp (fast_exp.py) is installed by the build (pipeline/backends/llvm.py), not by
+importing this package. Each rule in more detail: docs/schedules.md.
 """
 
 from .elementwise import Elementwise

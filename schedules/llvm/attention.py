@@ -1,27 +1,12 @@
 """CPU attention kernels replacing TVM's `batch_decode_paged_kv_cpu` and `batch_prefill_ragged_kv`.
 
-TVM's CPU decode kernel (relax.frontend.nn.llm.kv_cache) walks sequences and query heads one at a
-time with scalar loops: at a few hundred tokens of context it costs ~0.4-0.7 ms per layer, a
-sixth of a q4 decode step. This one has the same signature and contract (online-softmax
-attention of one new token per sequence over its paged K/V, output and log2-sum-exp per head),
-but runs (sequence, KV head) pairs in parallel, computes all query heads of a GQA group against
-each K/V row while it is in cache, and vectorises over the head dimension.
-
-The ragged prefill kernel (attention of a prompt chunk over itself, causal) is replaced the same
-way: TVM's walks query tokens and heads serially and keeps a kv_len x heads score matrix; ours
-runs (query token, KV head) pairs in parallel, query tokens paired short with long (0, n-1, 1,
-n-2, ...) so that the causal work splits evenly between threads (512 tokens, 2 threads: 37.3 ->
-12.3 ms).
-
-Both kernels share one online-softmax body (`_attend`, emitted into each kernel with TVMScript's
-IR builder; the K/V row accessors differ: paged or ragged): K/V rows in blocks of 16, the block's
-scores, one softmax rescale per block with the exp vectorised over it (natural base, through
-fast_exp.py; a per-row exp2 was two libm calls per row and head), then the weighted V rows
-accumulated chunk by chunk. 1B shapes, 2 threads: prefill of 128 tokens 3.2 -> 1.4 ms, decode at
-300 tokens of context 78 -> 35 us.
-
-Rotary embedding inside attention (rotary_mode == 1, TVM's RopeMode.INLINE) is not implemented
-here: our models apply RoPE before the K/V append (rotary_mode 0); the kernel asserts it.
+Same signatures and contracts (decode: online-softmax attention of one new token per sequence over
+its paged K/V; ragged prefill: causal attention of a prompt chunk over itself; output and
+log2-sum-exp per head), but (sequence or query token, KV head) pairs run in parallel, all query
+heads of a GQA group share each K/V row, and the head dimension is vectorised; both kernels share
+one online-softmax body (`_attend`). Handles: TVM's signatures with head dim % 16 == 0 and whole
+GQA groups; rotary embedding inside attention (rotary_mode 1) is not implemented (asserted).
+No knobs. Design notes: docs/schedules.md.
 """
 
 from __future__ import annotations

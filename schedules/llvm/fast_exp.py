@@ -1,16 +1,10 @@
 """A vectorizable exp for llvm targets (softmax in attention, sigmoid in swiglu).
 
-TVM lowers `exp` on llvm to the `llvm.exp` intrinsic, which the x86 backend turns into one libm
-`expf` call per lane: a 16-lane vector becomes 16 calls, and the swiglu / attention kernels of a
-prefill are bound by them. This registers (at a priority above TVM's own) a lowering to
-arithmetic that vectorizes: Cody-Waite range reduction x = n ln2 + r (|r| <= ln2 / 2, ln2 split
-in two parts), Cephes' degree-5 minimax polynomial for e^r, and 2^n built in the exponent bits.
-Accuracy: within 2 ulp of expf on [-87.3, 88.72283]; below that range the result flushes to 0, above
-it is +inf; NaN in gives NaN out. f16 / bf16 are computed in f32.
-
-`install()` is idempotent and process-wide (TVM's intrinsic-lowering table is global). Importing
-this module (or `schedules`) installs nothing: the build calls it (pipeline/backends/llvm.py,
-`install_lowerings`, around relax.build), and so does `mlcpipe tune` before it times kernels.
+Registers (above TVM's own priority) a lowering of `exp` to arithmetic that vectorizes instead of
+one libm `expf` call per lane: within 2 ulp of expf on [-87.3, 88.72283], 0 below, +inf above,
+NaN for NaN; f16 / bf16 computed in f32. `install()` is idempotent and process-wide; importing
+this module (or `schedules`) installs nothing: the build (pipeline/backends/llvm.py,
+`install_lowerings`) and `mlcpipe tune` call it. No knobs. The algorithm: docs/schedules.md.
 """
 
 from __future__ import annotations

@@ -1,63 +1,11 @@
-"""CPU prefill GEMM on AMX (bf16 tiles): C[m, n] = sum_k x[m, k] * W[n, k], many tokens m.
+"""CPU prefill GEMM on AMX bf16 tiles: C[m, n] = sum_k x[m, k] * W[n, k], many tokens m.
 
-The f32 FMA micro-kernel (gemm_dequant.py) peaks near 160 GFLOP/s on two cores; one AMX
-`tdpbf16ps` multiplies a 16x32 by a 32x16 bf16 tile into 16x16 f32 accumulators (8192 MACs).
-Computed as C^T = W . X^T so the weight is the row-major "A" operand and only the activation
-needs AMX's pair-interleaved "B" layout. Every operand tile is packed as one contiguous 1 KiB
-block (16 rows of 64 bytes):
-
-- per call (TE): the activation to bf16, xb[K step, token tile, k pair, token, 2] (tokens padded
-  to 32 with zeros), in the same K order as the decoded weight rows below;
-- per task of 32 weight rows: the rows decoded to bf16 (q4: for each 16 packed words and nibble
-  plane j, ((w >> 4j) & 15) - 7 times the group scale, i.e. K permuted within each 128-block as
-  position 16 j + l <-> k = 8 l + j; unquantized: converted), a block in L2 reused by every
-  token block;
-- per 32 tokens: 2 x 2 accumulator tiles (tmm0-3) over K in steps of 32: two weight tiles
-  (tmm4-5) and two activation tiles (tmm6-7) loaded, four tdpbf16ps;
-- K in chunks of `k_chunk` (default 2048), the outer loop, all tasks of a chunk in one parallel
-  loop: a thread then re-reads only its activation chunk (2048 x 128 tokens x 2 B = 512 KiB,
-  L2-resident) from task to task. With the whole K per task (down_proj: K = 8192, a 2 MiB
-  activation) every task streamed the activation from L3: 12.1 ms at 128 tokens, 6.0 ms
-  chunked. Accumulator tiles are saved to and reloaded from a per-(task, token block) buffer
-  between chunks;
-- tasks run in parallel groups of `group`: within a group the next task's rows are decoded
-  (vector units, double-buffered) in slices between the current task's tile steps (AMX unit),
-  and the rows after it are software-prefetched into L2 (prefetcht1) over the same steps. The
-  default is 8 for unquantized weights (q0f16 gate_up at 128 tokens, interleaved runs: 13.5 ->
-  11.0 ms; their decode is a 4-bytes-per-weight stream) and 1 for q4 (decode, then tiles: the
-  nibble arithmetic competes with the tile loop for issue slots, interleaving measured 0-10%
-  slower), with only the prefetch overlapping;
-- at the last chunk the C^T block goes into C rows through a 16 x 16 register transpose
-  (shuffle network), written as f16 when the epilogue starts with a cast to f16 (the epilogue's
-  cast of the widened value gives the same f16; half the bytes to write and read back).
-
-Few tokens (up to `low_batch`, default 4; q4 only on VNNI CPUs): the tile path decodes every
-weight row to bf16 whatever the token count, which costs about as much as 4 decode GEMVs (1B q4
-gate_up: 2.5-3.0 ms at 1 to 16 tokens, the decode GEMV 0.7 ms). The kernel therefore branches on
-the token count: up to `low_batch` tokens it runs the decode GEMVs' arithmetic (q4: the VNNI
-integer dot products of gemv_q4_vnni.py (microkernels.vnni_chunk) on int8 activation planes per token; unquantized: f32
-FMAs as gemv_float.py) with each chunk of weights loaded once for all tokens of a pass (exactly
-1-4 tokens per pass, microkernels.token_row_loop). Measured (2 threads, interleaved), q4 gate_up:
-3.0 -> 0.70 ms at 1 token, 2.8 -> 0.9-1.0 at 2, 2.9 -> 1.4 at 3, 2.4 -> 1.5-2.0 at 4, no gain
-from 5 (two passes), so 4 is the default; q0f16 gate_up 4.3 -> 1.8 ms at 1 token, 3.7 -> 2.7 at
-4. Whole 1B prefills of 1 / 2 / 3 / 4 tokens (benchmarks/short_prefill.py): q4f16_1 149 / 163 /
-150 / 139 -> 53 / 68 / 81 / 102 ms, q0f16 218 / 205 / 222 / 232 -> 127 / 125 / 158 / 187 ms; 8
-and 16 tokens unchanged. The branch's activations are ~16-bit (q4: two int8 planes) or f32, finer
-than the tiles' bf16.
-
-AMX state needs the kernel's permission (Linux: arch_prctl ARCH_REQ_XCOMP_PERM for XTILEDATA);
-the kernel asks for it itself at entry (one syscall per call), so any process can run it, and
-raises a TVM error (instead of dying on SIGILL) where the OS refuses.
-
-Numerics: bf16 operands (8-bit mantissa) with f32 accumulation, as PyTorch's bf16 CPU path; so
-this rule takes only models whose activations are f16 (q4f16_1, q0f16): f32 models keep the
-f32 GEMM.
-
-Handles: llvm targets with amx-bf16 and avx512bf16 (weights rounded to bf16 by vcvtneps2bf16),
-many-token NT matmul with f16 activation, static N % 32 == 0, K % 128 == 0 (q4: MLC group size
-dividing 128 words-wise). Anything else: None.
-Knobs: k_chunk, group (the tile shape is fixed by AMX: 2 x 2 tiles per step), low_batch (0: tiles
-at every token count; not searched by `mlcpipe tune`, which times prefill kernels at 128 tokens).
+Computed as C^T = W . X^T: each task decodes 32 weight rows to bf16 (q4 or f16), reused by every
+32-token block (2 x 2 tiles, `tdpbf16ps`), K in chunks; up to `low_batch` tokens a branch runs the
+decode GEMVs' arithmetic. bf16 operands, f32 sums: f16-activation models only (q4f16_1, q0f16).
+Handles: llvm with amx-bf16 and avx512bf16, N % 32 == 0, K % 128 == 0, f16 or q4 weights (group
+size / 8 dividing 16). Knobs: k_chunk (K per outer step), group (tasks per parallel group; 0: 8
+unquantized, 1 q4), low_batch (GEMV-branch tokens, q4 only with avx512vnni; 0: tiles always).
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
-"""CPU prefill GEMM of f16 models on AVX512-BF16 dot products (`vdpbf16ps`), for CPUs without AMX.
+"""CPU prefill GEMM of f16 models on bf16 dot products (`vdpbf16ps` / BFDOT), for CPUs without AMX.
 
-Computed as C^T: per call the activation becomes bf16 pairs (k, k+1), one u32 per token, 16
-tokens a vector; per parallel task `block_n` weight rows (f16, or q4 as (q - 7) * s) are rounded
-to bf16 pairs (L1); the micro-kernel holds block_n x `token_vecs` vectors of 16 tokens' f32 sums
-in registers and per pair broadcasts each row's pair: one `vdpbf16ps` (32 products) each. Both
-operands are rounded to nearest-even bf16 (PyTorch's bf16 and the AMX rule's precision). TVM
-0.27 cannot pass bf16 vectors to an LLVM intrinsic: the instruction is reached through a small
-LLVM IR function on i32 vectors, linked into the kernel (aarch64 with BF16: four BFDOTs).
-Up to `low_batch` tokens (f16 weights) a branch runs the f32 decode GEMV's FMAs instead.
-Handles: many-token NT matmul, f16 activations, f16 or q4 weights, K % 32 == 0 (q4: % 128).
+Computed as C^T: the activation and each task's `block_n` weight rows (f16, or q4 as (q - 7) * s)
+become nearest-even bf16 pairs; the micro-kernel holds block_n x `token_vecs` vectors of 16
+tokens' f32 sums in registers, one dot product per row and pair. Up to `low_batch` tokens (x86,
+f16 weights) a branch runs the f32 decode GEMV's FMAs. Handles: llvm with avx512bf16 or aarch64
+bf16; many-token NT matmul, f16 activations, f16 or q4 weights, K % 32 == 0 (q4: % 128).
+Knobs: block_n, token_vecs (None: the ISA's default), low_batch (0: off).
 """
 
 from __future__ import annotations

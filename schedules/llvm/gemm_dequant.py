@@ -1,16 +1,11 @@
 """CPU prefill GEMM with the dequantize fused: C[m, n] = sum_k x[m, k] * W[n, k], many tokens m.
 
-For each parallel task of `tile_n` output rows the task first decodes its weight rows into an f32
-tile (group-quantized: (q - zero point) * scale; f16: convert) that stays in L2 and is reused by
-every token, converts the activation to f32 once per call, then runs a register-blocked
-micro-kernel: `block_m` tokens x `block_n` weight rows of 16-float vector accumulators along K
-(block_m*block_n FMAs per block_m+block_n vector loads), reduced horizontally at the end of K.
-
-Handles: symbolic or static token count (M), static N, K with N % tile_n == 0 and
-K % lanes == 0, group-quantized (MLC's format, any bits: decoded with the quantization's
-constants) or unquantized weights, any elementwise epilogue.
-Single-row (decode) functions are left to the GEMV rules. Anything else: None.
-
+Each parallel task decodes its `tile_n` weight rows into an f32 tile (in L2, reused by every
+token), the activation is converted to f32 once per call, and a register-blocked micro-kernel of
+`block_m` tokens x `block_n` rows of 16-float accumulators runs along K.
+Handles: symbolic or static token count, static N, K with N % tile_n == 0 and K % lanes == 0,
+group-quantized (any bits) or unquantized weights, any elementwise epilogue; single-row (decode)
+kernels are left to the GEMV rules. Anything else: None.
 Knobs: tile_n (weight rows per parallel task), block_m, block_n (micro-kernel), lanes (vector width).
 """
 

@@ -1,37 +1,12 @@
-"""CPU prefill GEMM with MLC q4 weights on AVX512-VNNI int8 dot products, for CPUs without AMX
-(AMD Zen 4 / Zen 5, Intel Ice Lake / Cascade Lake servers): C[m, n] = sum_k x[m, k] * W[n, k].
+"""CPU prefill GEMM with MLC q4 weights on int8 dot products, for CPUs without AMX.
 
-    C[m, n] = sum_g s[n, g] * a[m, g] * sum_planes (sum_{k in g} q[n, k] * p[m, k] - 7 * sum_{k in g} p[m, k])
-
-with the activation in int8 planes per token and weight group (a = max|x| / 127; plane 0 =
-round(x / a), llama.cpp's Q8 activations; plane 1 = the rounding residual in units of a / 256,
-so two planes carry ~16 bits, finer than f16's own rounding, as the VNNI decode GEMV) and q the
-weights' unsigned nibbles. Lanes run along N, so a whole group's products accumulate in int32:
-
-- per call (TE): the planes [planes, tokens padded to `block_m`, K] int8, a and the planes'
-  sums per (token, group);
-- per parallel task of 16 `row_vecs` weight rows: the nibbles repacked as bytes [K/4 quads,
-  row vector, 16 rows, 4] (one 64-byte vector per quad and row vector: `vpdpbusd`'s u8 operand)
-  and the group scales as f32 [group, row vector, 16 rows]; the block stays in L2 and serves
-  every token;
-- micro-kernel, `block_m` tokens x `row_vecs` vectors of 16 rows: per group, int32 accumulators
-  from zero, per quad the row vectors loaded once and each token's 4 activation bytes (per
-  plane) broadcast, `vpdpbusd` (64 u8 x s8 products); then per accumulator one conversion and
-  one FMA into f32 (the zero point by the activation sums). C rows are contiguous along N:
-  stored directly.
-
-Numerics: exact integers, then f32; the only rounding is the activation's (|error| <= a / 512
-per element with two planes, a / 2 with one: ~0.4% of the group's largest value, bf16-like).
-Only f16-activation models (q4f16_1), as the AMX rule. As the AMX rule's bf16 tiles, many tokens
-take the faster one plane (`planes`); up to `low_batch` tokens (default 4) the kernel branches to
-two planes, the decode GEMV's precision. Measured on an AMD EPYC Zen 4, 2 threads, 1B gate_up
-at 128 tokens: f32 GEMM ~95-103 ms, two planes ~55 ms, one plane ~33 ms (shared VM); whole 1B
-q4f16_1 prefill of 128 tokens 3.8 s (f32 GEMM) -> 2.0 s (two planes) -> 1.23 s (one plane).
-Handles: llvm targets with avx512vnni, many-token NT matmul, f16 activation, q4 weights with
-group size % 8 == 0, N % 16 == 0. Anything else: None.
-Knobs: block_m (tokens per micro-kernel), row_vecs (16-row vectors per micro-kernel and task),
-planes (1: Q8, the default; 2: ~16-bit activations at every token count), low_batch (0: never
-two planes unless `planes` is 2).
+The activation becomes int8 planes per token and weight group (plane 0: llama.cpp's Q8, plane 1:
+the rounding residual); each task repacks 16 `row_vecs` weight rows' nibbles; a group's u8 x s8
+products sum exactly in int32, then one FMA into f32. Only f16-activation models (q4f16_1).
+Handles: llvm with AVX512-VNNI, AVX-VNNI or aarch64 dotprod; many-token NT matmul, group size
+% 8 == 0, N % 16 == 0. Knobs: block_m (tokens per micro-kernel), row_vecs (16-row vectors per
+task; None: the ISA's), planes (1 = Q8, the default; 2 = ~16-bit), low_batch (up to this many
+tokens two planes; 0: never unless planes is 2).
 """
 
 from __future__ import annotations

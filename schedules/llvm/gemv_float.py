@@ -1,16 +1,10 @@
 """CPU decode GEMV with unquantized weights (q0f16, q0f32): y[n] = sum_k x[k] * W[n, k].
 
-Memory-bound: the whole job is streaming W once. The activation is converted to f32 once per
-call; per 16 weights of a row, one load + convert (f16 -> f32 is one instruction with
-avx512_fp16/F16C) and one FMA into the row's f32 accumulator; rows interleaved and weight rows
-software-prefetched ahead (microkernels.py: the row-GEMV skeleton, `float_chunk`). MatmulNT's rfactor schedule reached ~16 GB/s on the 1B
-q0f16 GEMVs here, short of the ~25 GB/s a plain stream gets; the prefetch makes the difference.
-
-Numerics: products and sums in f32, like the unscheduled kernel (which casts both to f32).
-
-Handles: llvm, one activation row, unquantized static [N, K] weight with K % 16 == 0,
-N % rows == 0. Anything else: None.
-
+Memory-bound: the activation is converted to f32 once per call; per 16 weights of a row, one load
++ convert and one FMA into the row's f32 accumulator; rows interleaved and weight rows
+software-prefetched ahead (microkernels.py: the row-GEMV skeleton, `float_chunk`). Products and
+sums in f32, as the unscheduled kernel. Handles: llvm, one activation row, unquantized static
+[N, K] weight with K % 16 == 0, N % rows == 0. Anything else: None.
 Knobs: rows (rows per parallel task, interleaved), prefetch (rows ahead; 0 = off).
 """
 

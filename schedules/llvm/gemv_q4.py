@@ -1,30 +1,11 @@
 """CPU decode GEMV with MLC q4 weights: y[n] = sum_k x[k] * (q[n, k] - 7) * s[n, k // G].
 
-The straightforward fused kernel decodes every weight element ((q - 7) * scale, converted) before
-its multiply-add: ~6-7 vector ops per 16 elements, compute-bound far below memory bandwidth.
-This rule computes the same sum with the group scale factored out:
-
-    y[n] = sum_g s[n, g] * (sum_{k in g} q[n, k] * x[k]  -  7 * sum_{k in g} x[k])
-
-and lays the activation out to match how nibbles sit in the packed words, so the inner loop is,
-per 16 words (128 weights) of a row: one vector load, then for each of the 8 nibble positions a
-mask, an int->float convert (of q << 4j, exact) and an FMA against a pre-permuted activation
-vector scaled by 16**-j (xp[c, j, l] = x[8 * (L*c + l) + j] / 16**j, exact); the "- 7 * sum x"
-term rides along as a ninth plane (xp[c, 8, l] = -7 * sum_j x[8 * (L*c + l) + j], multiplied by
-1). Group scales are applied once
-per group. The permuted activation (K + K/8 floats) is built once per call, before the parallel
-loop. Rows are processed `rows` at a time so their independent FMA chains overlap and the
-activation vectors loaded for one row serve the others.
-
-Numerics: the unscheduled kernel rounds (q - 7) * s to the model dtype per element (f16 for
-q4f16_1); this one keeps f32 throughout, so it is at least as accurate.
-
+The group scale is factored out (y[n] = sum_g s[n, g] (sum_{k in g} q[n, k] x[k] - 7 sum_{k in g}
+x[k])) and the activation is pre-permuted once per call to match the nibbles' places in the packed
+words: the inner loop is a mask, an int->float convert and an FMA per nibble plane, all in f32.
 Handles: static N, K with K % (8 * lanes) == 0, lanes a multiple of G / 8, one activation row
-(decode). Anything else: None.
-
-Knobs: lanes (packed words per vector step: 16 = one 512-bit vector of floats; default the
-widest that fits, 32 on Llama-3.2-1B: measured best on the large GEMVs here), rows (rows per
-parallel task, interleaved).
+(decode). Anything else: None. Knobs: lanes (packed words per vector step; None: the widest of 32,
+16, 8 that fits), rows (rows per parallel task, interleaved).
 """
 
 from __future__ import annotations

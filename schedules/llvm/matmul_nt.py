@@ -1,13 +1,10 @@
 """CPU rule for C[..., n] = sum_k A[..., k] * W[n, k] with optional fused prologue/epilogue.
 
-Covers `NT_matmul*` and `fused_dequantizeN_NT_matmulM[_cast][_add]`: producer blocks (the
-dequantize) are inlined so the weight is decoded in registers and never materialised, elementwise
-consumers (cast, residual add) run right after each row block. The reduction over K is
-vectorised by rfactor over `lanes` partial sums; rows are split into parallel tasks.
-
-Handles: what schedules.analysis.match_nt_matmul recognises (unquantized, or the dequantize of a
-registered quantization), static N, K % lanes == 0. Anything else: None.
-
+Covers `NT_matmul*` and `fused_dequantizeN_NT_matmulM[_cast][_add]`: the dequantize is inlined (the
+weight is decoded in registers, never materialised), elementwise consumers (cast, residual add)
+run right after each row block, the K reduction is vectorised by rfactor over `lanes` partial
+sums, and rows are split into parallel tasks.
+Handles: what schedules.analysis.match_nt_matmul recognises, static N, K % lanes == 0; else None.
 Knobs: lanes (vector width of the K reduction), rows (output rows per parallel task),
 unroll (max auto-unroll step of the K loop).
 """

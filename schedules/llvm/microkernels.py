@@ -1,28 +1,12 @@
 """Shared CPU micro-kernels: the pieces the explicit-vector rules build their kernels from.
 
-Those rules (gemv_float, gemv_q4_vnni, gemm_amx, gemm_q4_vnni, gemv_q4, gemm_dequant) compute a
-matched NT matmul (schedules.analysis.NTMatmul) with arithmetic that is not a reordering of the
-original loop nest (integer dot products, converts of whole vectors), so they write new TIR: a
-`te.extern` stage whose body is built here from a per-chunk expression, between TE stages that
-prepare the activation and the original kernel's epilogue (`rebuild`).
-
-- LANES, RowGEMVRule, row_loop, token_row_loop, lane_sum, extern_gemv, vectorize_epilogue: the
-  row-GEMV skeleton. Rows split into parallel tasks of `rows` consecutive rows; per task, one
-  16-lane f32 accumulator per row; per chunk (one vector step along K) each row adds `chunk(n,
-  c)`; the rows of a task are interleaved so their independent chains overlap and share the
-  activation loads; `prefetch` rows ahead, each weight stream is software-prefetched (the
-  hardware prefetchers alone left these kernels at ~60% of the streaming bandwidth here);
-  finally a shuffle tree sums the lanes.
-- activation_f32_at, activation_f32, float_chunk: f32 activations and the unquantized weights'
-  16-lane products (gemv_float.py).
-- NIBBLES, VPDPBUSD, RESIDUAL, quantize_activation, vnni_chunk: the q4 x int8 AVX512-VNNI
-  arithmetic (gemv_q4_vnni.py explains it).
-- rebuild, schedule_extern_epilogue: the rebuilt kernel with the original epilogue, and that
-  epilogue's schedule.
-
-TVM 0.27 note: every vector value is written as one expression. A TVMScript binding of a vector
-(`v = ...` inside the loop) becomes a workspace allocation per parallel task, which costs more
-than the arithmetic.
+Rules whose arithmetic is not a reordering of the matched loop nest write new TIR: a `te.extern`
+stage built here, between TE stages that prepare the activation and the original epilogue
+(`rebuild`, `schedule_extern_epilogue`). Pieces: the row-GEMV skeleton (RowGEMVRule, row_loop,
+token_row_loop, few_token_rows, extern_gemv; knobs rows and prefetch), f32 activations and
+products (activation_f32, float_chunk), the q4 x int8 arithmetic (quantize_activation, vnni_chunk)
+on the CPU's int8 dot product (int8_isa, int8_dot: AVX512-VNNI, AVX-VNNI or aarch64 SDOT).
+TVM 0.27: every vector value is one expression (a bound vector becomes a per-task allocation).
 """
 
 from __future__ import annotations

@@ -1,20 +1,9 @@
-"""CPU rule for RoPE kernels: the cos / sin of the rotation computed once per (token, dim), not
-once per (token, head, dim).
+"""CPU rule for RoPE kernels: cos / sin computed once per (token, dim), not per (token, head, dim).
 
-TVM's `fused_rope` (relax.frontend.nn.llm, applied before the K/V append) is one elementwise
-block over (token, head, dim) that evaluates pow, cos and sin (libm calls, one per lane) for
-every element, although they depend on the token's position and the dim only: 48 heads of
-Llama-3.2-1B recompute them 40 times (q and k heads), 2.2-3.2 ms per layer for a 128-token
-prefill, serial on one core even after the Elementwise rule parallelised it.
-
-Here the block body is rewritten (schedules/tir_rewrite.py): each distinct cos / sin call whose
-argument depends on a strict subset of the block's iterators (and reads only buffers the block
-does not write) becomes a load from a table over that subset, filled by a block of its own. The
-tables are computed per token inside the token loop (parallel), and the rotation itself runs
-vectorised over the head dim, split at half the dim so that the rotate-half `d < dim/2`
-condition is a constant in each part (no reads outside a head). The expressions are TVM's own,
-moved, not re-derived: any RoPE scaling (llama3, yarn, ...) keeps its exact arithmetic.
-
+Each cos / sin call whose argument depends on a strict subset of the block's iterators becomes a
+load from a table over that subset (schedules/tir_rewrite.py), filled per token inside the
+parallel token loop; the rotation runs vectorised over the head dim, split at dim / 2. TVM's own
+expressions are moved, not re-derived, so any RoPE scaling (llama3, yarn, ...) stays exact.
 Handles: one spatial block over >= 2 iterators on llvm whose body holds such trig calls.
 Anything else: None (the Elementwise rule takes it).
 Knobs: lanes (vector width of the rotation), min_parallel (tokens below which it stays serial).
