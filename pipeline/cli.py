@@ -317,6 +317,7 @@ def profile(ctx, artifact, model, quant, target_name, weights, prompt_len, gen_l
     if ctx.invoked_subcommand is not None:
         return
     from .artifact import RUN_FIELDS, read_manifest
+    from .interface.artifacts import ensure_artifact
     from .profiler.reports import render
     from .profiler.schema import save_profile
 
@@ -325,7 +326,7 @@ def profile(ctx, artifact, model, quant, target_name, weights, prompt_len, gen_l
     _output_file(output, "-o", "report.md")
     _output_file(save_json, "--save-json", "profile.json")
     if artifact is None:
-        artifact = _cached_build(model, quant, target_name)
+        artifact = ensure_artifact(model, quant, target_name, log=_log)
     manifest = read_manifest(artifact, RUN_FIELDS)
     device = _backend_of(artifact)
     options = dataclasses.replace(_run_options(rpc, rpc_tracker, rpc_key, adapter, browser), timed=True, console=_log)
@@ -337,7 +338,7 @@ def profile(ctx, artifact, model, quant, target_name, weights, prompt_len, gen_l
     def llvm_twin() -> Path:  # the same model built for llvm (profiles over RPC record its call sequence)
         from .artifact import model_config_of
 
-        return _cached_build(model_config_of(artifact), manifest["quantization"], "llvm")
+        return ensure_artifact(model_config_of(artifact), manifest["quantization"], "llvm", log=_log)
 
     engine = device.open_engine(artifact, weights, 0, options)
     try:
@@ -363,28 +364,6 @@ def profile(ctx, artifact, model, quant, target_name, weights, prompt_len, gen_l
         click.echo(str(output), err=True)
     else:
         click.echo(text)
-
-
-def _cached_build(model, quant: str, target_name: str) -> Path:
-    """artifacts/<model>-<quant>-<target>, rebuilt only when its inputs changed (`model`: a config
-    name / YAML path, or a ModelConfig)."""
-    import json as _json
-
-    from .build import build as run_build
-    from .build import default_output
-    from .config import ModelConfig, load_model_config
-    from .targets import load_target
-
-    config = model if isinstance(model, ModelConfig) else load_model_config(model)
-    target = load_target(target_name)
-    path = default_output(config, quant, target)
-    manifest = path / "manifest.json"
-    if manifest.is_file():
-        old = _json.loads(manifest.read_text())
-        if old.get("config_hash") == config.config_hash() and old.get("target") == target.target and old.get("kv_cache_kernels"):
-            _log(f"[mlcpipe] reusing {path}")
-            return path
-    return run_build(config, quant, target, log=_log)
 
 
 @profile.command("render")

@@ -75,7 +75,7 @@ def test_cli_profile_builds_once_then_reuses(tmp_path, monkeypatch):
     args = ("profile", "--model", "llama-tiny", "--quant", "q4f32_1", "--prompt-len", "8", "--gen-len", "4", "--runs", "1", "--format", "json")
     first = mlcpipe(*args, "-o", str(tmp_path / "a.json"))
     assert first.returncode == 0, first.stderr
-    assert (env_root / "llama-tiny-q4f32_1-llvm" / "manifest.json").is_file()
+    (built,) = (env_root / "cache").glob("*/artifact/manifest.json")  # the content-keyed cache
     second = mlcpipe(*args, "-o", str(tmp_path / "b.json"))
     assert second.returncode == 0 and "reusing" in second.stderr
     data = json.loads((tmp_path / "b.json").read_text())
@@ -84,5 +84,5 @@ def test_cli_profile_builds_once_then_reuses(tmp_path, monkeypatch):
     assert rendered.returncode == 0, rendered.stderr
     assert rendered.stdout.startswith("## Profiling Analysis: Llama Tiny q4f32_1 on ")
     assert "Total_Time_ms" in rendered.stdout
-    bad = mlcpipe("profile", "render", str(tmp_path / "artifacts" / "llama-tiny-q4f32_1-llvm" / "manifest.json"))
+    bad = mlcpipe("profile", "render", str(built))
     assert bad.returncode == 2 and "not an mlcpipe profile" in bad.stderr

@@ -1,0 +1,54 @@
+"""ensure_artifact: a built artifact for (model, quant, target) from the content-addressed cache.
+
+The key is the nightly cache's (pipeline/nightly/cache.py): model config file, quantization,
+resolved target, the source of pipeline/ and schedules/, the target's tuning database and the
+tvm / tvm-ffi / mlcpipe versions, so a code, tuning or compiler change means a new build. The
+build runs in a child process: the compiler's memory never counts as the caller's (a profile's
+peak RSS is the model's).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+from pathlib import Path
+
+from ..config import REPO_ROOT, ModelConfig, load_model_config
+from ..artifact import ArtifactError
+from ..nightly.cache import artifact_entry, cache_inputs, digest, lookup_artifact
+from ..targets import load_target
+
+
+def default_cache_dir() -> Path:
+    """artifacts/cache ($MLCPIPE_ARTIFACTS overrides the artifacts dir)."""
+    return Path(os.environ.get("MLCPIPE_ARTIFACTS", REPO_ROOT / "artifacts")) / "cache"
+
+
+def ensure_artifact(model: str | ModelConfig, quant: str, target_name: str, cache_dir: Path | None = None, log=print) -> Path:
+    """The cached artifact whose key matches today's inputs, else a fresh build into the cache."""
+    config = model if isinstance(model, ModelConfig) else load_model_config(model)
+    target = load_target(target_name)
+    inputs = cache_inputs(config, quant, target)
+    key = digest(inputs)
+    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    found = lookup_artifact(cache_dir, key)
+    if found is not None:
+        log(f"[mlcpipe] reusing {found} (cache key {key[:12]})")
+        return found
+    entry = artifact_entry(cache_dir, key)
+    entry.parent.mkdir(parents=True, exist_ok=True)
+    log(f"[mlcpipe] building {config.name} {quant} {target_name} into {entry} (cache key {key[:12]})")
+    child = multiprocessing.get_context("spawn").Process(
+        target=_build, args=(str(config.source), quant, target_name, str(entry), {"cache_key": key, "cache_inputs": inputs}))
+    child.start()
+    child.join()
+    if child.exitcode != 0 or lookup_artifact(cache_dir, key) is None:
+        raise ArtifactError(f"building {config.name} {quant} for {target_name} failed (exit {child.exitcode}); "
+                            f"run `mlcpipe build --model {config.source} --quant {quant} --target {target_name}` to see why")
+    return entry
+
+
+def _build(config_path: str, quant: str, target_name: str, output: str, extra: dict) -> None:
+    from ..build import build
+
+    build(load_model_config(config_path), quant, load_target(target_name), output=Path(output), manifest_extra=extra, log=lambda _m: None)
