@@ -12,12 +12,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from .errors import ArtifactError
+
 MANIFEST = "manifest.json"
 RUNTIME_CONFIG = "mlc-chat-config.json"
-
-
-class ArtifactError(ValueError):
-    """A user-facing error about an artifact or weights directory."""
 
 
 @contextlib.contextmanager

@@ -24,9 +24,7 @@ class _UserErrors(click.Group):
     """Turn known user-facing errors into a one-line message and exit status 2."""
 
     def invoke(self, ctx):
-        from .artifact import ArtifactError
-        from .config import ConfigError
-        from .profiler.schema import ProfileError
+        from .errors import ArtifactError, ConfigError, ProfileError
 
         try:
             return super().invoke(ctx)

@@ -12,7 +12,8 @@ from pathlib import Path
 import numpy as np
 import tvm
 
-from .artifact import ArtifactError, read_manifest
+from .artifact import read_manifest
+from .errors import ArtifactError
 from .kernel_inputs import kernel_args, symbolic_dims
 from .quantization import QUANTIZATIONS
 

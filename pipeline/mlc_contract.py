@@ -15,7 +15,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from .artifact import MANIFEST, RUNTIME_CONFIG, ArtifactError, read_manifest
+from .artifact import MANIFEST, RUNTIME_CONFIG, read_manifest
+from .errors import ArtifactError
 from .config import DEFAULT_CONV_TEMPLATE, ModelConfig, parse_conv_template
 
 MLC_CHAT_CONFIG_VERSION = "0.1.0"

@@ -10,7 +10,8 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .artifact import RUNTIME_CONFIG, ArtifactError
+from .artifact import RUNTIME_CONFIG
+from .errors import ArtifactError
 from .generation import Generation
 from .weights import TENSOR_CACHE
 

@@ -9,7 +9,8 @@ from typing import Any
 
 import yaml
 
-from .config import CONFIG_DIR, ConfigError
+from .config import CONFIG_DIR
+from .errors import ConfigError
 
 TARGETS_DIR = CONFIG_DIR / "targets"
 

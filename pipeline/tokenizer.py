@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .artifact import ArtifactError
+from .errors import ArtifactError
 
 
 class Tokenizer:

@@ -23,7 +23,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .artifact import ArtifactError, sha256_file
+from .artifact import sha256_file
+from .errors import ArtifactError
 from .config import REPO_ROOT
 
 SCHEMA, VERSION = "mlcpipe-tuning", 1

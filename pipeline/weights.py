@@ -13,8 +13,9 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from .artifact import RUNTIME_CONFIG, ArtifactError, atomic_directory, write_json
-from .config import ConfigError, ModelConfig, check_quantization
+from .artifact import RUNTIME_CONFIG, atomic_directory, write_json
+from .config import ModelConfig, check_quantization
+from .errors import ArtifactError, ConfigError
 from .mlc_contract import TENSOR_CACHE, copy_tokenizer_files, mlc_chat_config
 from .model import MODELS
 from .quantization import QUANTIZATIONS

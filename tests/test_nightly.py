@@ -313,7 +313,7 @@ def test_matrix_errors_are_one_line_before_anything_builds(tmp_path):
         base + "checks: {profile: {targets: [llvm], runs: 0}}\n": "field 'checks.profile.runs': got 0;",
         base + "checks: {lint: {}}\n": "field 'checks.lint'",
     }
-    from pipeline.config import ConfigError
+    from pipeline.errors import ConfigError
 
     path = tmp_path / "m.yaml"
     for text, message in cases.items():

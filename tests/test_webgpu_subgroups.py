@@ -16,7 +16,7 @@ import pytest
 import tvm
 from tvm.script import tirx as T
 
-from pipeline.config import ConfigError
+from pipeline.errors import ConfigError
 from pipeline.kernel_inputs import random_args
 from pipeline.runners import webgpu as runner
 from pipeline.targets import load_target

@@ -291,7 +291,8 @@ def kernel_runner(artifact, manifest, options):
     """The shipped lib.wasm's kernels in Dawn. f16 kernels need an adapter with shader-f16; where
     none is chosen and the one found lacks it, they run on Mesa lavapipe through wgpu instead,
     compiled from the artifact's scheduled TIR by the same codegen (`LavapipeKernels`)."""
-    from ..runners.dawn import KernelRunner, RunnerError
+    from ..errors import RunnerError
+    from ..runners.dawn import KernelRunner
 
     _refuse_rpc(options)
     try:

@@ -10,7 +10,8 @@ from typing import Any
 
 import yaml
 
-from ..config import CONFIG_DIR, MODELS_DIR, ConfigError, check_quantization, load_model_config
+from ..config import CONFIG_DIR, MODELS_DIR, check_quantization, load_model_config
+from ..errors import ConfigError
 from ..quantization import QUANTIZATIONS
 
 DEFAULT_MATRIX = CONFIG_DIR / "nightly.yaml"

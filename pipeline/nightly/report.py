@@ -233,7 +233,7 @@ def write_reports(out: Path, matrix: Matrix, records: list[dict], previous: Path
 
 
 def check_previous(previous: Path) -> None:
-    from ..artifact import ArtifactError
+    from ..errors import ArtifactError
 
     if not (Path(previous) / INDEX).is_file():
         raise ArtifactError(f"--previous {str(previous)!r}: not a nightly directory ({INDEX} missing)")

@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from ..artifact import MANIFEST, atomic_directory, file_digests, read_manifest, sha256_file, write_json
-from ..config import ConfigError, load_model_config
+from ..config import load_model_config
+from ..errors import ConfigError
 from ..targets import load_target
 from . import cache
 from .matrix import Cell

@@ -10,7 +10,8 @@ import json
 import os
 from pathlib import Path
 
-from ..artifact import MANIFEST, ArtifactError, sha256_file
+from ..artifact import MANIFEST, sha256_file
+from ..errors import ArtifactError
 
 INDEX = "index.json"
 

@@ -30,7 +30,7 @@ from types import SimpleNamespace
 import numpy as np
 import tvm
 
-from ..artifact import ArtifactError
+from ..errors import ArtifactError
 from ..runtime import Engine
 from .kernel_map import map_kernels
 from .measure import RecordedCall, RecordedTensor, _kernel_params, _percentiles, _prompt, _run_once, record_calls, uncounted_params

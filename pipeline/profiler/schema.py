@@ -21,13 +21,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from ..errors import ProfileError
+
 SCHEMA = "mlcpipe-profile"
 VERSION = 1
 _REQUIRED = ("schema", "version", "model", "quantization", "target", "device", "config", "metrics", "kernels", "steps", "samples")
-
-
-class ProfileError(ValueError):
-    pass
 
 
 def load_profile(path: str | Path) -> dict:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..artifact import ArtifactError
+from ..errors import ArtifactError
 from ..runners.dawn import WebGPUEngine
 from .measure import _kernel_params, _percentiles, uncounted_params
 from .schema import overhead_metrics, profile_header, run_records
