@@ -134,7 +134,7 @@ def expected_parameters(config: ModelConfig, quant: str) -> list[tuple[str, tupl
     """(name, shape, dtype) of every stored parameter, in the order the compiled model takes them."""
     from tvm.target import Target
 
-    from .build import create_model
+    from .model.create import create_model
 
     model = create_model(config, quant, Target({"kind": "llvm"}))
     return [(name, tuple(int(s) for s in p.shape), p.dtype) for name, p in model.named_parameters()]
