@@ -17,6 +17,8 @@ the `seq_len` dims the single-sequence functions give them.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from tvm import relax as rx
 from tvm import te, tirx
 from tvm.relax.frontend import nn
@@ -24,8 +26,10 @@ from tvm.relax.frontend.nn import op
 from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache, RopeMode, TIRPagedKVCache
 from tvm.target import Target
 
-from ..config import ModelConfig
 from .layers import Embedding, Linear
+
+if TYPE_CHECKING:  # annotations only: config validates quantizations, which build on these layers
+    from ..config import ModelConfig
 
 
 class LlamaAttention(nn.Module):
