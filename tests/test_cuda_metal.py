@@ -250,3 +250,16 @@ def test_check_says_metal_did_not_execute_and_checks_exports(builds):
     assert not report.executed and report.ok and "NOT EXECUTED" in report.summary
     assert [r for r in report.results if r.kernel == "<lib.dylib>"][0].status == "static"
     assert any(r.kernel.startswith("fused_dequantize") and r.note == "MSL kernel present" for r in report.results)
+
+
+def test_metal_kernel_library_for_remote_profiling(builds, tmp_path):
+    """`profile --rpc` uploads the scheduled kernels as a dylib of their own, named apart from lib.dylib."""
+    from pipeline.profiler.remote import kernel_library
+
+    out = artifact(builds, "metal")
+    manifest = json.loads((out / "manifest.json").read_text())
+    library = kernel_library(out, manifest, tmp_path / "kernels")
+    assert library.name == "mlcpipe-kernels.dylib" and library.is_file()
+    assert metal.macho_header(library)["filetype"] == 6  # MH_DYLIB
+    assert b"@rpath/mlcpipe-kernels.dylib" in library.read_bytes()  # its install name
+    assert any(s.startswith("__tvm_ffi_fused_dequantize") for s in metal.exported_symbols(library))

@@ -2,7 +2,8 @@
 
 Build side:
     LIBRARY, SOURCE_FILE                               the library / kernel source file names
-    export(executable, target, out_dir) -> list[str]   writes LIBRARY (+ extras)
+    export(executable, target, out_dir, library=LIBRARY) -> list[str]
+                                                       writes `library` (+ extras)
     kernel_source(executable) -> str                   the device code (CUDA C, MSL, WGSL)
     compile_context(target_spec) -> context manager    active around relax.build
 Run side (`run`, `check`, `profile` ask these, given a RunOptions):

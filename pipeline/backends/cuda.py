@@ -430,18 +430,18 @@ def _pack_imports_with_fatbin(archs: list[str], sources: list[str]):
 # backend interface
 
 
-def export(executable, target_spec, out_dir) -> list[str]:
+def export(executable, target_spec, out_dir, library: str = LIBRARY) -> list[str]:
     """Write lib.so (x86-64 host code + one fatbin for every `fatbin_archs` arch)."""
     archs = _archs_of(target_spec)
     cuda_mods = [m for m in _device_modules(executable) if m.kind == "cuda"]
     sources = [_source_of(m) for m in cuda_mods]
-    out = Path(out_dir) / LIBRARY
+    out = Path(out_dir) / library
     executable.export_library(str(out), fpack_imports=_pack_imports_with_fatbin(archs, sources))
     if cuda_mods:
         present = verify_fatbin(out)
         if not set(archs) <= set(present):
             raise RuntimeError(f"{out}: embedded fatbin has archs {present}, expected all of {archs}")
-    return [LIBRARY]
+    return [library]
 
 
 def kernel_source(executable) -> str:

@@ -16,10 +16,10 @@ def compile_context(target_spec):
     return contextlib.nullcontext()
 
 
-def export(executable, target, out_dir: Path) -> list[str]:
+def export(executable, target, out_dir: Path, library: str = LIBRARY) -> list[str]:
     del target
-    executable.export_library(str(Path(out_dir) / LIBRARY))
-    return [LIBRARY]
+    executable.export_library(str(Path(out_dir) / library))
+    return [library]
 
 
 def kernel_source(executable) -> str:

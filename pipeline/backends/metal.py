@@ -103,16 +103,16 @@ def link_dylib(objects: list[str], output, min_version: str = "13.0") -> None:
     fix_macho_uuid(output)
 
 
-def export(executable, target_spec, out_dir) -> list[str]:
-    """Write lib.tar (lib0.o + devc.o) and lib.dylib linked from them."""
+def export(executable, target_spec, out_dir, library: str = LIBRARY) -> list[str]:
+    """Write lib.tar (lib0.o + devc.o) and lib.dylib (or `library`) linked from them."""
     out_dir = Path(out_dir)
     tar_path = out_dir / TARBALL
     executable.export_library(str(tar_path))
     normalize_tar(tar_path)
     with tempfile.TemporaryDirectory(prefix="mlcpipe-metal-") as tmp:
         objects = _extract_objects(tar_path, Path(tmp))
-        link_dylib(objects, out_dir / LIBRARY, _min_version(target_spec))
-    return [LIBRARY, TARBALL]
+        link_dylib(objects, out_dir / library, _min_version(target_spec))
+    return [library, TARBALL]
 
 
 def _extract_objects(tar_path: Path, dest: Path) -> list[str]:

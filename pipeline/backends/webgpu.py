@@ -60,10 +60,10 @@ def compile_context(target_spec):
     return contextlib.nullcontext()
 
 
-def export(executable, target, out_dir: Path) -> list[str]:
+def export(executable, target, out_dir: Path, library: str = LIBRARY) -> list[str]:
     del target
     objects = runtime_objects()
-    output = Path(out_dir) / LIBRARY
+    output = Path(out_dir) / library
 
     def fcompile(file_name, files, options=None, **kwargs):
         del kwargs
@@ -71,7 +71,7 @@ def export(executable, target, out_dir: Path) -> list[str]:
 
     fcompile.object_format = "o"
     executable.export_library(str(output), fcompile=fcompile)
-    return [LIBRARY]
+    return [library]
 
 
 def kernel_source(executable) -> str:

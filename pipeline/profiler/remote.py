@@ -58,19 +58,9 @@ def kernel_library(artifact: Path, manifest: dict, out_dir: Path) -> Path:
     with target, impl.compile_context(spec), tvm.transform.PassContext(config=TIR_CONFIG.get(kind, {})):
         executable = tvm.compile(mod, target=target)
     # a file name of its own: the shipped library is loaded on the remote already
-    if kind == "metal":
-        from ..backends import metal
-
-        tar = out_dir / "kernels.tar"
-        executable.export_library(str(tar))
-        objects = metal._extract_objects(tar, out_dir)
-        library = out_dir / "mlcpipe-kernels.dylib"
-        metal.link_dylib(objects, library, metal._min_version(spec))
-        return library
-    impl.export(executable, spec, out_dir)
-    library = out_dir / f"mlcpipe-kernels{Path(impl.LIBRARY).suffix}"
-    (out_dir / impl.LIBRARY).rename(library)
-    return library
+    library = f"mlcpipe-kernels{Path(impl.LIBRARY).suffix}"
+    impl.export(executable, spec, out_dir, library=library)
+    return out_dir / library
 
 
 def round_trip_ms(session, repeat: int = 20) -> float:
