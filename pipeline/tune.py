@@ -61,13 +61,10 @@ def timing_device(kind: str):
 def unscheduled_kernels(config: ModelConfig, quant: str, target: tvm.target.Target) -> dict[str, tvm.tirx.PrimFunc]:
     """The model's PrimFuncs after fusion (dequantize fused into its matmul), before scheduling."""
     from .build import export_model
-    from .passes.pipeline import _phases
+    from .passes import run_pipeline
 
     mod, _ = export_model(config, quant, target)
-    phases = dict(_phases(target.kind.name))
-    with target:
-        for name in ("fuse-high-level", "lower", "fuse-tir"):
-            mod = tvm.transform.Sequential(phases[name])(mod)
+    mod = run_pipeline(mod, target, until="fuse-tir")
     return {gv.name_hint: f for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
 
 

@@ -23,7 +23,7 @@ import tvm
 from pipeline.build import export_model
 from pipeline.config import load_model_config
 from pipeline.kernel_inputs import random_args
-from pipeline.passes.pipeline import _phases
+from pipeline.passes import run_pipeline
 from pipeline.runners import webgpu as runner
 from pipeline.targets import load_target
 from schedules.gpu import CUDA_RULES, METAL_RULES, WEBGPU_RULES
@@ -41,10 +41,7 @@ def fused_kernels(model: str, quant: str, target_name: str = "webgpu") -> dict[s
     """{name: PrimFunc} of `model` after the fuse-tir phase (the input of the schedule phase)."""
     target = load_target(target_name).tvm_target()
     mod, _ = export_model(load_model_config(model), quant, target)
-    phases = dict(_phases(target_name))
-    with target:
-        for name in ("fuse-high-level", "lower", "fuse-tir"):
-            mod = tvm.transform.Sequential(phases[name])(mod)
+    mod = run_pipeline(mod, target, until="fuse-tir")
     return {gv.name_hint: f for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
 
 
