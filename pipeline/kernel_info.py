@@ -28,6 +28,8 @@ _BY_NAME = (
     (r"silu", "swiglu"),
     (r"take", "embedding"),
 )
+# every role a kernel can be given
+ROLES = tuple(dict.fromkeys([role for _, role in _BY_PARAM] + ["embedding"] + [role for _, role in _BY_NAME] + ["other"]))
 
 
 def _role_for_param(param: str, kernel: str) -> str:

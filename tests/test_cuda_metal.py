@@ -111,7 +111,7 @@ def test_compile_context_installs_fatbin_callback_and_restores_it():
 
 
 def test_ptxas_report_reads_registers_and_shared_memory():
-    cuda._PTXAS_CACHE.clear()
+    cuda.PTXAS_CACHE.clear()
     report = cuda.ptxas_report(SMALL_CUDA, ARCHS)  # one cubin per arch with -Xptxas -v
     assert set(report) == {"scale_kernel"}
     for arch in ARCHS:
@@ -121,9 +121,9 @@ def test_ptxas_report_reads_registers_and_shared_memory():
         assert stats["spill_stores"] == 0 and stats["spill_loads"] == 0
 
     # a fatbin build records the same ptxas figures, and ptxas_report then reuses them
-    cuda._PTXAS_CACHE.clear()
+    cuda.PTXAS_CACHE.clear()
     cuda.compile_fatbin(SMALL_CUDA, ARCHS)
-    assert {key[1] for key in cuda._PTXAS_CACHE} == set(ARCHS)
+    assert {key[1] for key in cuda.PTXAS_CACHE} == set(ARCHS)
     assert cuda.ptxas_report(SMALL_CUDA, ARCHS) == report
 
 

@@ -58,7 +58,7 @@ _NVCC_FLAGS = [
 
 # (sha256(source), arch) -> {kernel: stats}: ptxas -v output seen while building a fatbin, so
 # `ptxas_report` on the same source in the same process does not compile it again.
-_PTXAS_CACHE: dict[tuple[str, str], dict[str, dict[str, int]]] = {}
+PTXAS_CACHE: dict[tuple[str, str], dict[str, dict[str, int]]] = {}
 _CACHE_LOCK = threading.Lock()
 
 
@@ -127,7 +127,7 @@ def compile_fatbin(source: str, archs) -> bytes:
         for arch in archs:
             per_kernel = {k: v[arch] for k, v in report.items() if arch in v}
             if per_kernel:
-                _PTXAS_CACHE[(digest, arch)] = per_kernel
+                PTXAS_CACHE[(digest, arch)] = per_kernel
     return data
 
 
@@ -178,8 +178,8 @@ def ptxas_report(source: str, archs: list[str]) -> dict[str, dict[str, dict[str,
     per_arch: dict[str, dict[str, dict[str, int]]] = {}
     with _CACHE_LOCK:
         for arch in archs:
-            if (digest, arch) in _PTXAS_CACHE:
-                per_arch[arch] = _PTXAS_CACHE[(digest, arch)]
+            if (digest, arch) in PTXAS_CACHE:
+                per_arch[arch] = PTXAS_CACHE[(digest, arch)]
     missing = [a for a in archs if a not in per_arch]
 
     def one(arch: str) -> dict[str, dict[str, int]]:
@@ -191,7 +191,7 @@ def ptxas_report(source: str, archs: list[str]) -> dict[str, dict[str, dict[str,
             for arch, result in zip(missing, pool.map(one, missing)):
                 per_arch[arch] = result
                 with _CACHE_LOCK:
-                    _PTXAS_CACHE[(digest, arch)] = result
+                    PTXAS_CACHE[(digest, arch)] = result
     report: dict[str, dict[str, dict[str, int]]] = {}
     for arch in archs:
         for kernel, stats in per_arch[arch].items():

@@ -33,7 +33,16 @@ import tvm
 from ..errors import ArtifactError
 from ..runtime import Engine
 from .kernel_map import map_kernels
-from .measure import RecordedCall, RecordedTensor, _kernel_params, _percentiles, _prompt, _run_once, record_calls, uncounted_params
+from .measure import (
+    RecordedCall,
+    RecordedTensor,
+    kernel_params,
+    percentiles,
+    random_prompt,
+    record_calls,
+    run_once,
+    uncounted_params,
+)
 from .schema import overhead_metrics, profile_header
 
 NUMBER = 5  # launches averaged per time_evaluator measurement
@@ -136,7 +145,7 @@ def profile_remote(
         if manifest.get(field) != llvm_manifest.get(field):
             raise ArtifactError(f"{record_engine.artifact}: field '{field}' is {llvm_manifest.get(field)!r}, the artifact's is {manifest.get(field)!r}: both must come from the same model config and quantization")
     where = describe(engine.remote)
-    prompt = _prompt(engine, prompt_len, gen_len, seed)
+    prompt = random_prompt(engine, prompt_len, gen_len, seed)
     calls = record_calls(record_engine, prompt_len, gen_len, seed)
     mapping = map_kernels(sorted({c.kernel for c in calls}), llvm_manifest, manifest)
     kernels = [mapping[c.kernel] for c in calls]
@@ -146,7 +155,7 @@ def profile_remote(
         library = kernel_library(engine.artifact, manifest, Path(tmp))
         module = upload_library(engine.remote, library, where)
     kernels_load_ms = (time.perf_counter() - started) * 1e3
-    params = _kernel_params(engine.artifact)
+    params = kernel_params(engine.artifact)
     pool = _RemoteCalls(module, engine.device, params)
     rtt = round_trip_ms(engine.remote)
 
@@ -163,7 +172,7 @@ def profile_remote(
     step_tokens = {"prefill": prompt_len, "decode": 1}
     for run in range(warmup + runs):
         raw: list[dict] = []
-        tokens = _run_once(engine, prompt, gen_len, None, None, run, raw)  # low-overhead: the real run
+        tokens = run_once(engine, prompt, gen_len, None, None, run, raw)  # low-overhead: the real run
         low_steps.extend(raw)
         done += 1
         if progress:
@@ -227,7 +236,7 @@ def profile_remote(
             "ttft_ms": prefill_ms,
             "prefill_ms": prefill_ms,
             "prefill_tok_s": prompt_len / (prefill_ms / 1e3) if prefill_ms else 0.0,
-            "decode_ms_per_token": _percentiles(low_decode),
+            "decode_ms_per_token": percentiles(low_decode),
             "decode_tok_s": 1e3 / p50_decode if p50_decode else 0.0,
             "warmup_prefill_ms": [s["ms"] for s in low if s["warmup"] and s["phase"] == "prefill"],
             "peak_host_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..errors import ArtifactError
 from ..runners.dawn import WebGPUEngine
-from .measure import _kernel_params, _percentiles, uncounted_params
+from .measure import kernel_params, percentiles, uncounted_params
 from .schema import overhead_metrics, profile_header, run_records
 
 _SINGLE = re.compile(r"^(B|batch_size|num_seq)$")  # one sequence
@@ -60,7 +60,7 @@ def profile(engine: WebGPUEngine, prompt_len: int = 32, gen_len: int = 8, runs: 
     engine.check_tokens([0] * prompt_len, gen_len)
     prompt = [int(t) for t in np.random.default_rng(seed).integers(0, engine.vocab_size, size=prompt_len)]
     kernels = {k["name"]: k for k in manifest["kernels"]}
-    skip = uncounted_params(_kernel_params(engine.artifact), manifest)
+    skip = uncounted_params(kernel_params(engine.artifact), manifest)
     total = (warmup + runs) * 2
     done = 0
     low_steps: list[dict] = []
@@ -136,7 +136,7 @@ def profile(engine: WebGPUEngine, prompt_len: int = 32, gen_len: int = 8, runs: 
             "ttft_ms": float(np.median([s["ns"] / 1e6 for s in low_steps if s["run"] >= warmup and s["phase"] == "prefill"])),
             "prefill_ms": p50_prefill,
             "prefill_tok_s": prompt_len / (p50_prefill / 1e3),
-            "decode_ms_per_token": _percentiles(low_decode),
+            "decode_ms_per_token": percentiles(low_decode),
             "decode_tok_s": 1e3 / p50_decode if p50_decode else 0.0,
             "warmup_prefill_ms": [s["ns"] / 1e6 for s in low_steps if s["run"] < warmup and s["phase"] == "prefill"],
             "peak_host_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,

@@ -52,6 +52,7 @@ call needs once; `time_calls(calls)` dispatches prepared calls back to back and 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -170,6 +171,26 @@ def subgroup_sizes() -> tuple[int, int] | None:
 def adapter_info() -> dict[str, Any]:
     get_device()
     return dict(_STATE["adapter"].info)
+
+
+def clear_pipeline_cache() -> None:
+    """Forget the compute pipelines built so far (the next calls build them again)."""
+    _PIPELINES.clear()
+
+
+@contextlib.contextmanager
+def features_hidden(*names: str):
+    """The device as if its adapter lacked the features `names` (e.g. "subgroups"): to check how
+    kernels needing them are refused. The pipeline cache is cleared on entry and on exit."""
+    get_device()
+    saved = _STATE["features"]
+    _STATE["features"] = saved - set(names)
+    clear_pipeline_cache()
+    try:
+        yield
+    finally:
+        _STATE["features"] = saved
+        clear_pipeline_cache()
 
 
 # ---- compile -----------------------------------------------------------------------------------

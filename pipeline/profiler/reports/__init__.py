@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 
-from ._common import resolve_peak_gbps
+from ._common import ROLES, matmul_shape, percentile, resolve_peak_gbps
 from .csvfmt import render_csv
 from .events import render_events
 from .html import render_html
@@ -23,7 +23,7 @@ from .trace import render_trace
 
 FORMATS = ("md", "text", "events", "phase", "csv", "trace", "html", "json")
 
-__all__ = ["FORMATS", "parse_table", "parse_tables", "render"]
+__all__ = ["FORMATS", "ROLES", "matmul_shape", "parse_table", "parse_tables", "percentile", "render"]
 
 
 def render(profile: dict, fmt: str, peak_gbps: float | None = None) -> str:
