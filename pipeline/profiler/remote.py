@@ -41,6 +41,7 @@ from .measure import (
     random_prompt,
     record_calls,
     run_once,
+    ttft_ms,
     uncounted_params,
 )
 from .schema import overhead_metrics, profile_header
@@ -192,7 +193,8 @@ def profile_remote(
             progress("per-kernel", done, total)
 
     low = [{"mode": "low-overhead", "run": s["run"], "warmup": s["run"] < warmup, "phase": s["phase"], "step": s["step"],
-            "tokens": s["tokens"], "start_ms": s["start_ns"] / 1e6, "ms": s["ns"] / 1e6} for s in low_steps]
+            "tokens": s["tokens"], "start_ms": s["start_ns"] / 1e6, "ms": s["ns"] / 1e6,
+            **({"first_token_ms": s["first_token_ns"] / 1e6} if "first_token_ns" in s else {})} for s in low_steps]
 
     def measured(step_list: list[dict], phase: str) -> list[float]:
         return [s["ms"] for s in step_list if not s["warmup"] and s["phase"] == phase]
@@ -233,7 +235,7 @@ def profile_remote(
         "config": {"prompt_len": prompt_len, "gen_len": gen_len, "runs": runs, "warmup_runs": warmup, "seed": seed, "threads": None},
         "metrics": {
             "load_ms": engine.load_seconds * 1e3,
-            "ttft_ms": prefill_ms,
+            "ttft_ms": ttft_ms(low_steps, warmup),
             "prefill_ms": prefill_ms,
             "prefill_tok_s": prompt_len / (prefill_ms / 1e3) if prefill_ms else 0.0,
             "decode_ms_per_token": percentiles(low_decode),

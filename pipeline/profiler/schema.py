@@ -9,7 +9,8 @@ Top-level keys:
                overhead {low_overhead_total_ms, per_kernel_total_ms, percent}}
   generated_tokens [..]
   kernels     {name: {role, bytes: {phase: bytes moved per call}}}
-  steps       [{mode: "low-overhead"|"per-kernel", run, warmup, phase: "prefill"|"decode", step, tokens, start_ms, ms}]
+  steps       [{mode: "low-overhead"|"per-kernel", run, warmup, phase: "prefill"|"decode", step, tokens, start_ms, ms,
+               first_token_ms (prefill: from the request, a new sequence, to the first token; ttft_ms is its median)}]
   samples     [{kernel, parent: "vm"|"kv_cache", phase, step, run, warmup, start_ms, ms}]   (every kernel call)
   method      (optional) how the samples were taken: {kind: "real run", timer: "timestamp-query",
                runtime, adapter, bytes} for webgpu; {kind: "rpc", ...} over TVM RPC
@@ -111,12 +112,13 @@ def overhead_metrics(per_kernel_total_ms: float, low_overhead_total_ms: float) -
 
 
 def run_records(low_steps: list[dict], steps: list[dict], samples: list[tuple], warmup: int) -> dict:
-    """The profile's `steps` (both modes; each {run, phase, step, tokens, start_ns, ns}) and
+    """The profile's `steps` (both modes; each {run, phase, step, tokens, start_ns, ns[, first_token_ns]}) and
     `samples` ((kernel, parent, phase, step, run, start_ns, ns) per kernel call)."""
     return {
         "steps": [
             {"mode": mode, "run": s["run"], "warmup": s["run"] < warmup, "phase": s["phase"], "step": s["step"],
-             "tokens": s["tokens"], "start_ms": s["start_ns"] / 1e6, "ms": s["ns"] / 1e6}
+             "tokens": s["tokens"], "start_ms": s["start_ns"] / 1e6, "ms": s["ns"] / 1e6,
+             **({"first_token_ms": s["first_token_ns"] / 1e6} if "first_token_ns" in s else {})}
             for mode, step_list in (("low-overhead", low_steps), ("per-kernel", steps)) for s in step_list
         ],
         "samples": [
