@@ -241,6 +241,8 @@ class Runner:
         source = manifest.get("kernel_source")
         repro = manifest.get("reproducibility")
         failed = [name for name, r in results.items() if r.get("status") == "failed"]
+        if repro is not None and not repro["identical"]:  # the second build differs: the check fails
+            failed.append(f"reproducibility ({', '.join(sorted(repro['differs']))} differ)")
         return {
             **_identity(cell),
             "status": "failed" if failed else "passed",
