@@ -273,7 +273,7 @@ def test_verify_catches_a_flipped_byte_and_a_missing_file(runs, tmp_path):
 def test_reproducible_builds(runs, tmp_path):
     """llvm cells were built twice in fresh processes: identical. Metal: the dylib is a function of
     its objects (re-linking lib.tar's objects elsewhere gives the same bytes), lib.tar is normalised."""
-    from pipeline.backends.metal import _extract_objects, link_dylib
+    from pipeline.backends.metal import extract_objects, link_dylib
 
     got = cells(runs["n1"])
     for cell in (c for c in GOOD if c.endswith("-llvm")):  # built (in run A or B) with the reproducibility check
@@ -293,7 +293,7 @@ def test_reproducible_builds(runs, tmp_path):
     outputs = []
     for i in range(2):
         (tmp_path / f"objs{i}").mkdir()
-        objects = _extract_objects(artifact / "lib.tar", (tmp_path / f"objs{i}").resolve())
+        objects = extract_objects(artifact / "lib.tar", (tmp_path / f"objs{i}").resolve())
         if i:
             os.utime(objects[0], (1, 1))
         (tmp_path / f"out{i}").mkdir()
@@ -303,13 +303,14 @@ def test_reproducible_builds(runs, tmp_path):
 
 
 def test_explain_names_what_differs(runs, tmp_path):
-    from pipeline.nightly.reproduce import _macho_uuid, explain
+    from pipeline.backends.binfmt import MachO
+    from pipeline.nightly.reproduce import explain
 
     # a Mach-O whose UUID differs (as ld64.lld-14 writes a new one on every link)
     dylib = runs["n1"] / "llama-tiny-q4f16_1-metal" / "artifact" / "lib.dylib"
     other = tmp_path / "lib.dylib"
     data = bytearray(dylib.read_bytes())
-    start, end = _macho_uuid(bytes(data))
+    start, end = MachO(bytes(data)).uuid_span()
     data[start:end] = bytes(range(16))
     other.write_bytes(bytes(data))
     assert "LC_UUID differs" in explain(dylib, other)

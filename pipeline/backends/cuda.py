@@ -31,6 +31,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from .binfmt import BlobReader, ModuleBlob, library_blob, pack_bytes
 from .native import PROFILE_DEFAULTS, open_engine, profile  # noqa: F401  (run side: TVM's own runtime)
 
 LIBRARY = "lib.so"
@@ -281,26 +282,8 @@ def verify_fatbin(lib_path) -> list[str]:
 
 
 # --------------------------------------------------------------------------------------------
-# packed module blob (`__tvm_ffi__library_bin`)
-#
-# <nbytes:u64> <indptr: vec<u64>> <child_indices: vec<u64>> then per module <kind: str> and, unless
-# kind == "_lib", <payload: bytes>.  vec/str/bytes are <len:u64> + items.  A "cuda" payload is
+# packed module blob (`__tvm_ffi__library_bin`, read by binfmt.ModuleBlob). A "cuda" payload is
 # <fmt: str> <fmap> <code: bytes> (CUDAModuleNode::SaveToBytes), code last.
-
-
-def _read_u64(buf: bytes, off: int) -> tuple[int, int]:
-    return struct.unpack_from("<Q", buf, off)[0], off + 8
-
-
-def _read_str(buf: bytes, off: int) -> tuple[bytes, int]:
-    n, off = _read_u64(buf, off)
-    if off + n > len(buf):
-        raise ValueError("truncated module blob")
-    return buf[off : off + n], off + n
-
-
-def _pack(data: bytes) -> bytes:
-    return struct.pack("<Q", len(data)) + data
 
 
 def rewrite_cuda_modules(blob: bytes, replace) -> bytes:
@@ -308,36 +291,22 @@ def rewrite_cuda_modules(blob: bytes, replace) -> bytes:
 
     `replace(index, fmt, code)` returns None to keep the module or (new_fmt, new_code).
     """
-    nbytes, off = _read_u64(blob, 0)
-    if nbytes + 8 != len(blob):
-        raise ValueError(f"module blob size mismatch: header {nbytes} + 8 != {len(blob)}")
-    head = off
-    n_indptr, off = _read_u64(blob, off)
-    off += 8 * n_indptr
-    n_child, off = _read_u64(blob, off)
-    off += 8 * n_child
-    out = bytearray(blob[head:off])
+    packed = ModuleBlob.parse(blob)
     cuda_index = 0
-    for _ in range(n_indptr - 1):
-        kind, off = _read_str(blob, off)
-        out += _pack(kind)
-        if kind == b"_lib":
+    for i, (kind, payload) in enumerate(packed.modules):
+        if kind != b"cuda":
             continue
-        payload, off = _read_str(blob, off)
-        if kind == b"cuda":
-            fmt, p = _read_str(payload, 0)
-            # code is the last field: find it from the end and check the length prefix matches
-            code = _last_bytes_field(payload, p)
-            fmap = payload[p : len(payload) - 8 - len(code)]
-            new = replace(cuda_index, fmt.decode(), code)
-            cuda_index += 1
-            if new is not None:
-                new_fmt, new_code = new
-                payload = _pack(new_fmt.encode()) + fmap + _pack(bytes(new_code))
-        out += _pack(payload)
-    if off != len(blob):
-        raise ValueError(f"module blob has {len(blob) - off} trailing bytes")
-    return struct.pack("<Q", len(out)) + bytes(out)
+        reader = BlobReader(payload)
+        fmt = reader.bytes()
+        # code is the last field: find it from the end and check the length prefix matches
+        code = _last_bytes_field(payload, reader.pos)
+        fmap = payload[reader.pos : len(payload) - 8 - len(code)]
+        new = replace(cuda_index, fmt.decode(), code)
+        cuda_index += 1
+        if new is not None:
+            new_fmt, new_code = new
+            packed.modules[i] = (kind, pack_bytes(new_fmt.encode()) + fmap + pack_bytes(bytes(new_code)))
+    return packed.to_bytes()
 
 
 def _last_bytes_field(payload: bytes, fmap_start: int) -> bytes:
@@ -351,31 +320,6 @@ def _last_bytes_field(payload: bytes, fmap_start: int) -> bytes:
         if pos + 8 + n == len(payload):
             return payload[pos + 8 :]
     raise ValueError("cannot locate the code field of a CUDA module")
-
-
-def library_blob(lib_path, symbol: str = "__tvm_ffi__library_bin") -> bytes:
-    """The packed module blob embedded in an ELF64 little-endian shared library (no loading)."""
-    data = Path(lib_path).read_bytes()
-    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
-        raise ValueError(f"{lib_path}: not a 64-bit little-endian ELF file")
-    shoff, = struct.unpack_from("<Q", data, 0x28)
-    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
-    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
-    want = symbol.encode()
-    for sh in sections:
-        if sh[1] not in (2, 11):  # SHT_SYMTAB, SHT_DYNSYM
-            continue
-        strtab = sections[sh[6]]
-        for off in range(sh[4], sh[4] + sh[5], 24):
-            st_name, _, _, st_shndx, st_value, st_size = struct.unpack_from("<IBBHQQ", data, off)
-            start = strtab[4] + st_name
-            if data[start : start + len(want) + 1] != want + b"\0" or st_shndx == 0:
-                continue
-            sec = sections[st_shndx]
-            file_off = sec[4] + (st_value - sec[3])
-            (nbytes,) = struct.unpack_from("<Q", data, file_off)
-            return data[file_off : file_off + 8 + nbytes]
-    raise ValueError(f"{lib_path}: no {symbol} symbol")
 
 
 def embedded_cuda_formats(lib_path) -> list[str]:

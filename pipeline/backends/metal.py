@@ -24,12 +24,12 @@ import contextlib
 import os
 import re
 import shutil
-import struct
 import subprocess
 import tarfile
 import tempfile
 from pathlib import Path
 
+from .binfmt import MachO
 from .native import PROFILE_DEFAULTS, open_engine, profile  # noqa: F401  (run side: TVM's own runtime)
 from .reproducible import fix_macho_uuid, normalize_tar
 
@@ -40,11 +40,6 @@ TARBALL = "lib.tar"
 LIBRARY_SYMBOLS = ("__tvm_ffi__library_bin", "__tvm_ffi__library_ctx")
 CONTEXT_SYMBOLS = ("__TVMFFIFunctionCall", "__TVMFFIEnvModLookupFromImports", "__TVMFFIHandleInitOnce")
 FUNCTION_PREFIX = "__tvm_ffi_"
-
-MH_MAGIC_64 = 0xFEEDFACF
-CPU_TYPE_ARM64 = 0x0100000C
-MH_OBJECT, MH_DYLIB = 1, 6
-LC_SYMTAB = 0x2
 
 
 def compile_context(target_spec):
@@ -110,12 +105,13 @@ def export(executable, target_spec, out_dir, library: str = LIBRARY) -> list[str
     executable.export_library(str(tar_path))
     normalize_tar(tar_path)
     with tempfile.TemporaryDirectory(prefix="mlcpipe-metal-") as tmp:
-        objects = _extract_objects(tar_path, Path(tmp))
+        objects = extract_objects(tar_path, Path(tmp))
         link_dylib(objects, out_dir / library, _min_version(target_spec))
     return [library, TARBALL]
 
 
-def _extract_objects(tar_path: Path, dest: Path) -> list[str]:
+def extract_objects(tar_path: Path, dest: Path) -> list[str]:
+    """The object files of an exported lib.tar, written into `dest`, in link order."""
     with tarfile.open(tar_path, "r:*") as tar:
         members = [m for m in tar.getmembers() if m.isfile() and m.name.endswith(".o")]
         for member in members:
@@ -154,12 +150,10 @@ def kernel_source(executable) -> str:
 
 def macho_header(path) -> dict[str, int]:
     """magic, cputype, cpusubtype, filetype, ncmds of a 64-bit Mach-O file."""
-    with open(path, "rb") as f:
-        head = f.read(32)
-    if len(head) < 32:
-        raise ValueError(f"{path}: too short for a Mach-O header")
-    magic, cputype, cpusubtype, filetype, ncmds = struct.unpack_from("<IiiII", head, 0)
-    return {"magic": magic, "cputype": cputype & 0xFFFFFFFF, "cpusubtype": cpusubtype, "filetype": filetype, "ncmds": ncmds}
+    try:
+        return MachO(Path(path).read_bytes()).header
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
 
 
 def exported_symbols(path, use_tools: bool = True) -> list[str]:
@@ -176,36 +170,8 @@ def exported_symbols(path, use_tools: bool = True) -> list[str]:
         )
         if proc.returncode == 0:
             names = [ln.strip() for ln in proc.stdout.splitlines() if ln.strip() and not ln.endswith(":")]
-            return sorted({_c_name(n) for n in names})
-    return _symbols_from_macho(Path(path).read_bytes())
-
-
-def _c_name(name: str) -> str:
-    return name[1:] if name.startswith("_") else name
-
-
-def _symbols_from_macho(data: bytes) -> list[str]:
-    magic, _, _, _, ncmds, _, _, _ = struct.unpack_from("<IiiIIIII", data, 0)
-    if magic != MH_MAGIC_64:
-        raise ValueError(f"not a little-endian 64-bit Mach-O file (magic {magic:#x})")
-    off = 32
-    names: set[str] = set()
-    for _ in range(ncmds):
-        cmd, cmdsize = struct.unpack_from("<II", data, off)
-        if cmd == LC_SYMTAB:
-            symoff, nsyms, stroff, strsize = struct.unpack_from("<IIII", data, off + 8)
-            for i in range(nsyms):
-                n_strx, n_type, _n_sect, _n_desc, _n_value = struct.unpack_from("<IBBHQ", data, symoff + 16 * i)
-                if n_type & 0xE0:  # N_STAB: debugging entry
-                    continue
-                if not n_type & 0x01 or n_type & 0x10:  # not N_EXT, or N_PEXT (private extern)
-                    continue
-                if n_type & 0x0E == 0:  # N_UNDF: an import, not a definition
-                    continue
-                end = data.index(b"\0", stroff + n_strx, stroff + strsize)
-                names.add(_c_name(data[stroff + n_strx : end].decode()))
-        off += cmdsize
-    return sorted(names)
+            return sorted({n[1:] if n.startswith("_") else n for n in names})
+    return MachO(Path(path).read_bytes()).defined_symbols()
 
 
 def required_symbols(tar_path) -> list[str]:
@@ -213,7 +179,7 @@ def required_symbols(tar_path) -> list[str]:
     global the objects in lib.tar define (the `__tvm_ffi_<name>` host functions)."""
     needed = set(LIBRARY_SYMBOLS)
     with tempfile.TemporaryDirectory(prefix="mlcpipe-metal-") as tmp:
-        for obj in _extract_objects(Path(tar_path), Path(tmp)):
+        for obj in extract_objects(Path(tar_path), Path(tmp)):
             needed |= {s for s in exported_symbols(obj) if s.startswith(("__tvm_ffi", "__TVMFFI"))}
     return sorted(needed)
 

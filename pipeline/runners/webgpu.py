@@ -57,7 +57,6 @@ import hashlib
 import json
 import os
 import re
-import struct
 import tempfile
 import time
 from dataclasses import dataclass
@@ -65,6 +64,8 @@ from typing import Any
 
 import numpy as np
 import tvm
+
+from ..backends.binfmt import BlobReader, ModuleBlob
 
 # Workaround for TVM's `> packGridDimX` (see the module docstring).
 PATCH_PACK_GRID_CHECK = True
@@ -212,57 +213,22 @@ class _Compiled:
     warp_size: int = 1  # the target's thread_warp_size: subgroup width assumed
 
 
-class _Reader:
-    """Sequential reader of TVM's little-endian serialization (u64 counts, u64-sized strings)."""
-
-    def __init__(self, data: bytes):
-        self.data, self.pos = data, 0
-
-    def u64(self) -> int:
-        (value,) = struct.unpack_from("<Q", self.data, self.pos)
-        self.pos += 8
-        return value
-
-    def bytes(self) -> bytes:
-        size = self.u64()
-        value = self.data[self.pos : self.pos + size]
-        self.pos += size
-        return value
-
-    def str(self) -> str:
-        return self.bytes().decode()
-
-    def skip(self, nbytes: int) -> None:
-        self.pos += nbytes
-
-    def done(self) -> bool:
-        return self.pos >= len(self.data)
-
-
 def _read_webgpu_blob(runtime_module) -> dict[str, str]:
     """{kernel: WGSL} from the serialized "webgpu" module, as the artifact packs it."""
     pack = tvm.get_global_func("runtime.ModulePackImportsToTensor")
-    blob = _Reader(pack(runtime_module).numpy().tobytes())
-    blob.u64()  # total size
-    for _ in range(2):  # import tree: indptr, child indices
-        blob.skip(8 * blob.u64())
-    while not blob.done():
-        kind = blob.bytes()
-        if kind == b"_lib":
-            continue
-        data = _Reader(blob.bytes())
-        if kind != b"webgpu":
-            continue
-        # {name: FunctionInfo} then {name: WGSL}; skip the first, read the second
+    payloads = ModuleBlob.parse(pack(runtime_module).numpy().tobytes()).payloads(b"webgpu")
+    if not payloads:
+        raise RuntimeError("the compiled module has no webgpu device module (is the function thread-bound?)")
+    data = BlobReader(payloads[0])
+    # {name: FunctionInfo} then {name: WGSL}; skip the first, read the second
+    for _ in range(data.u64()):
+        data.str()  # key
+        data.str()  # FunctionInfo.name
+        data.skip(4 * data.u64())  # arg_types (DLDataType)
         for _ in range(data.u64()):
-            data.str()  # key
-            data.str()  # FunctionInfo.name
-            data.skip(4 * data.u64())  # arg_types (DLDataType)
-            for _ in range(data.u64()):
-                data.str()  # launch_param_tags
-            data.skip(4 * data.u64())  # arg_extra_tags (int32 enum)
-        return {data.str(): data.str() for _ in range(data.u64())}
-    raise RuntimeError("the compiled module has no webgpu device module (is the function thread-bound?)")
+            data.str()  # launch_param_tags
+        data.skip(4 * data.u64())  # arg_extra_tags (int32 enum)
+    return {data.str(): data.str() for _ in range(data.u64())}
 
 
 def _compile(func: tvm.tirx.PrimFunc, target: tvm.target.Target) -> _Compiled:
