@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import struct
 import subprocess
 import sys
@@ -187,16 +188,6 @@ def test_cuda_artifact_is_a_multi_arch_fatbin(builds):
     assert manifest["library"] == "lib.so" and manifest["kernel_source"] == "kernels.cu"
 
 
-def _load_commands(data: bytes) -> list[int]:
-    ncmds = struct.unpack_from("<I", data, 16)[0]
-    off, cmds = 32, []
-    for _ in range(ncmds):
-        cmd, size = struct.unpack_from("<II", data, off)
-        cmds.append(cmd)
-        off += size
-    return cmds
-
-
 def test_metal_artifact_is_an_arm64_dylib_tvm_can_load(builds):
     out = artifact(builds, "metal")
     dylib = out / metal.LIBRARY
@@ -264,3 +255,30 @@ def test_metal_kernel_library_for_remote_profiling(builds, tmp_path):
     assert metal.macho_header(library)["filetype"] == 6  # MH_DYLIB
     assert b"@rpath/mlcpipe-kernels.dylib" in library.read_bytes()  # its install name
     assert any(s.startswith("__tvm_ffi_fused_dequantize") for s in metal.exported_symbols(library))
+
+
+def _with_kernel_renamed(out: Path, tmp_path: Path, source_file: str, pattern: str) -> tuple[Path, dict, str]:
+    """A copy of the artifact whose kernel source no longer has the first kernel `pattern` finds."""
+    copy = tmp_path / out.name
+    shutil.copytree(out, copy)
+    source = (copy / source_file).read_text()
+    name = re.search(pattern, source).group(1)
+    (copy / source_file).write_text(source.replace(f" {name}_kernel(", " renamed_away("))
+    return copy, json.loads((copy / "manifest.json").read_text()), name
+
+
+def test_cuda_device_kernel_missing_from_ptxas_fails(builds, tmp_path):
+    copy, manifest, name = _with_kernel_renamed(artifact(builds, "cuda"), tmp_path, cuda.SOURCE_FILE,
+                                                r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(fused_dequantize\w*)_kernel\(')
+    roles = {k["name"]: k["role"] for k in manifest["kernels"]}
+    rows = {row[0]: row for row in cuda.static_checks(copy, manifest, [name], roles)}
+    assert rows[name][2:] == ("FAIL", "device kernel missing from the ptxas report of kernels.cu")
+
+
+def test_metal_device_kernel_missing_from_msl_fails(builds, tmp_path):
+    # fused_dequantize2_NT_matmul2_cast2_kernel stays: a longer name does not stand in for it
+    copy, manifest, name = _with_kernel_renamed(artifact(builds, "metal"), tmp_path, metal.SOURCE_FILE,
+                                                r"kernel void (fused_dequantize2_NT_matmul2)_kernel\(")
+    roles = {k["name"]: k["role"] for k in manifest["kernels"]}
+    rows = {row[0]: row for row in metal.static_checks(copy, manifest, [name], roles)}
+    assert rows[name][2:] == ("FAIL", "device kernel missing from kernels.metal")

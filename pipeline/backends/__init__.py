@@ -11,6 +11,7 @@ Run side (`run`, `check`, `profile` ask these, given a RunOptions):
     kernel_runner(artifact, manifest, options)         (name, args) -> args, one shipped kernel
                                                        on the device; None: not executable here
     static_checks(artifact, manifest, names, roles)    rows (kernel, role, status, note) when not
+                                                       (a device kernel without code: FAIL)
     not_executed(options) -> str                       ... and the summary line saying so
     PROFILE_DEFAULTS, profile(engine, options, weights, llvm_twin, **sizes) -> profile dict
     timing_device()                                    the device `mlcpipe tune` times kernels on
@@ -40,6 +41,12 @@ def backend(kind: str):
     if kind not in ("llvm", "cuda", "metal", "webgpu"):
         raise ValueError(f"no backend for target kind {kind!r}; allowed: llvm, cuda, metal, webgpu")
     return importlib.import_module(f"{__name__}.{kind}")
+
+
+def host_side_kernels(manifest: dict) -> set[str]:
+    """Kernels the build found no thread binding in (they run on the host, with no device code).
+    Every other kernel of a GPU artifact must have its device code in the library."""
+    return {k["name"] for k in manifest.get("kernels", []) if "launch" in k and not k["launch"]}
 
 
 def device_modules(executable):

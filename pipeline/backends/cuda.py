@@ -31,6 +31,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from . import host_side_kernels
 from .binfmt import BlobReader, ModuleBlob, library_blob, pack_bytes
 from .native import PROFILE_DEFAULTS, open_engine, profile  # noqa: F401  (run side: TVM's own runtime)
 
@@ -431,10 +432,12 @@ def static_checks(artifact, manifest, names, roles) -> list[tuple]:
     rows = [(f"<{manifest['library']}>", "library", "static" if lib_ok else "FAIL",
              f"embedded {formats}, fatbin archs {present} (wanted {archs})")]
     report = ptxas_report(source, archs)
+    host = host_side_kernels(manifest)
     for name in names:
         kernels = {k: v for k, v in report.items() if k == name or k.startswith(name + "_kernel")}
         if not kernels:
-            rows.append((name, roles.get(name, "other"), "skip", "host-side function: no device kernel"))
+            rows.append((name, roles.get(name, "other"), "skip", "host-side function: no device kernel") if name in host else
+                        (name, roles.get(name, "other"), "FAIL", f"device kernel missing from the ptxas report of {source_file}"))
             continue
         for kname, per_arch in sorted(kernels.items()):
             info = "; ".join(f"{a}: {v['registers']} regs, spills {v['spill_stores']}/{v['spill_loads']} B st/ld" for a, v in sorted(per_arch.items()))

@@ -29,6 +29,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from . import host_side_kernels
 from .binfmt import MachO
 from .native import PROFILE_DEFAULTS, open_engine, profile  # noqa: F401  (run side: TVM's own runtime)
 from .reproducible import fix_macho_uuid, normalize_tar
@@ -200,10 +201,15 @@ def static_checks(artifact, manifest, names, roles) -> list[tuple]:
     missing = sorted(needed - set(exported_symbols(library)))
     rows = [(f"<{manifest['library']}>", "library", "FAIL" if missing else "static",
              f"missing exports {missing[:3]}" if missing else f"exports all {len(needed)} symbols TVM's loader needs; Mach-O {macho_header(library)}")]
+    host = host_side_kernels(manifest)
     for name in names:
-        present = bool(re.search(rf"kernel void {re.escape(name)}(_kernel)?\w*\(", source))
-        rows.append((name, roles.get(name, "other"), "static" if present else "skip",
-                     "MSL kernel present" if present else "host-side function: no device kernel"))
+        present = bool(re.search(rf"kernel void {re.escape(name)}(_kernel(_\d+)?)?\(", source))  # not a longer name's
+        if present:
+            rows.append((name, roles.get(name, "other"), "static", "MSL kernel present"))
+        elif name in host:
+            rows.append((name, roles.get(name, "other"), "skip", "host-side function: no device kernel"))
+        else:
+            rows.append((name, roles.get(name, "other"), "FAIL", f"device kernel missing from {source_file}"))
     return rows
 
 
