@@ -182,7 +182,8 @@ def test_cuda_artifact_is_a_multi_arch_fatbin(builds):
         for arch in ARCHS:
             stats = report[kernel][arch]
             assert 0 < stats["registers"] <= 255, (kernel, arch, stats)
-            assert stats["spill_stores"] >= 0 and stats["smem"] >= 0
+            # the dequantize schedules keep their accumulators in registers: a spill is a regression
+            assert stats["spill_stores"] == 0 and stats["spill_loads"] == 0, (kernel, arch, stats)
 
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["library"] == "lib.so" and manifest["kernel_source"] == "kernels.cu"
