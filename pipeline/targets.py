@@ -151,6 +151,16 @@ def load_target(name: str, overrides: dict[str, Any] | None = None) -> TargetSpe
     return TargetSpec(name=name, target=target, peak_gbps=float(peak), options=options)
 
 
+def preset_peak_gbps(name: str) -> float | None:
+    """Peak memory bandwidth of target preset `name` (reports' % of peak); None when the preset
+    says none, or no longer loads (removed or renamed since the profile was taken)."""
+    try:
+        peak = load_target(name).peak_gbps
+    except ConfigError:
+        return None
+    return peak or None
+
+
 def _check_webgpu_subgroups(path: Path, raw: dict[str, Any]) -> None:
     """`supports_subgroups: true` (TVM's webgpu attribute) opts in to WebGPU subgroups: kernels
     then need an adapter with the "subgroups" feature. TVM 0.27 sets thread_warp_size to 32

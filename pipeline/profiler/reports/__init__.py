@@ -23,7 +23,7 @@ from .trace import render_trace
 
 FORMATS = ("md", "text", "events", "phase", "csv", "trace", "html", "json")
 
-__all__ = ["FORMATS", "ROLES", "matmul_shape", "parse_table", "parse_tables", "percentile", "render"]
+__all__ = ["FORMATS", "ROLES", "matmul_shape", "parse_table", "parse_tables", "percentile", "render", "resolve_peak_gbps"]
 
 
 def render(profile: dict, fmt: str, peak_gbps: float | None = None) -> str:
