@@ -23,11 +23,6 @@ from .passes.function_table import DEFAULT_MAX_BATCH_SIZE, AttachMetadata, add_k
 from .tuning import TuningDB, default_db_path
 from .targets import TargetSpec
 
-# TIR-level CommonSubexprElim breaks TVM's own batch_tree_attn kernel at Llama-3.2-1B shapes on GPU
-# targets ("variable cse_vN has been used before definition", TVM 0.27). GPU shader compilers
-# (nvcc, Metal, Tint/Dawn) run their own CSE, so it is turned off for them.
-TIR_CONFIG = {kind: {"tirx.disable_cse_tir": True} for kind in ("cuda", "metal", "webgpu")}
-
 TIR_SNAPSHOTS = {"fuse-tir": "unscheduled.json", "schedule": "scheduled.json"}
 
 
@@ -181,7 +176,7 @@ def build(
         )
         log("[mlcpipe] generating code")
         target_backend = backend(target.kind)
-        with tvm_target, target_backend.compile_context(target), tvm.transform.PassContext(config=TIR_CONFIG.get(target.kind, {})):
+        with tvm_target, target_backend.compile_context(target), tvm.transform.PassContext(config=target_backend.PASS_CONFIG):
             executable = relax.build(mod, tvm_target, relax_pipeline=None)
         target_backend.export(executable, target, tmp)
         if target_backend.SOURCE_FILE:

@@ -10,6 +10,7 @@ the public API too. A module whose own name starts with an underscore is private
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -258,3 +259,14 @@ def test_no_import_cycles():
 def test_no_private_names_across_modules():
     offenders = sorted(line for scan in SCANS.values() for line in scan.private)
     assert not offenders, "private names used across modules:\n" + "\n".join(offenders)
+
+
+def test_every_backend_has_the_whole_interface():
+    """What a target kind decides lives in its backend (backends/__init__.py lists the interface)."""
+    import pipeline.backends as backends
+
+    documented = set(re.findall(r"^    (\w+)(?:\(|,| )", backends.__doc__, re.M)) | {"SOURCE_FILE", "profile"}
+    assert {"LIBRARY", "PASS_CONFIG", "KERNEL_SUFFIX", "export", "local_device", "static_checks"} <= documented
+    for kind in ("llvm", "cuda", "metal", "webgpu"):
+        missing = sorted(name for name in documented if not hasattr(backends.backend(kind), name))
+        assert not missing, f"backends/{kind}.py lacks {missing}"

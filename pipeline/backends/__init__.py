@@ -2,6 +2,8 @@
 
 Build side:
     LIBRARY, SOURCE_FILE                               the library / kernel source file names
+    PASS_CONFIG                                        TVM PassContext config of the target's build
+    KERNEL_SUFFIX                                      a PrimFunc's device kernel is <name><suffix>
     export(executable, target, out_dir, library=LIBRARY) -> list[str]
                                                        writes `library` (+ extras)
     kernel_source(executable) -> str                   the device code (CUDA C, MSL, WGSL)
@@ -14,6 +16,7 @@ Run side (`run`, `check`, `profile` ask these, given a RunOptions):
                                                        (a device kernel without code: FAIL)
     not_executed(options) -> str                       ... and the summary line saying so
     PROFILE_DEFAULTS, profile(engine, options, weights, llvm_twin, **sizes) -> profile dict
+    local_device()                                     the device an Engine runs the artifact on here
     timing_device()                                    the device `mlcpipe tune` times kernels on
 """
 
@@ -41,6 +44,16 @@ def backend(kind: str):
     if kind not in ("llvm", "cuda", "metal", "webgpu"):
         raise ValueError(f"no backend for target kind {kind!r}; allowed: llvm, cuda, metal, webgpu")
     return importlib.import_module(f"{__name__}.{kind}")
+
+
+def not_runnable_here(kind: str) -> Exception:
+    """The error for an artifact TVM's runtime cannot run on this machine."""
+    import tvm
+
+    from ..errors import ArtifactError
+
+    runnable = ["llvm"] + (["cuda"] if tvm.cuda(0).exist else [])
+    return ArtifactError(f"artifact target '{kind}' cannot run on this machine (runnable here: {', '.join(runnable)})")
 
 
 def host_side_kernels(manifest: dict) -> set[str]:

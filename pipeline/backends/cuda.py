@@ -37,6 +37,11 @@ from .native import PROFILE_DEFAULTS, open_engine, profile  # noqa: F401  (run s
 
 LIBRARY = "lib.so"
 SOURCE_FILE = "kernels.cu"
+# TIR-level CommonSubexprElim breaks TVM's own batch_tree_attn kernel at Llama-3.2-1B shapes on GPU
+# targets ("variable cse_vN has been used before definition", TVM 0.27); the GPU shader compilers run
+# their own CSE, so it is off for them.
+PASS_CONFIG = {"tirx.disable_cse_tir": True}
+KERNEL_SUFFIX = "_kernel"  # TVM names a PrimFunc's device kernel <name>_kernel
 
 CALLBACK = "tvm_callback_cuda_compile"
 FATBIN_MAGIC = 0xBA55ED50
@@ -448,6 +453,16 @@ def static_checks(artifact, manifest, names, roles) -> list[tuple]:
 def not_executed(options) -> str:
     del options
     return "cuda: NOT EXECUTED (no CUDA device here): every kernel compiled by nvcc/ptxas for the fatbin archs; registers and spills reported"
+
+
+def local_device():
+    import tvm
+
+    from . import not_runnable_here
+
+    if not tvm.cuda(0).exist:
+        raise not_runnable_here("cuda")
+    return tvm.cuda(0)
 
 
 def timing_device():

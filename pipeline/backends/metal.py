@@ -36,6 +36,12 @@ from .reproducible import fix_macho_uuid, normalize_tar
 
 LIBRARY = "lib.dylib"
 SOURCE_FILE = "kernels.metal"
+# TIR-level CommonSubexprElim breaks TVM's own batch_tree_attn kernel at Llama-3.2-1B shapes on GPU
+# targets ("variable cse_vN has been used before definition", TVM 0.27); the GPU shader compilers run
+# their own CSE, so it is off for them.
+PASS_CONFIG = {"tirx.disable_cse_tir": True}
+KERNEL_SUFFIX = "_kernel"  # TVM names a PrimFunc's device kernel <name>_kernel
+RUN_HINT = "metal artifacts run on a Mac: serve `python -m tvm.exec.rpc_server` there and pass --rpc HOST:PORT"
 TARBALL = "lib.tar"
 
 LIBRARY_SYMBOLS = ("__tvm_ffi__library_bin", "__tvm_ffi__library_ctx")
@@ -217,6 +223,17 @@ def not_executed(options) -> str:
     del options
     return ("metal: NOT EXECUTED (Metal runs on a Mac: `mlcpipe check --rpc HOST:PORT` against a rpc_server there): "
             "MSL source of every kernel present, dylib exports checked")
+
+
+def local_device():
+    """A Mac whose TVM has the Metal runtime."""
+    import tvm
+
+    from ..errors import ArtifactError
+
+    if not tvm.metal(0).exist:
+        raise ArtifactError(RUN_HINT)
+    return tvm.metal(0)
 
 
 def timing_device():

@@ -34,6 +34,11 @@ from pathlib import Path
 
 LIBRARY = "lib.wasm"
 SOURCE_FILE = "kernels.wgsl"
+# TIR-level CommonSubexprElim breaks TVM's own batch_tree_attn kernel at Llama-3.2-1B shapes on GPU
+# targets ("variable cse_vN has been used before definition", TVM 0.27); the GPU shader compilers run
+# their own CSE, so it is off for them.
+PASS_CONFIG = {"tirx.disable_cse_tir": True}
+KERNEL_SUFFIX = "_kernel"  # TVM names a PrimFunc's device kernel <name>_kernel
 PROFILE_DEFAULTS = (32, 8, 2)  # prompt tokens, generated tokens, measured runs (software adapters are slow)
 
 _SETUP_HINT = "install with scripts/setup-debian.sh"
@@ -339,6 +344,13 @@ def profile(engine, options, weights, llvm_twin, **kwargs) -> dict:
     from ..profiler.webgpu import profile as measure
 
     return measure(engine, **kwargs)
+
+
+def local_device():
+    """TVM's runtime here has no WebGPU: webgpu artifacts run in a WebGPU runtime (open_engine)."""
+    from . import not_runnable_here
+
+    raise not_runnable_here("webgpu")
 
 
 def timing_device():

@@ -53,7 +53,6 @@ def kernel_library(artifact: Path, manifest: dict, out_dir: Path) -> Path:
     """Compile every kernel of the artifact's tir/scheduled.json for its target into a library
     whose root module holds the kernels (so a remote time_evaluator finds them by name)."""
     from ..backends import backend
-    from ..build import TIR_CONFIG
 
     path = artifact / "tir" / "scheduled.json"
     if not path.is_file():
@@ -65,7 +64,7 @@ def kernel_library(artifact: Path, manifest: dict, out_dir: Path) -> Path:
     target = tvm.target.Target(manifest["target"])
     out_dir.mkdir(parents=True, exist_ok=True)
     impl = backend(kind)
-    with target, impl.compile_context(spec), tvm.transform.PassContext(config=TIR_CONFIG.get(kind, {})):
+    with target, impl.compile_context(spec), tvm.transform.PassContext(config=impl.PASS_CONFIG):
         executable = tvm.compile(mod, target=target)
     # a file name of its own: the shipped library is loaded on the remote already
     library = f"mlcpipe-kernels{Path(impl.LIBRARY).suffix}"

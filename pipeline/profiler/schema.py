@@ -57,8 +57,10 @@ def save_profile(data: dict, path: str | Path) -> None:
 
 
 def device_kernel_name(profile: dict, kernel: str) -> str:
-    """The kernel as the device sees it: GPU kernels carry TVM's `_kernel` suffix."""
-    return kernel if profile["target"]["kind"] == "llvm" else f"{kernel}_kernel"
+    """The kernel as the device sees it: GPU kernels carry TVM's `_kernel` suffix (KERNEL_SUFFIX)."""
+    from ..backends import backend
+
+    return kernel + backend(profile["target"]["kind"]).KERNEL_SUFFIX
 
 
 def measured_samples(profile: dict, phase: str | None = None) -> list[dict]:

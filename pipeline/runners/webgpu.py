@@ -79,7 +79,7 @@ _SUBGROUP_OP = re.compile(r"\bsubgroup[A-Z]\w*\s*\(|@builtin\(\s*subgroup_")
 _WORKGROUP_SIZE = re.compile(r"@workgroup_size\((\d+)(?:,\s*(\d+))?(?:,\s*(\d+))?")
 # The feature's name: the spec's "subgroups", wgpu-native's "subgroup" (wgpu 0.32).
 _SUBGROUP_FEATURES = ("subgroups", "subgroup")
-# Same build configuration as pipeline.build uses for GPU targets (TIR CSE off).
+# The GPU backends' PASS_CONFIG (TIR CSE off), as pipeline.build compiles with.
 _PASS_CONFIG = {"tirx.disable_cse_tir": True}
 _MAX_GRID_X = 1 << 16  # tvmjs folds x extents from this size on into blockIdx.z
 
