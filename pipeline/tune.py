@@ -1,15 +1,11 @@
 """`mlcpipe tune`: measure each kernel's knob candidates on the target, keep the fastest.
 
-For every kernel of the model (after fusion, before scheduling) the first schedule rule that
-takes it (schedules.RULES order) lists its candidates (`knob_space`); each candidate is
-compiled, run on seeded inputs of the kernel's real shapes (symbolic token dims bound to
-`tokens`: 1 for decode kernels has no symbolic dim anyway, prefill kernels get the prompt
-size), checked against the rule's default knobs, and timed with TVM's time_evaluator (best
-of `repeat`). Winners go into the tuning database (pipeline/tuning.py), which `mlcpipe build`
-applies. A candidate whose output differs is rejected and reported, never chosen.
-
-Timing needs the target's device: llvm runs here; cuda needs a GPU (the lent H100); WebGPU on
-lavapipe and Metal cannot rank GPU schedules on this machine and are refused.
+For every kernel (after fusion, before scheduling) the first rule that takes it lists its
+candidates (`knob_space`); each is compiled, run on seeded inputs of the kernel's real shapes,
+checked against the rule's default knobs and timed (time_evaluator, best of `repeat`). Winners go
+into the tuning database (pipeline/tuning.py) that `mlcpipe build` applies; a candidate whose
+output differs is rejected and reported. Timing needs the target's device (the backend's
+`timing_device`). Details: docs/tuning.md.
 """
 
 from __future__ import annotations

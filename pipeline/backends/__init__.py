@@ -1,29 +1,22 @@
-"""One backend module per target kind (llvm, cuda, metal, webgpu), small and flat.
+"""One backend module per target kind (llvm, cuda, metal, webgpu), small and flat: `backend(kind)`.
 
-Build side:
-    LIBRARY, SOURCE_FILE                               the library / kernel source file names
-    PASS_CONFIG                                        TVM PassContext config of the target's build
-    KERNEL_SUFFIX                                      a PrimFunc's device kernel is <name><suffix>
-    export(executable, target, out_dir, library=LIBRARY) -> list[str]
-                                                       writes `library` (+ extras)
-    kernel_source(executable) -> str                   the device code (CUDA C, MSL, WGSL)
-    compile_context(target_spec) -> context manager    active around relax.build
-Run side (`run`, `check`, `profile` ask these, given a RunOptions):
-    open_engine(artifact, weights, seed, options)      the model, ready to generate
-    kernel_runner(artifact, manifest, options)         (name, args) -> args, one shipped kernel
-                                                       on the device; None: not executable here
-    static_checks(artifact, manifest, names, roles)    rows (kernel, role, status, note) when not
-                                                       (a device kernel without code: FAIL)
-    not_executed(options) -> str                       ... and the summary line saying so
-    PROFILE_DEFAULTS, profile(engine, options, weights, llvm_twin, **sizes) -> profile dict
-    local_device()                                     the device an Engine runs the artifact on here
-    timing_device()                                    the device `mlcpipe tune` times kernels on
+Every backend defines INTERFACE: on the build side the library / kernel source names, the
+PassContext config, the device kernel suffix, `export`, `kernel_source`, `compile_context`; on
+the run side (`run`, `check`, `profile`, `tune`) `open_engine`, `kernel_runner`,
+`static_checks` (where kernels cannot run here), `not_executed`, `profile`, `local_device`,
+`timing_device`. Signatures and meaning: docs/backends.md.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+
+INTERFACE = (
+    "LIBRARY", "SOURCE_FILE", "PASS_CONFIG", "KERNEL_SUFFIX", "export", "kernel_source", "compile_context",  # build
+    "open_engine", "kernel_runner", "static_checks", "not_executed", "PROFILE_DEFAULTS", "profile",  # run
+    "local_device", "timing_device",
+)
 
 
 @dataclasses.dataclass(frozen=True)

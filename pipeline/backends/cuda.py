@@ -1,20 +1,10 @@
-"""NVIDIA GPUs: host code for x86-64 Linux plus ONE fatbin holding SASS for every `fatbin_archs` arch.
+"""NVIDIA GPUs: x86-64 host code plus ONE fatbin holding SASS for every `fatbin_archs` arch.
 
-How TVM 0.27 hands CUDA code over (measured on apache-tvm 0.27.0.post1):
-  * `target.build.cuda` generates CUDA C++ and passes it to the factory `ffi.Module.create.cuda`.
-    That factory exists only when TVM's CUDA runtime (libtvm_runtime_cuda.so, which needs the
-    driver's libcuda.so.1) is loaded; it then calls the global `tvm_callback_cuda_compile(source)`
-    (one argument) and expects the compiled bytes back (PTX text if the first byte is '/',
-    otherwise a cubin/fatbin image, which `cuModuleLoadData` accepts either way).
-  * Without the CUDA runtime (any machine without an NVIDIA driver, e.g. the build machines here)
-    the codegen keeps a fallback module of format "cuda" that carries the source only; the callback
-    is never called and `export_library` would embed the source, to be JIT-compiled by nvcc/NVRTC
-    on the GPU machine at load time.
-
-So `compile_context` installs our nvcc fatbin callback (used whenever the runtime is present) and
-`export` makes sure the embedded device code is the fatbin in both cases: it rewrites the packed
-module blob (`__tvm_ffi__library_bin`), replacing each CUDA module that still holds source (or
-code lacking one of the archs) by a fatbin-format module compiled with nvcc.
+`compile_context` routes TVM's CUDA compile callback to nvcc (one multi-arch fatbin); `export`
+makes sure the library's packed module blob holds that fatbin even where TVM kept CUDA source
+(no CUDA runtime on the build machine), recompiling such modules with nvcc. Without a GPU,
+`static_checks` reports every kernel's ptxas registers and spills. How TVM 0.27 hands CUDA code
+over: docs/backends.md.
 """
 
 from __future__ import annotations

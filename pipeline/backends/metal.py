@@ -1,21 +1,10 @@
 """Apple GPUs: arm64 macOS host object + Metal Shading Language source, linked into a Mach-O dylib.
 
-`export_library("lib.tar")` gives lib0.o (host code, arm64-apple-macos) and devc.o (the packed
-module blob `__tvm_ffi__library_bin`: the Relax VM executable plus a "metal" module whose MSL source
-the Metal runtime compiles when the library loads). Debian's lld (`ld64.lld`) links both into
-lib.dylib (ad-hoc code-signed, as arm64 macOS requires); lib.tar is kept in the artifact too.
-
-Symbols TVM's loader (tvm-ffi `CreateLibraryModule`, via dlsym) looks up in the library:
-  __tvm_ffi__library_bin      packed modules (VM executable, Metal source); without it only host
-                              functions would load
-  __tvm_ffi__library_ctx      pointer slot the loader fills with the library module, used by host
-                              code to find the Metal kernels among the imports
-  __TVMFFIFunctionCall, __TVMFFIEnvModLookupFromImports, __TVMFFIHandleInitOnce
-                              context-symbol slots the loader fills with runtime entry points
-                              (host code calls through them)
-  __tvm_ffi_<name>            one per host function the VM calls
-dlsym names are C names; Mach-O stores them with one extra leading underscore, which
-`exported_symbols` removes.
+`export_library("lib.tar")` gives lib0.o (host code) and devc.o (the packed module blob: the VM
+executable and a "metal" module whose MSL the Metal runtime compiles at load); Debian's ld64.lld
+links both into an ad-hoc signed lib.dylib; lib.tar stays in the artifact. Without a Mac,
+`static_checks` checks that the dylib exports every symbol TVM's loader looks up
+(docs/backends.md) and that each kernel's MSL is there.
 """
 
 from __future__ import annotations

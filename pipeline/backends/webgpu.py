@@ -1,23 +1,10 @@
 """WebGPU: WGSL kernels; host code for wasm32 linked by emscripten with TVM's web runtime.
 
-The artifact's `lib.wasm` is what WebLLM loads: a standalone wasm (no JS glue) holding TVM's web
-runtime (`wasm_runtime`, `tvmjs_support`, `webgpu_runtime`), the VM executable and its host
-functions as a system library, and the WGSL kernels packed as an imported "webgpu" module.
-
-How it differs from `tvm.support.emcc.create_tvmjs_wasm`:
-  * objects are emitted as wasm objects ("o"), not LLVM bitcode: Debian's emscripten (LLVM 14)
-    cannot read the wheel's LLVM 22 bitcode;
-  * the web runtime is compiled here from the sources the apache-tvm wheel ships (tvm/web/emcc,
-    tvm/src, tvm/include, tvm_ffi/src, tvm_ffi/include) plus our own stand-ins for the ~10 small
-    headers the wheel lacks (pipeline/backends/web_runtime/), once, and cached under
-    ~/.cache/mlcpipe/web-runtime-<hash>/ (override with $MLCPIPE_CACHE_DIR); the hash covers every
-    source file, our headers, the flags and `emcc --version`. A cold build takes ~2 minutes;
-  * the link runs emcc at -O1 and then binaryen's wasm-opt at -O$MLCPIPE_WASM_OPT (default 1),
-    see _LINK_FLAGS.
-
-`web_runtime/inspect_wasm.cjs` loads a lib.wasm in node (no GPU) and prints what the runtime in
-it deserialised (VM executable as text, WebGPU function table and shaders); tests/test_webgpu.py
-uses it to check the artifact end to end.
+`lib.wasm` is what WebLLM loads: a standalone wasm holding TVM's web runtime, the VM executable
+and its host functions as a system library, and the WGSL kernels as an imported "webgpu" module.
+The web runtime is compiled here from the wheel's sources plus our stand-ins for the headers it
+lacks (web_runtime/), once, and cached; how this differs from
+`tvm.support.emcc.create_tvmjs_wasm`: docs/backends.md.
 """
 
 from __future__ import annotations

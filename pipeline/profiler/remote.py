@@ -1,20 +1,10 @@
 """Profile an artifact that runs on a TVM RPC server (`mlcpipe profile --rpc HOST:PORT`).
 
-The Relax VM instrument that `measure.profile` uses cannot work over RPC (a Python callback
-cannot be sent to the remote), so the two modes are measured this way:
-- low-overhead: the real generation runs on the remote device (`Engine(remote=...)`), each
-  forward step timed by this machine's wall clock. These times include the RPC round trips of a
-  step (token upload, ~6 remote calls, logits download); one round trip's median is reported as
-  `method.rpc_round_trip_ms`. The metrics (TTFT, prefill, decode ms/token, tok/s) come from
-  this mode, as in a local profile.
-- per-kernel: the kernel call sequence of one generation is recorded locally on llvm (the
-  artifact itself when it is an llvm one, else the same model and quantization built for llvm,
-  kernel names mapped by `kernel_map`), then every call is timed on the remote device
-  by TVM's remote `time_evaluator` with the recorded arguments: device-side time, averaged
-  over `number` back-to-back launches, no RPC in it. The kernels timed are compiled from the
-  artifact's own scheduled TIR (tir/scheduled.json) for its target, uploaded as a second
-  library: the shipped library's kernels cannot be handed to the remote time evaluator (it looks
-  names up in the loaded module's root, the VM executable, not in its imports).
+The VM instrument cannot work over RPC, so the low-overhead mode runs the real generation on the
+remote, each step timed by this machine's clock (RPC round trips included; the metrics come from
+it), and the per-kernel mode records the kernel call sequence locally on llvm and times every call
+on the remote with TVM's `time_evaluator`, on kernels compiled from the artifact's scheduled TIR
+and uploaded as a library of their own. Details: docs/profiler.md.
 """
 
 from __future__ import annotations

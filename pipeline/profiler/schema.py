@@ -1,20 +1,10 @@
 """The profile JSON (schema "mlcpipe-profile", version 1) and the statistics every report uses.
 
-Top-level keys:
-  schema, version                 "mlcpipe-profile", 1
-  model, display_name, quantization, target (TVM dict), target_name, device, num_layers
-  config      {prompt_len, gen_len, runs, warmup_runs, seed, threads}
-  metrics     {load_ms, ttft_ms, prefill_ms, prefill_tok_s, decode_ms_per_token {mean,p50,p95,p99,min,max},
-               decode_tok_s, warmup_prefill_ms [..], peak_host_memory_bytes, weight_bytes,
-               overhead {low_overhead_total_ms, per_kernel_total_ms, percent}}
-  generated_tokens [..]
-  kernels     {name: {role, bytes: {phase: bytes moved per call}}}
-  steps       [{mode: "low-overhead"|"per-kernel", run, warmup, phase: "prefill"|"decode", step, tokens, start_ms, ms,
-               first_token_ms (prefill: from the request, a new sequence, to the first token; ttft_ms is its median)}]
-  samples     [{kernel, parent: "vm"|"kv_cache", phase, step, run, warmup, start_ms, ms}]   (every kernel call)
-  method      (optional) how the samples were taken: {kind: "real run", timer: "timestamp-query",
-               runtime, adapter, bytes} for webgpu; {kind: "rpc", ...} over TVM RPC
-Statistics exclude warm-up samples (warmup: true), which stay in the file.
+Top-level keys: schema, version, model, display_name, quantization, target, target_name, device,
+num_layers, config, metrics (load, TTFT, prefill, decode percentiles, tok/s, memory, overhead),
+generated_tokens, kernels (role, bytes moved per call), steps (one per forward step and mode),
+samples (one per kernel call) and, optionally, method (how the samples were taken); field by
+field in docs/profiler.md. Statistics exclude warm-up samples (warmup: true), kept in the file.
 """
 
 from __future__ import annotations

@@ -1,53 +1,11 @@
 """Run TVM-generated WebGPU (WGSL) kernels on this machine: wgpu-py on Vulkan (lavapipe, the CPU).
 
-`run_primfunc(func, target, args)` compiles an already scheduled (thread-bound) PrimFunc for the
-webgpu target and launches its kernels the way TVM's web runtime does in the browser
-(tvm/web/src/webgpu.ts, `createShadeInternal` and the host code calling it):
-
-* the kernels and their order come from the host function: the TIR just before MakePackedAPI
-  holds one `T.call_ffi_kernel(name, buffers..., pod args..., launch extents...)` per launch,
-  interpreted here with the argument shapes (symbolic extents evaluated, host-side let bindings,
-  loops and branches followed);
-* each kernel's WGSL and function info are what the artifact ships: the serialized "webgpu"
-  module (`{name: FunctionInfo}`, `{name: WGSL}`), the function info also being
-  `inspect_source("func_info")`;
-* bindings 0..n-1 are the buffer arguments in order ("storage" where `paramWriteAccess` says the
-  kernel writes, else "read-only-storage"); binding n is a uniform `PODArgs` struct of the scalar
-  arguments (i32/u32/f32 by their arg_types) followed by `packGridDimX` (u32);
-* the grid is blockIdx.{x,y} from the launch extents; blockIdx.z is reserved: an x extent of
-  2^16 or more is folded into z (halving x, rounding up) and `packGridDimX` carries the real x
-  extent so the kernel recomputes `blockIdx.z * gridDim.x + blockIdx.x` and returns past it.
-
-TVM bug worked around here (TVM 0.27, WebGPU codegen): the early return of a packed grid is
-`if (blockIdx.z * gridDim.x + blockIdx.x > podArgs.packGridDimX) { return; }` -- `>` where `>=`
-is needed. When the x extent is >= 65536 and halving it rounds up (x not a power-of-two multiple
-that fits), one extra workgroup with index == packGridDimX runs past the end of the grid and
-reads/writes one block beyond the kernel's range (in a browser, into whatever the buffer holds
-there; with robust buffer access an exactly-sized buffer just drops the writes). Grids under
-65536 workgroups in x are unaffected. The runner patches the comparison to `>=` in the WGSL it
-compiles (PATCH_PACK_GRID_CHECK); the artifact's kernels.wgsl / lib.wasm keep TVM's code.
-
-The wgpu adapter and device are created once per process (with "shader-f16", "timestamp-query"
-and subgroups when the adapter has them, and the adapter's buffer-size limits); compiled kernels
-and pipelines are cached per process.
-
-Subgroups (kernels built for a webgpu target with `supports_subgroups: true`): wgpu-native names
-the feature "subgroup" (lavapipe: 8 lanes, llvmpipe's 256-bit SIMD; `subgroup_sizes()` measures
-them with a probe shader, since wgpu-py's adapter info only carries the spec defaults 4 and 128).
-Its WGSL front end (naga) rejects TVM's `enable subgroups;` ("this enable-extension specifies
-standard functionality which is not yet implemented in Naga") and allows subgroup operations
-once the device has the feature, so the runner drops that directive from the WGSL it compiles
-(PATCH_SUBGROUPS_ENABLE; the artifact keeps it: browsers require it). One-line errors refuse a
-kernel enabling subgroups where the device lacks the feature, and one using subgroup operations
-where the adapter's subgroups are not the target's thread_warp_size (TVM 0.27 fixes it to 32
-with subgroups) unless its workgroup is a single subgroup (1-D, at most that many invocations):
-TVM lowers cross-thread reductions for 32-lane subgroups, which gives wrong sums on 8 lanes
-(dlight's rms_norm: NaN on lavapipe).
-
-Repeated and timed calls: `prepare(func, target, args)` uploads
-the arrays (or takes `DeviceArray`s from `upload`, shared between calls) and builds everything a
-call needs once; `time_calls(calls)` dispatches prepared calls back to back and times them
-(`timer_kind()`: WebGPU timestamp queries where the adapter has them, else synchronised wall time).
+`run_primfunc(func, target, args)` compiles a scheduled (thread-bound) PrimFunc for webgpu and
+launches its kernels as TVM's web runtime does in a browser: kernel order from the host function,
+WGSL and function info from the serialized "webgpu" module, buffers bound in order plus a uniform
+PODArgs, x grids of 2^16 or more folded into z. `prepare` / `time_calls` repeat and time calls.
+TVM's packed-grid bound check is patched (PATCH_PACK_GRID_CHECK) and `enable subgroups;` dropped
+for naga (PATCH_SUBGROUPS_ENABLE). Details, the TVM bug, subgroups: docs/webgpu.md.
 """
 
 from __future__ import annotations

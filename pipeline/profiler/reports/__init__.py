@@ -1,6 +1,6 @@
 """Reports of a profile (see `..schema`): pure functions of the profile dict, one module per format.
 
-  md, text  kernel statistics tables (seed 003), then roles/bandwidth and the run summary (`tables`)
+  md, text  kernel statistics tables, then roles/bandwidth and the run summary (`tables`)
   events    count/total/avg/min/max/p95/p99 per phase, parent/op, kernel, role, matmul shape (`events`)
   phase     per-phase "GPU Profile Report" blocks and TTFT / tok/s / [metrics] lines (`phase`)
   csv       one row per kernel per phase (`csvfmt`)
