@@ -14,13 +14,10 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from .config import short_repr, short_text
+from .errors import ArtifactError
 
 MANIFEST = "manifest.json"
 RUNTIME_CONFIG = "mlc-chat-config.json"
-
-
-class ArtifactError(ValueError):
-    """A user-facing error about an artifact or weights directory."""
 
 
 @contextlib.contextmanager

@@ -16,18 +16,12 @@ from .backends import backend
 from .kernel_info import kernel_roles, kv_cache_kernel_slots, launch_config
 from .config import REPO_ROOT, ModelConfig, check_quantization
 from .mlc_contract import mlc_chat_config
-from .model import MODELS
+from .model.create import create_model
 from .model.sampler import attach_sampler
 from .passes import run_pipeline
 from .passes.function_table import DEFAULT_MAX_BATCH_SIZE, AttachMetadata, add_kv_cache_alias
 from .tuning import TuningDB, default_db_path
-from .quantization import QUANTIZATIONS
 from .targets import TargetSpec
-
-# TIR-level CommonSubexprElim breaks TVM's own batch_tree_attn kernel at Llama-3.2-1B shapes on GPU
-# targets ("variable cse_vN has been used before definition", TVM 0.27). GPU shader compilers
-# (nvcc, Metal, Tint/Dawn) run their own CSE, so it is turned off for them.
-TIR_CONFIG = {kind: {"tirx.disable_cse_tir": True} for kind in ("cuda", "metal", "webgpu")}
 
 TIR_SNAPSHOTS = {"fuse-tir": "unscheduled.json", "schedule": "scheduled.json"}
 
@@ -40,13 +34,6 @@ def default_output(config: ModelConfig, quant: str, target: TargetSpec) -> Path:
     """artifacts/<model>-<quant>-<target> ($MLCPIPE_ARTIFACTS overrides the artifacts dir)."""
     root = Path(os.environ.get("MLCPIPE_ARTIFACTS", REPO_ROOT / "artifacts"))
     return root / f"{config.name}-{quant}-{target.name}"
-
-
-def create_model(config: ModelConfig, quant: str, target: tvm.target.Target):
-    """The Relax nn.Module of `config`, quantized by `quant`."""
-    scheme = QUANTIZATIONS[quant]
-    model = MODELS[config.architecture]["module"](config, scheme.model_dtype, target)
-    return scheme.quantize_model(model)
 
 
 def export_model(config: ModelConfig, quant: str, target: tvm.target.Target):
@@ -189,7 +176,7 @@ def build(
         )
         log("[mlcpipe] generating code")
         target_backend = backend(target.kind)
-        with tvm_target, target_backend.compile_context(target), tvm.transform.PassContext(config=TIR_CONFIG.get(target.kind, {})):
+        with tvm_target, target_backend.compile_context(target), tvm.transform.PassContext(config=target_backend.PASS_CONFIG):
             executable = relax.build(mod, tvm_target, relax_pipeline=None)
         target_backend.export(executable, target, tmp)
         if target_backend.SOURCE_FILE:

@@ -30,9 +30,7 @@ class _UserErrors(click.Group):
     """Turn known user-facing errors into a one-line message and exit status 2."""
 
     def invoke(self, ctx):
-        from .artifact import ArtifactError
-        from .config import ConfigError
-        from .profiler.schema import ProfileError
+        from .errors import ArtifactError, ConfigError, ProfileError
 
         try:
             return super().invoke(ctx)
@@ -349,12 +347,9 @@ def profile(ctx, artifact, model, quant, target_name, weights, prompt_len, gen_l
         if hasattr(engine, "close"):
             engine.close()
     if peak_gbps is None:
-        from .targets import load_target
+        from .targets import preset_peak_gbps
 
-        try:
-            peak_gbps = load_target(data["target_name"]).peak_gbps
-        except Exception:  # a preset removed since the build: no peak column
-            peak_gbps = None
+        peak_gbps = preset_peak_gbps(data["target_name"])
     data["peak_gbps"] = peak_gbps
     if save_json:
         save_profile(data, save_json)

@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from .errors import ConfigError
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = Path(os.environ.get("MLCPIPE_CONFIGS", REPO_ROOT / "configs"))
 MODELS_DIR = CONFIG_DIR / "models"
@@ -24,10 +26,6 @@ MODELS_DIR = CONFIG_DIR / "models"
 SUPPORTED_ARCHITECTURES = ("llama",)
 DEFAULT_MAX_BATCH_SIZE = 80  # MLC-LLM's compile-time batch bound (`max_batch_size` of its model configs)
 DEFAULT_CONV_TEMPLATE = "LM"  # plain completion (pipeline/conv_templates.py)
-
-
-class ConfigError(ValueError):
-    """A user-facing configuration error (one line: file, field, value, what is allowed)."""
 
 
 MAX_YAML_BYTES = 1 << 20  # a model / target / matrix YAML is a few KiB; refuse anything past 1 MiB

@@ -12,8 +12,9 @@ from pathlib import Path
 import numpy as np
 import tvm
 
-from .artifact import RUN_FIELDS, RUNTIME_CONFIG, ArtifactError, read_json, read_manifest, verified, verified_library
+from .artifact import RUN_FIELDS, RUNTIME_CONFIG, read_json, read_manifest, verified, verified_library
 from .config import short_repr
+from .errors import ArtifactError
 from .kernel_inputs import kernel_args, symbolic_dims
 from .quantization import QUANTIZATIONS, TOLERANCE
 from .roles import WEIGHT_ROLES

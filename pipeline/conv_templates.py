@@ -1,14 +1,7 @@
 """Named conversation templates, in MLC-LLM's `Conversation` format (the `conv_template` object of
 mlc-chat-config.json). A model YAML names one (`conv_template: llama-3`) or gives a mapping with
-the same fields; both are validated by `pipeline.config.parse_conv_template`.
-
-The prompt a runtime builds from a template (MLC-LLM's `Conversation.as_prompt`, WebLLM's
-`Conversation.getPromptArray`):
-
-    system_prefix_token_ids + system_template.replace("{system_message}", system_message)
-    + for each (role, content): roles[role] + role_content_sep
-                                + role_templates[role].replace("{<role>_message}", content) + seps[..]
-    + roles["assistant"] + role_empty_sep            (the turn the model completes)
+the same fields; both are validated by `pipeline.config.parse_conv_template`. The prompt a
+runtime builds from a template: docs/model.md.
 
 Kept in code (not under configs/) so that the nightly cache key, which hashes every file under
 pipeline/, changes when a template does.

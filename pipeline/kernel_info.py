@@ -12,7 +12,7 @@ import re
 import tvm
 from tvm import relax
 
-from .roles import role_by_name, role_of_param
+from .roles import ROLES, role_by_name, role_of_param
 
 
 def kernel_roles(mod: tvm.IRModule, param_names: list[str]) -> dict[str, str]:

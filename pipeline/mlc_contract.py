@@ -15,8 +15,9 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from .artifact import MANIFEST, RUNTIME_CONFIG, ArtifactError, confined, read_json, read_manifest
+from .artifact import MANIFEST, RUNTIME_CONFIG, confined, read_json, read_manifest
 from .config import DEFAULT_CONV_TEMPLATE, ModelConfig, parse_conv_template, short_repr
+from .errors import ArtifactError
 
 MLC_CHAT_CONFIG_VERSION = "0.1.0"
 TENSOR_CACHE = "tensor-cache.json"

@@ -10,25 +10,12 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .artifact import RUNTIME_CONFIG, ArtifactError, verified_library
+from .artifact import RUNTIME_CONFIG, verified_library
+from .backends import backend
+from .errors import ArtifactError
 from .generation import Generation
 from .weights import TENSOR_CACHE
 
-
-METAL_HINT = "metal artifacts run on a Mac: serve `python -m tvm.exec.rpc_server` there and pass --rpc HOST:PORT"
-
-
-def _device_for(target_kind: str) -> tvm.runtime.Device:
-    if target_kind == "llvm":
-        return tvm.cpu()
-    if target_kind == "cuda" and tvm.cuda(0).exist:
-        return tvm.cuda(0)
-    if target_kind == "metal":
-        if tvm.metal(0).exist:  # a Mac whose TVM has the Metal runtime
-            return tvm.metal(0)
-        raise ArtifactError(METAL_HINT)
-    runnable = ["llvm"] + (["cuda"] if tvm.cuda(0).exist else [])
-    raise ArtifactError(f"artifact target '{target_kind}' cannot run on this machine (runnable here: {', '.join(runnable)})")
 
 
 class Engine(Generation):
@@ -46,7 +33,7 @@ class Engine(Generation):
         started = time.perf_counter()
         library = verified_library(self.artifact, self.manifest)  # a corrupt library can crash the process
         if remote is None:
-            self.device = _device_for(kind)
+            self.device = backend(kind).local_device()
             self.lib = tvm.runtime.load_module(str(library))
         else:
             from .rpc import describe, remote_device, upload_library
@@ -222,7 +209,7 @@ def library_kernel_runner(artifact: Path, manifest: dict, remote=None):
     library = verified_library(Path(artifact), manifest)  # a corrupt library can crash the process
     kind = manifest["target"]["kind"]
     if remote is None:
-        device = _device_for(kind)
+        device = backend(kind).local_device()
         lib = tvm.runtime.load_module(str(library))
     else:
         from .rpc import describe, remote_device, upload_library

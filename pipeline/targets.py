@@ -9,7 +9,8 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .config import CONFIG_DIR, ConfigError, load_yaml, short_repr
+from .config import CONFIG_DIR, load_yaml, short_repr
+from .errors import ConfigError
 
 TARGETS_DIR = CONFIG_DIR / "targets"
 
@@ -188,6 +189,16 @@ def _check_cuda_archs(where: str, archs: list) -> None:
             head = f"{where} {short_repr(arch)}:" if where.startswith("--") else f"{where}: got {short_repr(arch)};"
             raise ConfigError(f"{head} not an arch nvcc compiles for; allowed: {', '.join(allowed)} "
                               f"(and sm_XYa for XY >= 90, sm_XYf for XY >= 100; {source})")
+
+
+def preset_peak_gbps(name: str) -> float | None:
+    """Peak memory bandwidth of target preset `name` (reports' % of peak); None when the preset
+    says none, or no longer loads (removed or renamed since the profile was taken)."""
+    try:
+        peak = load_target(name).peak_gbps
+    except ConfigError:
+        return None
+    return peak or None
 
 
 def _check_webgpu_subgroups(path: Path, raw: dict[str, Any]) -> None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .artifact import ArtifactError
 from .config import short_text
+from .errors import ArtifactError
 
 
 class Tokenizer:

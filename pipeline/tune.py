@@ -1,15 +1,11 @@
 """`mlcpipe tune`: measure each kernel's knob candidates on the target, keep the fastest.
 
-For every kernel of the model (after fusion, before scheduling) the first schedule rule that
-takes it (schedules.RULES order) lists its candidates (`knob_space`); each candidate is
-compiled, run on seeded inputs of the kernel's real shapes (symbolic token dims bound to
-`tokens`: 1 for decode kernels has no symbolic dim anyway, prefill kernels get the prompt
-size), checked against the rule's default knobs, and timed with TVM's time_evaluator (best
-of `repeat`). Winners go into the tuning database (pipeline/tuning.py), which `mlcpipe build`
-applies. A candidate whose output differs is rejected and reported, never chosen.
-
-Timing needs the target's device: llvm runs here; cuda needs a GPU (the lent H100); WebGPU on
-lavapipe and Metal cannot rank GPU schedules on this machine and are refused.
+For every kernel (after fusion, before scheduling) the first rule that takes it lists its
+candidates (`knob_space`); each is compiled, run on seeded inputs of the kernel's real shapes,
+checked against the rule's default knobs and timed (time_evaluator, best of `repeat`). Winners go
+into the tuning database (pipeline/tuning.py) that `mlcpipe build` applies; a candidate whose
+output differs is rejected and reported. Timing needs the target's device (the backend's
+`timing_device`). Details: docs/tuning.md.
 """
 
 from __future__ import annotations
@@ -61,13 +57,10 @@ def timing_device(kind: str):
 def unscheduled_kernels(config: ModelConfig, quant: str, target: tvm.target.Target) -> dict[str, tvm.tirx.PrimFunc]:
     """The model's PrimFuncs after fusion (dequantize fused into its matmul), before scheduling."""
     from .build import export_model
-    from .passes.pipeline import _phases
+    from .passes import run_pipeline
 
     mod, _ = export_model(config, quant, target)
-    phases = dict(_phases(target.kind.name))
-    with target:
-        for name in ("fuse-high-level", "lower", "fuse-tir"):
-            mod = tvm.transform.Sequential(phases[name])(mod)
+    mod = run_pipeline(mod, target, until="fuse-tir")
     return {gv.name_hint: f for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
 
 

@@ -1,14 +1,10 @@
 """`mlcpipe tune --tuner metaschedule`: TVM MetaSchedule searches a kernel's schedule, and wins
 only if it beats the schedule our rules give.
 
-For every static-shape kernel (decode GEMVs, norms, element-wise ops; the symbolic token dim of
-prefill kernels cannot be sampled by MetaSchedule's tiling) MetaSchedule runs `trials` candidate
-schedules through its local builder and runner (random cost model: xgboost is not a dependency),
-then we rebuild its best one from the trace, check its output against the schedule `mlcpipe
-build` would use today (our rules, or the database's record), and time both with the same timer.
-The MetaSchedule trace goes into the tuning database only when it is faster; either way the
-report shows both. Timing needs the device, as for the knob tuner (pipeline/tune.py); MetaSchedule
-itself refuses WebGPU targets.
+For every static-shape kernel MetaSchedule runs `trials` candidates (local builder and runner,
+random cost model); its best one, rebuilt from the trace, is checked against and timed with the
+schedule `mlcpipe build` would use today. The trace goes into the tuning database only when it is
+faster. Details: docs/tuning.md.
 """
 
 from __future__ import annotations

@@ -1,19 +1,10 @@
 """The tuning database: which schedule rule and knobs each kernel gets on a target.
 
 A JSON file (default `artifacts/tuning/<target name>.json`, `$MLCPIPE_TUNING_DB` overrides):
-
-    {"schema": "mlcpipe-tuning", "version": 1,
-     "records": {"<target key>": {"<kernel signature>": {
-         "kernel": "fused_dequantize2_NT_matmul2_cast2", "rule": "DecodeGEMVQ4",
-         "knobs": {"lanes": 16, "rows": 4}, "ms": 0.61, "default_ms": 0.74,
-         "sizes": {"seq_len": 1}, "candidates": [{"knobs": {...}, "ms": ...}, ...]}}}}
-
-`mlcpipe tune --tuner metaschedule` writes records with "rule": "MetaSchedule", empty knobs and
-"trace": the best schedule's MetaSchedule trace as TVM JSON (schedules/trace_replay.py).
-
-The target key is the target's JSON (kind, mcpu/arch, ...), so one file can hold several CPUs;
-the kernel signature (schedules.signature) ignores names, so a record serves every model that
-has the same kernel. `mlcpipe tune` writes it (pipeline/tune.py); `mlcpipe build` reads it.
+records keyed by the target's JSON, then by kernel signature (schedules.signature; names ignored,
+so a record serves every model with that kernel): the rule, its knobs, the timings and the
+candidates tried, or "rule": "MetaSchedule" with its trace. `mlcpipe tune` writes it, `mlcpipe
+build` reads it. The format: docs/tuning.md.
 """
 
 from __future__ import annotations
@@ -24,8 +15,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .artifact import ArtifactError, sha256_file
+from .artifact import sha256_file
 from .config import REPO_ROOT, short_repr, short_text
+from .errors import ArtifactError
 
 SCHEMA, VERSION = "mlcpipe-tuning", 1
 

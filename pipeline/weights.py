@@ -15,8 +15,9 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from .artifact import RUNTIME_CONFIG, ArtifactError, atomic_directory, confined, read_json, sha256_file, verify_bytes, write_json
-from .config import ConfigError, ModelConfig, check_quantization, short_repr
+from .artifact import RUNTIME_CONFIG, atomic_directory, confined, read_json, sha256_file, verify_bytes, write_json
+from .config import ModelConfig, check_quantization, short_repr
+from .errors import ArtifactError, ConfigError
 from .mlc_contract import TENSOR_CACHE, copy_tokenizer_files, detect_tokenizer_info, mlc_chat_config
 from .model import MODELS
 from .quantization import QUANTIZATIONS
@@ -245,7 +246,7 @@ def expected_parameters(config: ModelConfig, quant: str) -> list[tuple[str, tupl
     """(name, shape, dtype) of every stored parameter, in the order the compiled model takes them."""
     from tvm.target import Target
 
-    from .build import create_model
+    from .model.create import create_model
 
     model = create_model(config, quant, Target({"kind": "llvm"}))
     return [(name, tuple(int(s) for s in p.shape), p.dtype) for name, p in model.named_parameters()]

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import tvm
 from tvm import tirx
-from tvm.s_tir import Schedule, Trace
+from tvm.s_tir import Schedule, ScheduleError, Trace
 
 RULE_NAME = "MetaSchedule"
 
@@ -22,10 +22,14 @@ def trace_to_json(trace: Trace) -> str:
 
 
 def replay(func: tirx.PrimFunc, trace_json: str) -> Schedule | None:
-    """`func` scheduled by the stored trace, or None when the trace does not fit `func`."""
+    """`func` scheduled by the stored trace, or None when the trace does not fit `func`. A stored
+    value that is no trace at all raises (ValueError): the database is broken, not the kernel."""
+    trace = tvm.ir.load_json(trace_json)
     sch = Schedule(func)
     try:
-        Trace.apply_json_to_schedule(tvm.ir.load_json(trace_json), sch)
-    except Exception:  # noqa: BLE001 - a trace recorded on another kernel: the caller falls back to the rules
+        Trace.apply_json_to_schedule(trace, sch)
+    # recorded on another kernel: a block or loop it names is not there (ScheduleError), or an
+    # instruction gets another number of loops / blocks back than it recorded (InternalError)
+    except (ScheduleError, tvm.error.InternalError):
         return None
     return sch

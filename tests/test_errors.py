@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 import yaml
 
-from pipeline.artifact import ArtifactError, atomic_directory
-from pipeline.config import ConfigError, MODELS_DIR, load_model_config
+from pipeline.artifact import atomic_directory
+from pipeline.config import MODELS_DIR, load_model_config
+from pipeline.errors import ArtifactError, ConfigError
 from pipeline.targets import detect_host_cpu, load_target
 from pipeline.weights import convert_weights
 

@@ -23,7 +23,7 @@ import tvm
 from pipeline.build import export_model
 from pipeline.config import load_model_config
 from pipeline.kernel_inputs import random_args
-from pipeline.passes.pipeline import _phases
+from pipeline.passes import run_pipeline
 from pipeline.quantization import TOLERANCE
 from pipeline.runners import webgpu as runner
 from pipeline.targets import load_target
@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 DECODE_GEMV = re.compile(r"(fused_)?(dequantize\d*_)?NT_matmul\d*(_\w+)?")
 
 
-def _copy(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
+def copy_func(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
     return tvm.ir.load_json(tvm.ir.save_json(func))
 
 
@@ -42,10 +42,7 @@ def fused_kernels(model: str, quant: str, target_name: str = "webgpu") -> dict[s
     """{name: PrimFunc} of `model` after the fuse-tir phase (the input of the schedule phase)."""
     target = load_target(target_name).tvm_target()
     mod, _ = export_model(load_model_config(model), quant, target)
-    phases = dict(_phases(target_name))
-    with target:
-        for name in ("fuse-high-level", "lower", "fuse-tir"):
-            mod = tvm.transform.Sequential(phases[name])(mod)
+    mod = run_pipeline(mod, target, until="fuse-tir")
     return {gv.name_hint: f for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
 
 
@@ -58,7 +55,7 @@ def decode_gemvs(funcs: dict[str, tvm.tirx.PrimFunc]) -> dict[str, tvm.tirx.Prim
 
 
 def run_llvm(func: tvm.tirx.PrimFunc, args: list[np.ndarray]) -> list[np.ndarray]:
-    lib = tvm.compile(tvm.IRModule({"main": _copy(func).with_attr("global_symbol", "main")}), target=load_target("llvm").tvm_target())
+    lib = tvm.compile(tvm.IRModule({"main": copy_func(func).with_attr("global_symbol", "main")}), target=load_target("llvm").tvm_target())
     tensors = [tvm.runtime.tensor(a, tvm.cpu()) for a in args]
     lib["main"](*tensors)
     return [t.numpy() for t in tensors]
@@ -68,7 +65,7 @@ def check_on_lavapipe(rule, name: str, func: tvm.tirx.PrimFunc, seed: int = 0) -
     """Schedule `func` with `rule` for webgpu, run it on lavapipe, compare with llvm; rel err."""
     target = load_target("webgpu").tvm_target()
     with target:
-        sch = rule.apply(_copy(func), target, False)
+        sch = rule.apply(copy_func(func), target, False)
     assert sch is not None, f"{type(rule).__name__} declined {name}"
     scheduled = sch.mod["main"]
     assert "thread_binding" in scheduled.script()
@@ -256,14 +253,14 @@ def test_gemv_dequant_declines_what_it_does_not_handle(tiny_q4):
     assert prefill and len(others) >= 4
     with webgpu:
         for name in prefill + others:
-            assert rule.apply(_copy(tiny_q4[name]), webgpu, False) is None, name
-            assert rule.knob_space(_copy(tiny_q4[name]), webgpu) == {}, name
+            assert rule.apply(copy_func(tiny_q4[name]), webgpu, False) is None, name
+            assert rule.knob_space(copy_func(tiny_q4[name]), webgpu) == {}, name
         assert rule.apply(_symbolic_k, webgpu, False) is None
         assert rule.apply(_many_rows, webgpu, False) is None
     llvm = load_target("llvm").tvm_target()
     decode = sorted(decode_gemvs(tiny_q4))[0]
     with llvm:
-        assert rule.apply(_copy(tiny_q4[decode]), llvm, False) is None  # not a GPU target
+        assert rule.apply(copy_func(tiny_q4[decode]), llvm, False) is None  # not a GPU target
 
 
 def test_knob_space_values_schedule_as_given(tiny_q4):
@@ -282,7 +279,7 @@ def test_knob_space_values_schedule_as_given(tiny_q4):
                 fits = 32 % (threads * vec) == 0 and threads * space["rows"][-1] <= 1024
                 assert candidate.valid(func, target) == fits, (threads, vec)
                 if fits:
-                    assert candidate.apply(_copy(func), target, False) is not None
+                    assert candidate.apply(copy_func(func), target, False) is not None
 
 
 def test_rule_lists_per_target():

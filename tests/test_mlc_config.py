@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.artifact import ArtifactError
 from pipeline.build import build
-from pipeline.config import ConfigError, load_model_config, parse_model_config
+from pipeline.config import load_model_config, parse_model_config
 from pipeline.conv_templates import CONV_TEMPLATES
+from pipeline.errors import ArtifactError, ConfigError
 from pipeline.mlc_contract import (
     DEFAULT_TOKENIZER_INFO,
     REQUIRED_CONFIG_FIELDS,

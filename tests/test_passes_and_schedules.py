@@ -12,8 +12,7 @@ from tvm import te
 
 from pipeline.build import build, export_model
 from pipeline.kernel_inputs import random_args
-from pipeline.passes import PHASES
-from pipeline.passes.pipeline import _phases
+from pipeline.passes import PHASES, phase_passes, run_pipeline
 from pipeline.quantization import QUANTIZATIONS
 from pipeline.roles import WEIGHT_ROLES
 from pipeline.targets import load_target
@@ -50,7 +49,19 @@ def test_ir_dump_after_each_phase(tiny_q4_artifact):
     # the final decode function never calls a standalone dequantize
     final = (tiny_q4_artifact / "ir" / "05-finalize.py").read_text()
     assert not re.search(r"\bdequantize\d*\b(?!_)", final.split("def decode(")[1].split("@R.function")[0].replace("fused_dequantize", "").replace("take_dequantize", ""))
-    assert tuple(name for name, _ in _phases("llvm")) == PHASES
+    assert tuple(name for name, _ in phase_passes("llvm")) == PHASES
+
+
+def test_run_pipeline_stops_after_the_phase_asked(tiny_config):
+    target = load_target("llvm").tvm_target()
+    mod, _ = export_model(tiny_config, "q4f32_1", target)
+    with pytest.raises(ValueError, match="until='tune': not a phase; allowed: fuse-high-level, lower"):
+        run_pipeline(mod, target, until="tune")
+    seen = []
+    fused = run_pipeline(mod, target, on_phase=lambda name, _: seen.append(name), until="fuse-tir")
+    assert seen == ["fuse-high-level", "lower", "fuse-tir"]
+    names = [gv.name_hint for gv, f in fused.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    assert any(n.startswith("fused_dequantize") and "NT_matmul" in n for n in names)
 
 
 def _run(func: tvm.tirx.PrimFunc, args: list[np.ndarray]) -> np.ndarray:
@@ -65,10 +76,7 @@ def _run(func: tvm.tirx.PrimFunc, args: list[np.ndarray]) -> np.ndarray:
 def test_matmul_rule_keeps_numerics(quant, tiny_config):
     target = load_target("llvm").tvm_target()
     mod, _ = export_model(tiny_config, quant, target)
-    phases = dict(_phases("llvm"))
-    with target:
-        for name in ("fuse-high-level", "lower", "fuse-tir"):
-            mod = tvm.transform.Sequential(phases[name])(mod)
+    mod = run_pipeline(mod, target, until="fuse-tir")
     matmuls = [(gv.name_hint, f) for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc) and "NT_matmul" in gv.name_hint]
     assert len(matmuls) >= 8  # 4 linears x (decode, prefill) + lm_head
     for name, func in matmuls:

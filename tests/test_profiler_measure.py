@@ -4,12 +4,15 @@ inside the KV cache), iteration counts match the model, warm-up kept apart."""
 from __future__ import annotations
 
 import json
+import statistics
+import time
 from collections import Counter
 
+import numpy as np
 import pytest
 
 from pipeline.build import build
-from pipeline.profiler.measure import profile
+from pipeline.profiler.measure import profile, run_once
 from pipeline.profiler.schema import kernel_stats
 from pipeline.runtime import Engine
 from pipeline.targets import load_target
@@ -67,6 +70,36 @@ def test_metrics_are_consistent(tiny_profile):
     # an embedding lookup reads its tokens' rows, not the table: one token id + one f16 row
     assert tiny_profile["kernels"]["take_dequantize"]["bytes"]["decode"] == 4 + 128 * 2
     json.dumps(tiny_profile)  # JSON-ready
+
+
+class _SlowToStart:
+    """An engine whose new sequence takes 30 ms and prefill 10 ms."""
+
+    def reset(self):
+        time.sleep(0.03)
+
+    def prefill(self, prompt):
+        time.sleep(0.01)
+        return np.arange(8.0)
+
+    def decode(self, token):
+        return np.arange(8.0)
+
+
+def test_ttft_counts_from_the_request_to_the_first_token():
+    steps: list[dict] = []
+    assert run_once(_SlowToStart(), [1, 2, 3], 2, None, None, 0, steps) == [7, 7]
+    prefill = steps[0]
+    assert prefill["phase"] == "prefill" and 10e6 <= prefill["ns"] < 30e6
+    assert prefill["first_token_ns"] >= 40e6  # the new sequence, then the prefill, then the token
+
+
+def test_ttft_is_not_the_prefill_time(tiny_profile):
+    m = tiny_profile["metrics"]
+    low = [s for s in tiny_profile["steps"] if s["mode"] == "low-overhead" and s["phase"] == "prefill" and not s["warmup"]]
+    assert len(low) == RUNS and all(s["first_token_ms"] > s["ms"] for s in low)
+    assert m["ttft_ms"] == pytest.approx(statistics.median(s["first_token_ms"] for s in low))
+    assert m["ttft_ms"] > m["prefill_ms"]
 
 
 def test_cli_profile_builds_once_then_reuses(tmp_path, monkeypatch):

@@ -14,8 +14,7 @@ from html.parser import HTMLParser
 
 import pytest
 
-from pipeline.profiler.reports import FORMATS, parse_table, parse_tables, render
-from pipeline.profiler.reports._common import ROLES, matmul_shape, percentile
+from pipeline.profiler.reports import FORMATS, ROLES, matmul_shape, parse_table, parse_tables, percentile, render
 from pipeline.profiler.schema import device_kernel_name, kernel_stats, measured_samples, validate
 from pipeline.roles import ROLE_OF_NAME, ROLE_OF_PARAM, WEIGHT_ROLES
 
@@ -231,6 +230,23 @@ def test_peak_bandwidth_default_and_missing(prof):
     with_peak = {**unknown, "peak_gbps": 10.0}
     rows = parse_table(render(with_peak, "md"), "Roles and bandwidth")
     assert rows and all(_near_pct_of_peak(r, 10.0) for r in rows)
+
+
+def test_peak_bandwidth_lookup_hides_only_a_preset_that_is_gone(monkeypatch):
+    from pipeline import targets
+    from pipeline.profiler.reports import resolve_peak_gbps
+
+    assert resolve_peak_gbps({"target_name": "llvm"}, None) == targets.load_target("llvm").peak_gbps
+    assert resolve_peak_gbps({"target_name": "no-such-preset"}, None) is None  # removed since the run
+
+    def broken(name, overrides=None):
+        raise OSError(f"{name}: cannot read /proc/cpuinfo")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(targets, "load_target", broken)  # a real error is not a missing column
+        with pytest.raises(OSError, match="cannot read /proc/cpuinfo"):
+            resolve_peak_gbps({"target_name": "llvm"}, None)
+    assert targets.preset_peak_gbps("no-such-preset") is None and targets.preset_peak_gbps("llvm") > 0
 
 
 def test_run_summary(prof):

@@ -66,6 +66,10 @@ def test_every_kernel_call_of_the_real_run_is_timed(measured, f32_artifacts, tin
     steps = Counter((s["mode"], s["phase"]) for s in measured["steps"] if not s["warmup"])
     assert steps == {("low-overhead", "prefill"): RUNS, ("per-kernel", "prefill"): RUNS,
                      ("low-overhead", "decode"): RUNS * (GEN - 1), ("per-kernel", "decode"): RUNS * (GEN - 1)}  # fmt: skip
+    # time to first token: from the request (a new sequence) through both prefill chunks to the token
+    low = [s for s in measured["steps"] if s["mode"] == "low-overhead" and s["phase"] == "prefill" and not s["warmup"]]
+    assert all(s["first_token_ms"] > s["ms"] for s in low)
+    assert measured["metrics"]["ttft_ms"] == pytest.approx(float(np.median([s["first_token_ms"] for s in low])))
 
 
 def test_profiled_run_generates_the_llvm_tokens(measured, f32_artifacts):

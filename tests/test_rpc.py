@@ -270,6 +270,7 @@ def test_rpc_profile(llvm_art, servers, tmp_path):
     data = json.loads(out.read_text())
     assert data["method"]["kind"] == "rpc" and data["method"]["rpc_round_trip_ms"] > 0
     assert data["metrics"]["prefill_ms"] > 0 and data["metrics"]["decode_ms_per_token"]["p50"] > 0
+    assert data["metrics"]["ttft_ms"] > data["metrics"]["prefill_ms"]  # from the request: new sequence, prefill, token
     kernels = {s["kernel"] for s in data["samples"]}
     assert {"rms_norm", "take_dequantize", "tir_kv_cache_transpose_append", "batch_prefill_paged_kv_cpu", "batch_decode_paged_kv_cpu"} <= kernels
     assert all(s["ms"] > 0 for s in data["samples"])

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import pytest
 import tvm
 from click.testing import CliRunner
 
@@ -174,6 +175,27 @@ def test_metaschedule_search_is_checked_timed_and_its_trace_replayed_by_build(ti
     engine = Engine(artifact, params)
     ref = ReferenceLlama(hf_config(tiny_config), as_model_sees_it(quant, weights))
     check_against_reference(engine, ref, QUANTIZATIONS[quant].model_dtype, PROMPT, 4)
+
+
+def test_trace_replay_falls_back_only_when_the_trace_does_not_fit():
+    from tvm import te
+    from tvm.s_tir import Schedule
+
+    from schedules.trace_replay import replay, trace_to_json
+
+    def double(block: str, shape: tuple[int, ...]):
+        a = te.placeholder(shape, "float32", name="A")
+        return te.create_prim_func([a, te.compute(shape, lambda *i: a[i] * 2, name=block)])
+
+    sch = Schedule(double("B", (64, 64)))
+    rows, _ = sch.get_loops(sch.get_sblock("B"))
+    sch.parallel(sch.split(rows, [None, 8])[0])
+    trace = trace_to_json(sch.trace)
+    assert replay(double("B", (64, 64)), trace) is not None
+    assert replay(double("C", (64, 64)), trace) is None  # no block B
+    assert replay(double("B", (64,)), trace) is None  # one loop where the trace had two
+    with pytest.raises(ValueError, match="trace"):  # not a trace at all: a broken database is reported
+        replay(double("B", (64, 64)), tvm.ir.save_json(tvm.runtime.convert([1, 2])))
 
 
 def test_metaschedule_tuner_errors_are_one_line(tmp_path):

@@ -21,7 +21,7 @@ from tvm.script import tirx as T
 from pipeline.backends import webgpu as backend
 from pipeline.build import build, export_model
 from pipeline.kernel_inputs import random_args
-from pipeline.passes.pipeline import _phases
+from pipeline.passes import run_pipeline
 from pipeline.roles import ROLES
 from pipeline.runners import webgpu as runner
 from pipeline.targets import load_target
@@ -86,10 +86,7 @@ def unscheduled(request, tiny_config):
     """(quant, {name: unscheduled PrimFunc}) after fuse-tir, for the webgpu target."""
     target = load_target("webgpu").tvm_target()
     mod, _ = export_model(tiny_config, request.param, target)
-    phases = dict(_phases("webgpu"))
-    with target:
-        for name in ("fuse-high-level", "lower", "fuse-tir"):
-            mod = tvm.transform.Sequential(phases[name])(mod)
+    mod = run_pipeline(mod, target, until="fuse-tir")
     funcs = {gv.name_hint: f for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
     return request.param, funcs
 

@@ -21,7 +21,7 @@ import tvm
 
 from pipeline.build import export_model
 from pipeline.config import parse_model_config
-from pipeline.passes.pipeline import _phases
+from pipeline.passes import run_pipeline
 from pipeline.runners import webgpu as runner
 from pipeline.targets import load_target
 
@@ -64,10 +64,7 @@ def case(request):
     heads, kv_heads, quant = CASES[request.param]
     target = load_target("webgpu").tvm_target()
     mod, _ = export_model(_config(heads, kv_heads), quant, target)
-    phases = dict(_phases("webgpu"))
-    with target:
-        for name in ("fuse-high-level", "lower", "fuse-tir", "schedule"):
-            mod = tvm.transform.Sequential(phases[name])(mod)
+    mod = run_pipeline(mod, target, until="schedule")
     dtype = "float16" if quant.endswith("f16_1") else "float32"
     return heads, kv_heads, dtype, {name: mod[name] for name in KERNELS}
 

@@ -22,7 +22,9 @@ import yaml
 from pipeline.build import build
 from pipeline.config import MODELS_DIR, load_model_config
 from pipeline.runners.browser import chromium_path
-from pipeline.runners.dawn import RunnerError, WebGPUEngine, node_modules
+from pipeline.errors import RunnerError
+from pipeline.runners import node_modules
+from pipeline.runners.dawn import WebGPUEngine
 from pipeline.targets import load_target
 
 CHUNK = 16

@@ -15,7 +15,8 @@ from pipeline.build import build
 from pipeline.cli import main
 from pipeline.quantization import QUANTIZATIONS
 from pipeline.runners import dawn
-from pipeline.runners.dawn import RunnerError, WebGPUEngine
+from pipeline.errors import RunnerError
+from pipeline.runners.dawn import WebGPUEngine
 from pipeline.targets import load_target
 from pipeline.weights import convert_weights
 

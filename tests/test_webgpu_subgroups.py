@@ -16,13 +16,13 @@ import pytest
 import tvm
 from tvm.script import tirx as T
 
-from pipeline.config import ConfigError
+from pipeline.errors import ConfigError
 from pipeline.kernel_inputs import random_args
 from pipeline.runners import webgpu as runner
 from pipeline.targets import load_target
 from schedules.gpu.gemv_dequant import GEMVDequant
 
-from .test_gpu_rules import _copy, decode_gemvs, fused_kernels, run_llvm
+from .test_gpu_rules import copy_func, decode_gemvs, fused_kernels, run_llvm
 
 
 def _adapter() -> tuple[str | None, tuple[int, int] | None]:
@@ -160,7 +160,7 @@ def f16_inputs(n: int, k: int, seed: int = 0) -> tuple[list[np.ndarray], np.ndar
 
 def schedule(func: tvm.tirx.PrimFunc, target, rule: GEMVDequant) -> tvm.tirx.PrimFunc:
     with target:
-        sch = rule.apply(_copy(func), target, False)
+        sch = rule.apply(copy_func(func), target, False)
     assert sch is not None, rule
     return sch.mod["main"]
 
@@ -278,15 +278,12 @@ def test_fallback_without_subgroups_uses_shared_memory_on_lavapipe():
 
 
 @needs_adapter
-def test_subgroup_kernel_without_the_feature_is_a_one_line_error(monkeypatch):
-    without = runner._STATE["features"] - {"subgroups"}
-    monkeypatch.setitem(runner._STATE, "features", without)
-    monkeypatch.setattr(runner, "_PIPELINES", {})
+def test_subgroup_kernel_without_the_feature_is_a_one_line_error():
     target = webgpu(True)
     func = schedule(F16, target, subgroup_rule())
     args, _ = f16_inputs(256, 2048)
     lacks = "enables subgroups .* lacks the subgroups feature"
-    with pytest.raises(RuntimeError, match=lacks) as info:
+    with runner.features_hidden("subgroups"), pytest.raises(RuntimeError, match=lacks) as info:
         runner.run_primfunc(func, target, args)
     assert "\n" not in str(info.value)
 
@@ -309,7 +306,7 @@ def test_naga_still_rejects_enable_subgroups(monkeypatch):
     """Pins why the runner drops `enable subgroups;` (PATCH_SUBGROUPS_ENABLE): once this fails,
     wgpu's WGSL front end accepts the directive and the patch can go."""
     monkeypatch.setattr(runner, "PATCH_SUBGROUPS_ENABLE", False)
-    monkeypatch.setattr(runner, "_PIPELINES", {})
+    runner.clear_pipeline_cache()
     target = webgpu(True)
     func = schedule(F16, target, subgroup_rule())
     args, _ = f16_inputs(256, 2048)

@@ -20,7 +20,8 @@ import pytest
 from pipeline.build import build
 from pipeline.mlc_contract import MLCContractError
 from pipeline.runners.browser import chromium_path
-from pipeline.runners.dawn import RunnerError, node_modules
+from pipeline.errors import RunnerError
+from pipeline.runners import node_modules
 from pipeline.runners.webllm import webllm_complete
 from pipeline.targets import load_target
 from pipeline.weights import convert_weights

@@ -1,24 +1,22 @@
-"""One backend module per target kind (llvm, cuda, metal, webgpu), small and flat.
+"""One backend module per target kind (llvm, cuda, metal, webgpu), small and flat: `backend(kind)`.
 
-Build side:
-    LIBRARY, SOURCE_FILE                               the library / kernel source file names
-    export(executable, target, out_dir) -> list[str]   writes LIBRARY (+ extras)
-    kernel_source(executable) -> str                   the device code (CUDA C, MSL, WGSL)
-    compile_context(target_spec) -> context manager    active around relax.build
-Run side (`run`, `check`, `profile` ask these, given a RunOptions):
-    open_engine(artifact, weights, seed, options)      the model, ready to generate
-    kernel_runner(artifact, manifest, options)         (name, args) -> args, one shipped kernel
-                                                       on the device; None: not executable here
-    static_checks(artifact, manifest, names, roles)    rows (kernel, role, status, note) when not
-    not_executed(options) -> str                       ... and the summary line saying so
-    PROFILE_DEFAULTS, profile(engine, options, weights, llvm_twin, **sizes) -> profile dict
-    timing_device()                                    the device `mlcpipe tune` times kernels on
+Every backend defines INTERFACE: on the build side the library / kernel source names, the
+PassContext config, the device kernel suffix, `export`, `kernel_source`, `compile_context`; on
+the run side (`run`, `check`, `profile`, `tune`) `open_engine`, `kernel_runner`,
+`static_checks` (where kernels cannot run here), `not_executed`, `profile`, `local_device`,
+`timing_device`. Signatures and meaning: docs/backends.md.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+
+INTERFACE = (
+    "LIBRARY", "SOURCE_FILE", "PASS_CONFIG", "KERNEL_SUFFIX", "export", "kernel_source", "compile_context",  # build
+    "open_engine", "kernel_runner", "static_checks", "not_executed", "PROFILE_DEFAULTS", "profile",  # run
+    "local_device", "timing_device",
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +37,22 @@ def backend(kind: str):
     if kind not in ("llvm", "cuda", "metal", "webgpu"):
         raise ValueError(f"no backend for target kind {kind!r}; allowed: llvm, cuda, metal, webgpu")
     return importlib.import_module(f"{__name__}.{kind}")
+
+
+def not_runnable_here(kind: str) -> Exception:
+    """The error for an artifact TVM's runtime cannot run on this machine."""
+    import tvm
+
+    from ..errors import ArtifactError
+
+    runnable = ["llvm"] + (["cuda"] if tvm.cuda(0).exist else [])
+    return ArtifactError(f"artifact target '{kind}' cannot run on this machine (runnable here: {', '.join(runnable)})")
+
+
+def host_side_kernels(manifest: dict) -> set[str]:
+    """Kernels the build found no thread binding in (they run on the host, with no device code).
+    Every other kernel of a GPU artifact must have its device code in the library."""
+    return {k["name"] for k in manifest.get("kernels", []) if "launch" in k and not k["launch"]}
 
 
 def device_modules(executable):

@@ -1,20 +1,10 @@
-"""NVIDIA GPUs: host code for x86-64 Linux plus ONE fatbin holding SASS for every `fatbin_archs` arch.
+"""NVIDIA GPUs: x86-64 host code plus ONE fatbin holding SASS for every `fatbin_archs` arch.
 
-How TVM 0.27 hands CUDA code over (measured on apache-tvm 0.27.0.post1):
-  * `target.build.cuda` generates CUDA C++ and passes it to the factory `ffi.Module.create.cuda`.
-    That factory exists only when TVM's CUDA runtime (libtvm_runtime_cuda.so, which needs the
-    driver's libcuda.so.1) is loaded; it then calls the global `tvm_callback_cuda_compile(source)`
-    (one argument) and expects the compiled bytes back (PTX text if the first byte is '/',
-    otherwise a cubin/fatbin image, which `cuModuleLoadData` accepts either way).
-  * Without the CUDA runtime (any machine without an NVIDIA driver, e.g. the build machines here)
-    the codegen keeps a fallback module of format "cuda" that carries the source only; the callback
-    is never called and `export_library` would embed the source, to be JIT-compiled by nvcc/NVRTC
-    on the GPU machine at load time.
-
-So `compile_context` installs our nvcc fatbin callback (used whenever the runtime is present) and
-`export` makes sure the embedded device code is the fatbin in both cases: it rewrites the packed
-module blob (`__tvm_ffi__library_bin`), replacing each CUDA module that still holds source (or
-code lacking one of the archs) by a fatbin-format module compiled with nvcc.
+`compile_context` routes TVM's CUDA compile callback to nvcc (one multi-arch fatbin); `export`
+makes sure the library's packed module blob holds that fatbin even where TVM kept CUDA source
+(no CUDA runtime on the build machine), recompiling such modules with nvcc. Without a GPU,
+`static_checks` reports every kernel's ptxas registers and spills. How TVM 0.27 hands CUDA code
+over: docs/backends.md.
 """
 
 from __future__ import annotations
@@ -31,10 +21,17 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from . import host_side_kernels
+from .binfmt import BlobReader, ModuleBlob, library_blob, pack_bytes
 from .native import PROFILE_DEFAULTS, open_engine, profile  # noqa: F401  (run side: TVM's own runtime)
 
 LIBRARY = "lib.so"
 SOURCE_FILE = "kernels.cu"
+# TIR-level CommonSubexprElim breaks TVM's own batch_tree_attn kernel at Llama-3.2-1B shapes on GPU
+# targets ("variable cse_vN has been used before definition", TVM 0.27); the GPU shader compilers run
+# their own CSE, so it is off for them.
+PASS_CONFIG = {"tirx.disable_cse_tir": True}
+KERNEL_SUFFIX = "_kernel"  # TVM names a PrimFunc's device kernel <name>_kernel
 
 CALLBACK = "tvm_callback_cuda_compile"
 FATBIN_MAGIC = 0xBA55ED50
@@ -58,7 +55,7 @@ _NVCC_FLAGS = [
 
 # (sha256(source), arch) -> {kernel: stats}: ptxas -v output seen while building a fatbin, so
 # `ptxas_report` on the same source in the same process does not compile it again.
-_PTXAS_CACHE: dict[tuple[str, str], dict[str, dict[str, int]]] = {}
+PTXAS_CACHE: dict[tuple[str, str], dict[str, dict[str, int]]] = {}
 _CACHE_LOCK = threading.Lock()
 
 
@@ -127,7 +124,7 @@ def compile_fatbin(source: str, archs) -> bytes:
         for arch in archs:
             per_kernel = {k: v[arch] for k, v in report.items() if arch in v}
             if per_kernel:
-                _PTXAS_CACHE[(digest, arch)] = per_kernel
+                PTXAS_CACHE[(digest, arch)] = per_kernel
     return data
 
 
@@ -178,8 +175,8 @@ def ptxas_report(source: str, archs: list[str]) -> dict[str, dict[str, dict[str,
     per_arch: dict[str, dict[str, dict[str, int]]] = {}
     with _CACHE_LOCK:
         for arch in archs:
-            if (digest, arch) in _PTXAS_CACHE:
-                per_arch[arch] = _PTXAS_CACHE[(digest, arch)]
+            if (digest, arch) in PTXAS_CACHE:
+                per_arch[arch] = PTXAS_CACHE[(digest, arch)]
     missing = [a for a in archs if a not in per_arch]
 
     def one(arch: str) -> dict[str, dict[str, int]]:
@@ -191,7 +188,7 @@ def ptxas_report(source: str, archs: list[str]) -> dict[str, dict[str, dict[str,
             for arch, result in zip(missing, pool.map(one, missing)):
                 per_arch[arch] = result
                 with _CACHE_LOCK:
-                    _PTXAS_CACHE[(digest, arch)] = result
+                    PTXAS_CACHE[(digest, arch)] = result
     report: dict[str, dict[str, dict[str, int]]] = {}
     for arch in archs:
         for kernel, stats in per_arch[arch].items():
@@ -281,26 +278,8 @@ def verify_fatbin(lib_path) -> list[str]:
 
 
 # --------------------------------------------------------------------------------------------
-# packed module blob (`__tvm_ffi__library_bin`)
-#
-# <nbytes:u64> <indptr: vec<u64>> <child_indices: vec<u64>> then per module <kind: str> and, unless
-# kind == "_lib", <payload: bytes>.  vec/str/bytes are <len:u64> + items.  A "cuda" payload is
+# packed module blob (`__tvm_ffi__library_bin`, read by binfmt.ModuleBlob). A "cuda" payload is
 # <fmt: str> <fmap> <code: bytes> (CUDAModuleNode::SaveToBytes), code last.
-
-
-def _read_u64(buf: bytes, off: int) -> tuple[int, int]:
-    return struct.unpack_from("<Q", buf, off)[0], off + 8
-
-
-def _read_str(buf: bytes, off: int) -> tuple[bytes, int]:
-    n, off = _read_u64(buf, off)
-    if off + n > len(buf):
-        raise ValueError("truncated module blob")
-    return buf[off : off + n], off + n
-
-
-def _pack(data: bytes) -> bytes:
-    return struct.pack("<Q", len(data)) + data
 
 
 def rewrite_cuda_modules(blob: bytes, replace) -> bytes:
@@ -308,36 +287,22 @@ def rewrite_cuda_modules(blob: bytes, replace) -> bytes:
 
     `replace(index, fmt, code)` returns None to keep the module or (new_fmt, new_code).
     """
-    nbytes, off = _read_u64(blob, 0)
-    if nbytes + 8 != len(blob):
-        raise ValueError(f"module blob size mismatch: header {nbytes} + 8 != {len(blob)}")
-    head = off
-    n_indptr, off = _read_u64(blob, off)
-    off += 8 * n_indptr
-    n_child, off = _read_u64(blob, off)
-    off += 8 * n_child
-    out = bytearray(blob[head:off])
+    packed = ModuleBlob.parse(blob)
     cuda_index = 0
-    for _ in range(n_indptr - 1):
-        kind, off = _read_str(blob, off)
-        out += _pack(kind)
-        if kind == b"_lib":
+    for i, (kind, payload) in enumerate(packed.modules):
+        if kind != b"cuda":
             continue
-        payload, off = _read_str(blob, off)
-        if kind == b"cuda":
-            fmt, p = _read_str(payload, 0)
-            # code is the last field: find it from the end and check the length prefix matches
-            code = _last_bytes_field(payload, p)
-            fmap = payload[p : len(payload) - 8 - len(code)]
-            new = replace(cuda_index, fmt.decode(), code)
-            cuda_index += 1
-            if new is not None:
-                new_fmt, new_code = new
-                payload = _pack(new_fmt.encode()) + fmap + _pack(bytes(new_code))
-        out += _pack(payload)
-    if off != len(blob):
-        raise ValueError(f"module blob has {len(blob) - off} trailing bytes")
-    return struct.pack("<Q", len(out)) + bytes(out)
+        reader = BlobReader(payload)
+        fmt = reader.bytes()
+        # code is the last field: find it from the end and check the length prefix matches
+        code = _last_bytes_field(payload, reader.pos)
+        fmap = payload[reader.pos : len(payload) - 8 - len(code)]
+        new = replace(cuda_index, fmt.decode(), code)
+        cuda_index += 1
+        if new is not None:
+            new_fmt, new_code = new
+            packed.modules[i] = (kind, pack_bytes(new_fmt.encode()) + fmap + pack_bytes(bytes(new_code)))
+    return packed.to_bytes()
 
 
 def _last_bytes_field(payload: bytes, fmap_start: int) -> bytes:
@@ -351,31 +316,6 @@ def _last_bytes_field(payload: bytes, fmap_start: int) -> bytes:
         if pos + 8 + n == len(payload):
             return payload[pos + 8 :]
     raise ValueError("cannot locate the code field of a CUDA module")
-
-
-def library_blob(lib_path, symbol: str = "__tvm_ffi__library_bin") -> bytes:
-    """The packed module blob embedded in an ELF64 little-endian shared library (no loading)."""
-    data = Path(lib_path).read_bytes()
-    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:
-        raise ValueError(f"{lib_path}: not a 64-bit little-endian ELF file")
-    shoff, = struct.unpack_from("<Q", data, 0x28)
-    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
-    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
-    want = symbol.encode()
-    for sh in sections:
-        if sh[1] not in (2, 11):  # SHT_SYMTAB, SHT_DYNSYM
-            continue
-        strtab = sections[sh[6]]
-        for off in range(sh[4], sh[4] + sh[5], 24):
-            st_name, _, _, st_shndx, st_value, st_size = struct.unpack_from("<IBBHQQ", data, off)
-            start = strtab[4] + st_name
-            if data[start : start + len(want) + 1] != want + b"\0" or st_shndx == 0:
-                continue
-            sec = sections[st_shndx]
-            file_off = sec[4] + (st_value - sec[3])
-            (nbytes,) = struct.unpack_from("<Q", data, file_off)
-            return data[file_off : file_off + 8 + nbytes]
-    raise ValueError(f"{lib_path}: no {symbol} symbol")
 
 
 def embedded_cuda_formats(lib_path) -> list[str]:
@@ -430,18 +370,18 @@ def _pack_imports_with_fatbin(archs: list[str], sources: list[str]):
 # backend interface
 
 
-def export(executable, target_spec, out_dir) -> list[str]:
+def export(executable, target_spec, out_dir, library: str = LIBRARY) -> list[str]:
     """Write lib.so (x86-64 host code + one fatbin for every `fatbin_archs` arch)."""
     archs = _archs_of(target_spec)
     cuda_mods = [m for m in _device_modules(executable) if m.kind == "cuda"]
     sources = [_source_of(m) for m in cuda_mods]
-    out = Path(out_dir) / LIBRARY
+    out = Path(out_dir) / library
     executable.export_library(str(out), fpack_imports=_pack_imports_with_fatbin(archs, sources))
     if cuda_mods:
         present = verify_fatbin(out)
         if not set(archs) <= set(present):
             raise RuntimeError(f"{out}: embedded fatbin has archs {present}, expected all of {archs}")
-    return [LIBRARY]
+    return [library]
 
 
 def kernel_source(executable) -> str:
@@ -487,10 +427,12 @@ def static_checks(artifact, manifest, names, roles) -> list[tuple]:
     rows = [(f"<{manifest['library']}>", "library", "static" if lib_ok else "FAIL",
              f"embedded {formats}, fatbin archs {present} (wanted {archs})")]
     report = ptxas_report(source, archs)
+    host = host_side_kernels(manifest)
     for name in names:
         kernels = {k: v for k, v in report.items() if k == name or k.startswith(name + "_kernel")}
         if not kernels:
-            rows.append((name, roles.get(name, "other"), "skip", "host-side function: no device kernel"))
+            rows.append((name, roles.get(name, "other"), "skip", "host-side function: no device kernel") if name in host else
+                        (name, roles.get(name, "other"), "FAIL", f"device kernel missing from the ptxas report of {source_file}"))
             continue
         for kname, per_arch in sorted(kernels.items()):
             info = "; ".join(f"{a}: {v['registers']} regs, spills {v['spill_stores']}/{v['spill_loads']} B st/ld" for a, v in sorted(per_arch.items()))
@@ -501,6 +443,16 @@ def static_checks(artifact, manifest, names, roles) -> list[tuple]:
 def not_executed(options) -> str:
     del options
     return "cuda: NOT EXECUTED (no CUDA device here): every kernel compiled by nvcc/ptxas for the fatbin archs; registers and spills reported"
+
+
+def local_device():
+    import tvm
+
+    from . import not_runnable_here
+
+    if not tvm.cuda(0).exist:
+        raise not_runnable_here("cuda")
+    return tvm.cuda(0)
 
 
 def timing_device():

@@ -9,6 +9,8 @@ from .native import PROFILE_DEFAULTS, open_engine, profile  # noqa: F401  (run s
 
 LIBRARY = "lib.so"
 SOURCE_FILE = None
+PASS_CONFIG: dict = {}
+KERNEL_SUFFIX = ""  # host code: the kernel is the PrimFunc itself
 
 
 def compile_context(target_spec):
@@ -27,10 +29,10 @@ def install_lowerings() -> None:
     fast_exp.install()
 
 
-def export(executable, target, out_dir: Path) -> list[str]:
+def export(executable, target, out_dir: Path, library: str = LIBRARY) -> list[str]:
     del target
-    executable.export_library(str(Path(out_dir) / LIBRARY))
-    return [LIBRARY]
+    executable.export_library(str(Path(out_dir) / library))
+    return [library]
 
 
 def kernel_source(executable) -> str:
@@ -52,6 +54,12 @@ def static_checks(artifact, manifest, names, roles) -> list[tuple]:
 def not_executed(options) -> str:
     del options
     return "llvm: NOT EXECUTED"
+
+
+def local_device():
+    import tvm
+
+    return tvm.cpu()
 
 
 def timing_device():

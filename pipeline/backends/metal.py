@@ -1,21 +1,10 @@
 """Apple GPUs: arm64 macOS host object + Metal Shading Language source, linked into a Mach-O dylib.
 
-`export_library("lib.tar")` gives lib0.o (host code, arm64-apple-macos) and devc.o (the packed
-module blob `__tvm_ffi__library_bin`: the Relax VM executable plus a "metal" module whose MSL source
-the Metal runtime compiles when the library loads). Debian's lld (`ld64.lld`) links both into
-lib.dylib (ad-hoc code-signed, as arm64 macOS requires); lib.tar is kept in the artifact too.
-
-Symbols TVM's loader (tvm-ffi `CreateLibraryModule`, via dlsym) looks up in the library:
-  __tvm_ffi__library_bin      packed modules (VM executable, Metal source); without it only host
-                              functions would load
-  __tvm_ffi__library_ctx      pointer slot the loader fills with the library module, used by host
-                              code to find the Metal kernels among the imports
-  __TVMFFIFunctionCall, __TVMFFIEnvModLookupFromImports, __TVMFFIHandleInitOnce
-                              context-symbol slots the loader fills with runtime entry points
-                              (host code calls through them)
-  __tvm_ffi_<name>            one per host function the VM calls
-dlsym names are C names; Mach-O stores them with one extra leading underscore, which
-`exported_symbols` removes.
+`export_library("lib.tar")` gives lib0.o (host code) and devc.o (the packed module blob: the VM
+executable and a "metal" module whose MSL the Metal runtime compiles at load); Debian's ld64.lld
+links both into an ad-hoc signed lib.dylib; lib.tar stays in the artifact. Without a Mac,
+`static_checks` checks that the dylib exports every symbol TVM's loader looks up
+(docs/backends.md) and that each kernel's MSL is there.
 """
 
 from __future__ import annotations
@@ -24,27 +13,29 @@ import contextlib
 import os
 import re
 import shutil
-import struct
 import subprocess
 import tarfile
 import tempfile
 from pathlib import Path
 
+from . import host_side_kernels
+from .binfmt import MachO
 from .native import PROFILE_DEFAULTS, open_engine, profile  # noqa: F401  (run side: TVM's own runtime)
 from .reproducible import fix_macho_uuid, normalize_tar
 
 LIBRARY = "lib.dylib"
 SOURCE_FILE = "kernels.metal"
+# TIR-level CommonSubexprElim breaks TVM's own batch_tree_attn kernel at Llama-3.2-1B shapes on GPU
+# targets ("variable cse_vN has been used before definition", TVM 0.27); the GPU shader compilers run
+# their own CSE, so it is off for them.
+PASS_CONFIG = {"tirx.disable_cse_tir": True}
+KERNEL_SUFFIX = "_kernel"  # TVM names a PrimFunc's device kernel <name>_kernel
+RUN_HINT = "metal artifacts run on a Mac: serve `python -m tvm.exec.rpc_server` there and pass --rpc HOST:PORT"
 TARBALL = "lib.tar"
 
 LIBRARY_SYMBOLS = ("__tvm_ffi__library_bin", "__tvm_ffi__library_ctx")
 CONTEXT_SYMBOLS = ("__TVMFFIFunctionCall", "__TVMFFIEnvModLookupFromImports", "__TVMFFIHandleInitOnce")
 FUNCTION_PREFIX = "__tvm_ffi_"
-
-MH_MAGIC_64 = 0xFEEDFACF
-CPU_TYPE_ARM64 = 0x0100000C
-MH_OBJECT, MH_DYLIB = 1, 6
-LC_SYMTAB = 0x2
 
 
 def compile_context(target_spec):
@@ -103,19 +94,20 @@ def link_dylib(objects: list[str], output, min_version: str = "13.0") -> None:
     fix_macho_uuid(output)
 
 
-def export(executable, target_spec, out_dir) -> list[str]:
-    """Write lib.tar (lib0.o + devc.o) and lib.dylib linked from them."""
+def export(executable, target_spec, out_dir, library: str = LIBRARY) -> list[str]:
+    """Write lib.tar (lib0.o + devc.o) and lib.dylib (or `library`) linked from them."""
     out_dir = Path(out_dir)
     tar_path = out_dir / TARBALL
     executable.export_library(str(tar_path))
     normalize_tar(tar_path)
     with tempfile.TemporaryDirectory(prefix="mlcpipe-metal-") as tmp:
-        objects = _extract_objects(tar_path, Path(tmp))
-        link_dylib(objects, out_dir / LIBRARY, _min_version(target_spec))
-    return [LIBRARY, TARBALL]
+        objects = extract_objects(tar_path, Path(tmp))
+        link_dylib(objects, out_dir / library, _min_version(target_spec))
+    return [library, TARBALL]
 
 
-def _extract_objects(tar_path: Path, dest: Path) -> list[str]:
+def extract_objects(tar_path: Path, dest: Path) -> list[str]:
+    """The object files of an exported lib.tar, written into `dest`, in link order."""
     with tarfile.open(tar_path, "r:*") as tar:
         members = [m for m in tar.getmembers() if m.isfile() and m.name.endswith(".o")]
         for member in members:
@@ -154,12 +146,10 @@ def kernel_source(executable) -> str:
 
 def macho_header(path) -> dict[str, int]:
     """magic, cputype, cpusubtype, filetype, ncmds of a 64-bit Mach-O file."""
-    with open(path, "rb") as f:
-        head = f.read(32)
-    if len(head) < 32:
-        raise ValueError(f"{path}: too short for a Mach-O header")
-    magic, cputype, cpusubtype, filetype, ncmds = struct.unpack_from("<IiiII", head, 0)
-    return {"magic": magic, "cputype": cputype & 0xFFFFFFFF, "cpusubtype": cpusubtype, "filetype": filetype, "ncmds": ncmds}
+    try:
+        return MachO(Path(path).read_bytes()).header
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
 
 
 def exported_symbols(path, use_tools: bool = True) -> list[str]:
@@ -176,36 +166,8 @@ def exported_symbols(path, use_tools: bool = True) -> list[str]:
         )
         if proc.returncode == 0:
             names = [ln.strip() for ln in proc.stdout.splitlines() if ln.strip() and not ln.endswith(":")]
-            return sorted({_c_name(n) for n in names})
-    return _symbols_from_macho(Path(path).read_bytes())
-
-
-def _c_name(name: str) -> str:
-    return name[1:] if name.startswith("_") else name
-
-
-def _symbols_from_macho(data: bytes) -> list[str]:
-    magic, _, _, _, ncmds, _, _, _ = struct.unpack_from("<IiiIIIII", data, 0)
-    if magic != MH_MAGIC_64:
-        raise ValueError(f"not a little-endian 64-bit Mach-O file (magic {magic:#x})")
-    off = 32
-    names: set[str] = set()
-    for _ in range(ncmds):
-        cmd, cmdsize = struct.unpack_from("<II", data, off)
-        if cmd == LC_SYMTAB:
-            symoff, nsyms, stroff, strsize = struct.unpack_from("<IIII", data, off + 8)
-            for i in range(nsyms):
-                n_strx, n_type, _n_sect, _n_desc, _n_value = struct.unpack_from("<IBBHQ", data, symoff + 16 * i)
-                if n_type & 0xE0:  # N_STAB: debugging entry
-                    continue
-                if not n_type & 0x01 or n_type & 0x10:  # not N_EXT, or N_PEXT (private extern)
-                    continue
-                if n_type & 0x0E == 0:  # N_UNDF: an import, not a definition
-                    continue
-                end = data.index(b"\0", stroff + n_strx, stroff + strsize)
-                names.add(_c_name(data[stroff + n_strx : end].decode()))
-        off += cmdsize
-    return sorted(names)
+            return sorted({n[1:] if n.startswith("_") else n for n in names})
+    return MachO(Path(path).read_bytes()).defined_symbols()
 
 
 def required_symbols(tar_path) -> list[str]:
@@ -213,7 +175,7 @@ def required_symbols(tar_path) -> list[str]:
     global the objects in lib.tar define (the `__tvm_ffi_<name>` host functions)."""
     needed = set(LIBRARY_SYMBOLS)
     with tempfile.TemporaryDirectory(prefix="mlcpipe-metal-") as tmp:
-        for obj in _extract_objects(Path(tar_path), Path(tmp)):
+        for obj in extract_objects(Path(tar_path), Path(tmp)):
             needed |= {s for s in exported_symbols(obj) if s.startswith(("__tvm_ffi", "__TVMFFI"))}
     return sorted(needed)
 
@@ -234,10 +196,15 @@ def static_checks(artifact, manifest, names, roles) -> list[tuple]:
     missing = sorted(needed - set(exported_symbols(library)))
     rows = [(f"<{manifest['library']}>", "library", "FAIL" if missing else "static",
              f"missing exports {missing[:3]}" if missing else f"exports all {len(needed)} symbols TVM's loader needs; Mach-O {macho_header(library)}")]
+    host = host_side_kernels(manifest)
     for name in names:
-        present = bool(re.search(rf"kernel void {re.escape(name)}(_kernel)?\w*\(", source))
-        rows.append((name, roles.get(name, "other"), "static" if present else "skip",
-                     "MSL kernel present" if present else "host-side function: no device kernel"))
+        present = bool(re.search(rf"kernel void {re.escape(name)}(_kernel(_\d+)?)?\(", source))  # not a longer name's
+        if present:
+            rows.append((name, roles.get(name, "other"), "static", "MSL kernel present"))
+        elif name in host:
+            rows.append((name, roles.get(name, "other"), "skip", "host-side function: no device kernel"))
+        else:
+            rows.append((name, roles.get(name, "other"), "FAIL", f"device kernel missing from {source_file}"))
     return rows
 
 
@@ -245,6 +212,17 @@ def not_executed(options) -> str:
     del options
     return ("metal: NOT EXECUTED (Metal runs on a Mac: `mlcpipe check --rpc HOST:PORT` against a rpc_server there): "
             "MSL source of every kernel present, dylib exports checked")
+
+
+def local_device():
+    """A Mac whose TVM has the Metal runtime."""
+    import tvm
+
+    from ..errors import ArtifactError
+
+    if not tvm.metal(0).exist:
+        raise ArtifactError(RUN_HINT)
+    return tvm.metal(0)
 
 
 def timing_device():

@@ -19,9 +19,8 @@ import struct
 import tarfile
 from pathlib import Path
 
-MH_MAGIC_64 = 0xFEEDFACF
-LC_UUID = 0x1B
-LC_CODE_SIGNATURE = 0x1D
+from .binfmt import MachO
+
 CSMAGIC_EMBEDDED_SIGNATURE = 0xFADE0CC0
 CSMAGIC_CODEDIRECTORY = 0xFADE0C02
 CSSLOT_CODEDIRECTORY = 0
@@ -51,30 +50,16 @@ def normalize_tar(path: str | Path) -> None:
     path.write_bytes(out.getvalue())
 
 
-def _load_commands(data: bytes):
-    magic, _, _, _, ncmds = struct.unpack_from("<IiiII", data, 0)
-    if magic != MH_MAGIC_64:
-        raise ValueError(f"not a little-endian 64-bit Mach-O file (magic {magic:#x})")
-    off = 32
-    for _ in range(ncmds):
-        cmd, size = struct.unpack_from("<II", data, off)
-        yield cmd, off
-        off += size
-
-
 def fix_macho_uuid(path: str | Path) -> str:
     """Set a Mach-O file's LC_UUID to a hash of its other bytes and re-hash its ad-hoc code
     signature's pages; returns the new UUID (hex). A file without LC_UUID is left as it is."""
     path = Path(path)
     data = bytearray(path.read_bytes())
-    uuid_at = sig = None
-    for cmd, off in _load_commands(data):
-        if cmd == LC_UUID:
-            uuid_at = off + 8
-        elif cmd == LC_CODE_SIGNATURE:
-            sig = struct.unpack_from("<II", data, off + 8)  # dataoff, datasize
-    if uuid_at is None:
+    macho = MachO(data)
+    span, sig = macho.uuid_span(), macho.code_signature()  # sig: (dataoff, datasize)
+    if span is None:
         return ""
+    uuid_at = span[0]
     code_end = sig[0] if sig else len(data)
     data[uuid_at : uuid_at + 16] = bytes(16)
     uuid = bytearray(hashlib.sha256(bytes(data[:code_end])).digest()[:16])

@@ -1,23 +1,10 @@
 """WebGPU: WGSL kernels; host code for wasm32 linked by emscripten with TVM's web runtime.
 
-The artifact's `lib.wasm` is what WebLLM loads: a standalone wasm (no JS glue) holding TVM's web
-runtime (`wasm_runtime`, `tvmjs_support`, `webgpu_runtime`), the VM executable and its host
-functions as a system library, and the WGSL kernels packed as an imported "webgpu" module.
-
-How it differs from `tvm.support.emcc.create_tvmjs_wasm`:
-  * objects are emitted as wasm objects ("o"), not LLVM bitcode: Debian's emscripten (LLVM 14)
-    cannot read the wheel's LLVM 22 bitcode;
-  * the web runtime is compiled here from the sources the apache-tvm wheel ships (tvm/web/emcc,
-    tvm/src, tvm/include, tvm_ffi/src, tvm_ffi/include) plus our own stand-ins for the ~10 small
-    headers the wheel lacks (pipeline/backends/web_runtime/), once, and cached under
-    ~/.cache/mlcpipe/web-runtime-<hash>/ (override with $MLCPIPE_CACHE_DIR); the hash covers every
-    source file, our headers, the flags and `emcc --version`. A cold build takes ~2 minutes;
-  * the link runs emcc at -O1 and then binaryen's wasm-opt at -O$MLCPIPE_WASM_OPT (default 1),
-    see _LINK_FLAGS.
-
-`web_runtime/inspect_wasm.cjs` loads a lib.wasm in node (no GPU) and prints what the runtime in
-it deserialised (VM executable as text, WebGPU function table and shaders); tests/test_webgpu.py
-uses it to check the artifact end to end.
+`lib.wasm` is what WebLLM loads: a standalone wasm holding TVM's web runtime, the VM executable
+and its host functions as a system library, and the WGSL kernels as an imported "webgpu" module.
+The web runtime is compiled here from the wheel's sources plus our stand-ins for the headers it
+lacks (web_runtime/), once, and cached; how this differs from
+`tvm.support.emcc.create_tvmjs_wasm`: docs/backends.md.
 """
 
 from __future__ import annotations
@@ -34,6 +21,11 @@ from pathlib import Path
 
 LIBRARY = "lib.wasm"
 SOURCE_FILE = "kernels.wgsl"
+# TIR-level CommonSubexprElim breaks TVM's own batch_tree_attn kernel at Llama-3.2-1B shapes on GPU
+# targets ("variable cse_vN has been used before definition", TVM 0.27); the GPU shader compilers run
+# their own CSE, so it is off for them.
+PASS_CONFIG = {"tirx.disable_cse_tir": True}
+KERNEL_SUFFIX = "_kernel"  # TVM names a PrimFunc's device kernel <name>_kernel
 PROFILE_DEFAULTS = (32, 8, 2)  # prompt tokens, generated tokens, measured runs (software adapters are slow)
 
 _SETUP_HINT = "install with scripts/setup-debian.sh"
@@ -60,10 +52,10 @@ def compile_context(target_spec):
     return contextlib.nullcontext()
 
 
-def export(executable, target, out_dir: Path) -> list[str]:
+def export(executable, target, out_dir: Path, library: str = LIBRARY) -> list[str]:
     del target
     objects = runtime_objects()
-    output = Path(out_dir) / LIBRARY
+    output = Path(out_dir) / library
 
     def fcompile(file_name, files, options=None, **kwargs):
         del kwargs
@@ -71,7 +63,7 @@ def export(executable, target, out_dir: Path) -> list[str]:
 
     fcompile.object_format = "o"
     executable.export_library(str(output), fcompile=fcompile)
-    return [LIBRARY]
+    return [library]
 
 
 def kernel_source(executable) -> str:
@@ -291,7 +283,8 @@ def kernel_runner(artifact, manifest, options):
     """The shipped lib.wasm's kernels in Dawn. f16 kernels need an adapter with shader-f16; where
     none is chosen and the one found lacks it, they run on Mesa lavapipe through wgpu instead,
     compiled from the artifact's scheduled TIR by the same codegen (`LavapipeKernels`)."""
-    from ..runners.dawn import KernelRunner, RunnerError
+    from ..errors import RunnerError
+    from ..runners.dawn import KernelRunner
 
     _refuse_rpc(options)
     try:
@@ -338,6 +331,13 @@ def profile(engine, options, weights, llvm_twin, **kwargs) -> dict:
     from ..profiler.webgpu import profile as measure
 
     return measure(engine, **kwargs)
+
+
+def local_device():
+    """TVM's runtime here has no WebGPU: webgpu artifacts run in a WebGPU runtime (open_engine)."""
+    from . import not_runnable_here
+
+    raise not_runnable_here("webgpu")
 
 
 def timing_device():

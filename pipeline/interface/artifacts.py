@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from ..config import REPO_ROOT, ModelConfig, load_model_config
-from ..artifact import ArtifactError
+from ..errors import ArtifactError
 from ..nightly.cache import artifact_entry, cache_inputs, digest, lookup_artifact
 from ..targets import load_target
 

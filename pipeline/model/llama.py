@@ -1,21 +1,15 @@
 """Llama decoder in `tvm.relax.frontend.nn`, with a TIR paged KV cache.
 
-Exports the functions MLC-LLM's runtime and WebLLM drive, parameters packed into one tuple
-argument (the last): `embed`, single-sequence `prefill` / `decode`, the batched `batch_prefill`,
-`batch_decode`, `batch_verify` (signatures as MLC-LLM's Llama), and `create_paged_kv_cache`
-(`pipeline.build.export_model` adds MLC's name for it, `create_tir_paged_kv_cache`, and the build
-attaches `_metadata`). q/k/v and gate/up are fused projections (`qkv_proj`, `gate_up_proj`),
-parameter names follow MLC-LLM's Llama.
-
-The batched functions run the same kernels as `prefill`: every token of every sequence is a row
-of one (1, tokens, hidden) activation and the paged KV cache (whose `begin_forward` received the
-sequence ids and lengths) splits the rows between sequences in attention. `batch_decode` takes its
-(batch_size, 1, hidden) input as (1, batch_size, hidden) for that. The pipeline lowers the batched
-functions last (pipeline/passes/function_table.py), so the kernels they share keep the names and
-the `seq_len` dims the single-sequence functions give them.
+Exports what MLC-LLM's runtime and WebLLM drive, parameters packed into one tuple argument (the
+last): `embed`, `prefill` / `decode` (one sequence), `batch_prefill` / `batch_decode` /
+`batch_verify` (MLC-LLM's signatures; they run prefill's kernels, the KV cache splitting the rows
+between sequences) and `create_paged_kv_cache`. q/k/v and gate/up are fused projections
+(`qkv_proj`, `gate_up_proj`); parameter names follow MLC-LLM's Llama. More: docs/model.md.
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
 
 from tvm import relax as rx
 from tvm import te, tirx
@@ -24,8 +18,10 @@ from tvm.relax.frontend.nn import op
 from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache, RopeMode, TIRPagedKVCache
 from tvm.target import Target
 
-from ..config import ModelConfig
 from .layers import Embedding, Linear
+
+if TYPE_CHECKING:  # annotations only: config validates quantizations, which build on these layers
+    from ..config import ModelConfig
 
 
 class LlamaAttention(nn.Module):

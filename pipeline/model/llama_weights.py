@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING
 
-from ..config import ModelConfig
+if TYPE_CHECKING:  # annotations only (see llama.py)
+    from ..config import ModelConfig
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,48 +1,11 @@
 """The sampler functions MLC-LLM's compiler attaches to a model library, written for mlcpipe.
 
-WebLLM (src/llm_chat.ts, `sampleTokenFromLogits`) runs these on the GPU for every token, greedy
-(temperature 0, which it clamps to 1e-6) or not, and MLC-LLM's engine looks them up by name:
-
-  softmax_with_temperature(logits (b, 1, V) f32, temperature (b,) f32) -> probs (b, 1, V) f32
-      temperature > 1e-5: softmax(logits / temperature); else greedy: 1/count on the row's
-      maximal logits (count = how many share the maximum), 0 elsewhere.
-  argsort_probs(probs (b, V) f32) -> (sorted_probs (b, V) f32, sorted_indices (b, V) i32)
-      each row in descending order; equal probabilities in ascending index order.
-  sample_with_top_p(sorted_probs (b, V) f32, sorted_indices (b, V) i32, uniform_samples (s,)
-                    f32, sample_indices (s,) i32, top_p (b,) f32) -> tokens (s,) i32
-      sample i reads row r = sample_indices[i]; with c the running sum of that row's sorted
-      probabilities, the nucleus ends at K = the first position with c[K] >= top_p[r] (the last
-      position if none); the token is sorted_indices[r, j], j the first position with
-      c[j] > uniform_samples[i] * c[K] (at most K): the inverse CDF of the renormalised nucleus.
-  apply_penalty_inplace(logits (b, V) f32, seq_ids (n,) i32, pos2seq_id (t,) i32,
-                        token_ids (t,) i32, token_cnt (t,) i32, penalties (n, 3) f32) -> logits
-      for each t: s = pos2seq_id[t], x = logits[seq_ids[s], token_ids[t]];
-      x -= presence[s] + token_cnt[t] * frequency[s] (penalties[s] = presence, frequency,
-      repetition); then x *= repetition[s] if x < 0 else x /= repetition[s]. In place.
-  apply_logit_bias_inplace(logits (b, V) f32, pos2seq_id (t,) i32, token_ids (t,) i32,
-                           logit_bias (t,) f32) -> logits
-      logits[pos2seq_id[t], token_ids[t]] += logit_bias[t]. In place.
-  apply_bitmask_inplace(logits (b, V) f32, seq_ids (n,) i32, bitmask (b, ceil(V/32)) i32) -> logits
-      for each s and token v: row = seq_ids[s]; bit v % 32 of bitmask[row, v // 32] clear ->
-      logits[row, v] = the lowest float32. In place.
-
-Names, argument order and shapes are MLC-LLM's (python/mlc_llm/compiler_pass/attach_sampler.py,
-attach_logit_processor.py, attach_softmax_with_temperature.py); V is the model's vocabulary size,
-fixed at compile time (the sort pads it to a power of two). The kernels are our own: here their
-reference form (plain loops, no schedule), which llvm runs as written (schedules/llvm/sampler.py)
-and `mlcpipe check` runs on llvm as the reference of every target's kernel. On GPU targets the
-rule SamplerGPU (schedules/gpu/sampler.py) gives each kernel its thread-bound form: workgroup
-tree reductions for the softmax and top-p chunk passes, a bitonic sort whose steps closer than
-SORT_TILE run in workgroup memory, one thread per entry / sample elsewhere.
-
-Kernel launches per call (V = 128256: the sort pads to 131072 = 64 tiles of 2048):
-softmax_with_temperature 3 (chunk stats, merge, normalize); argsort_probs 28 (tiles, then per
-stage above the tile size its cross-tile steps and an in-tile merge: 21 + 6); sample_with_top_p 2
-(chunk sums, pick); each apply_* 1.
-
-Every kernel is named `sampler_*` (role "sampler" in the manifest) and carries the attribute
-SAMPLER_ATTR = {"kind": ..., sizes}; `kernel_args` builds valid inputs for each kind (indices in
-range, distributions that sum to one, sorted rows, bitmask words) for `mlcpipe check`.
+softmax_with_temperature, argsort_probs, sample_with_top_p, apply_penalty_inplace,
+apply_logit_bias_inplace, apply_bitmask_inplace: MLC-LLM's names, argument order and shapes
+(WebLLM runs them on the GPU for every token). The kernels are ours, here in their reference
+form (plain loops): llvm runs them as written and `mlcpipe check` uses them as every target's
+reference; GPU targets schedule them with SamplerGPU. Each kernel is named `sampler_*` and
+carries SAMPLER_ATTR; `kernel_args` builds valid inputs per kind. Semantics: docs/model.md.
 """
 
 from __future__ import annotations

@@ -50,7 +50,7 @@ def run_nightly(matrix_path: Path | None, out: Path, jobs: int | None = None, pr
     out = Path(out)
     if report_only:
         if not out.is_dir():
-            from ..artifact import ArtifactError
+            from ..errors import ArtifactError
 
             raise ArtifactError(f"--out {str(out)!r}: no such directory to report on")
         judged = {c.id for c in selected}

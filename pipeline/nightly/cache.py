@@ -1,17 +1,10 @@
 """Content-addressed cell cache.
 
-A cell's cache key is the SHA-256 of everything its build depends on: the model config file, the
-quantization, the resolved target (TVM target dict + mlcpipe options), the source of every file
-under pipeline/ and schedules/, the tuning database for the target if there is one
-($MLCPIPE_TUNING_DB, else artifacts/tuning/<target>.json), and the tvm, tvm-ffi and mlcpipe
-versions. Layout under the cache directory:
-
-    <key>/artifact/                  the artifact (its manifest holds `cache_key` and `files`)
-    <key>/checks-<checks key>/       conformance / profile results for that artifact and settings
-
-Both are created as a temp dir + rename, so a build killed mid-way leaves only `.<name>.tmp-*`
-dirs, which are never looked up; an entry is trusted only if its manifest names the key and every
-file matches its SHA-256 (`verify.verify_artifact`).
+A cell's key is the SHA-256 of everything its build depends on (model config, quantization,
+resolved target, the source under pipeline/ and schedules/, the target's tuning database, tvm /
+tvm-ffi / mlcpipe versions). `<key>/artifact/` holds the artifact, `<key>/checks-<checks key>/`
+its check results; both are written as a temp dir + rename and trusted only when every file
+matches its SHA-256. Details: docs/nightly.md.
 """
 
 from __future__ import annotations

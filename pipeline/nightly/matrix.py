@@ -8,7 +8,8 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from ..config import CONFIG_DIR, MODELS_DIR, ConfigError, check_quantization, load_model_config, load_yaml, short_repr, short_text
+from ..config import CONFIG_DIR, MODELS_DIR, check_quantization, load_model_config, load_yaml, short_repr, short_text
+from ..errors import ConfigError
 from ..quantization import QUANTIZATIONS
 
 DEFAULT_MATRIX = CONFIG_DIR / "nightly.yaml"

@@ -93,7 +93,9 @@ def regressions(cur_dir: Path, prev_dir: Path, records: list[dict]) -> dict[str,
     cells = []
     for rec in records:
         old = previous.get(rec["cell"])
-        if rec.get("status") != "passed" or not old or old.get("status") != "passed":
+        # every cell with an artifact in both: one that failed a check (e.g. reproducibility) still
+        # has sizes, kernels and maybe a profile to compare
+        if not rec.get("artifact") or not old or not old.get("artifact"):
             continue
         cells.append(cell_regression(Path(cur_dir), Path(prev_dir), rec, old))
     return {"previous": str(prev_dir), "new_cells": sorted({r["cell"] for r in records} - set(previous)),
@@ -233,7 +235,7 @@ def write_reports(out: Path, matrix: Matrix, records: list[dict], previous: Path
 
 
 def check_previous(previous: Path) -> None:
-    from ..artifact import ArtifactError
+    from ..errors import ArtifactError
 
     if not (Path(previous) / INDEX).is_file():
         raise ArtifactError(f"--previous {str(previous)!r}: not a nightly directory ({INDEX} missing)")

@@ -16,9 +16,9 @@ from pathlib import Path
 import numpy as np
 
 from ..artifact import MANIFEST, read_manifest
+from ..backends.binfmt import SHT_NOBITS, Elf, MachO, is_elf, is_macho
 
 _TEMP_PATH = re.compile(rb"/tmp/[\w.\-/]+|/var/folders/[\w.\-/]+")
-_MACHO_MAGIC = b"\xcf\xfa\xed\xfe"
 
 
 def compare(first: Path, second: Path) -> dict:
@@ -39,7 +39,7 @@ def explain(a: Path, b: Path) -> str:
     da, db = a.read_bytes(), b.read_bytes()
     if tarfile.is_tarfile(a) and tarfile.is_tarfile(b):
         return _explain_tar(a, b)
-    if da[:4] == db[:4] == _MACHO_MAGIC:
+    if is_macho(da) and is_macho(db):
         why = _explain_macho(da, db)
         if why:
             return why
@@ -47,21 +47,23 @@ def explain(a: Path, b: Path) -> str:
     size = "" if len(da) == len(db) else f"sizes {len(da)} vs {len(db)} bytes; "
     if not offsets:
         return f"{size}one is a prefix of the other"
-    if da[:4] == db[:4] == b"\x7fELF" and len(da) != len(db):
+    elf = _elf(da) if is_elf(da) and is_elf(db) else None
+    if elf is not None and len(da) != len(db):
         try:
-            changed = _elf_changed_functions(da, db)
+            changed = _elf_changed_functions(elf, Elf(db))
         except (ValueError, IndexError, struct.error):  # not a well-formed ELF64 after all
             changed = []
         if changed:
             size += "code differs in " + ", ".join(changed[:4]) + "; "
-    sections = _elf_sections(da) if da[:4] == b"\x7fELF" and len(da) == len(db) else None
+    sections = [(s.name or "(null)", s.offset, s.offset + s.size) for s in elf.sections
+                if s.type != SHT_NOBITS and s.size] if elf is not None and len(da) == len(db) else None
     if sections:
         counts: dict[str, int] = {}
         for off in offsets:
             name = next((n for n, start, end in sections if start <= off < end), "(no section)")
             counts[name] = counts.get(name, 0) + 1
         size = "ELF: bytes differ in " + ", ".join(f"{n} ({c})" for n, c in sorted(counts.items(), key=lambda kv: -kv[1])) + "; "
-        functions = _elf_functions(da, offsets)
+        functions = _elf_functions(elf, offsets)
         if functions:
             size += "code differs in " + ", ".join(f"{n} ({c} bytes)" for n, c in sorted(functions.items(), key=lambda kv: -kv[1])[:4]) + "; "
     paths = {m.group().decode(errors="replace") for data in (da, db) for off in offsets[:50]
@@ -70,66 +72,28 @@ def explain(a: Path, b: Path) -> str:
     return where + (f"; temp paths embedded near it: {sorted(paths)[:3]}" if paths else "")
 
 
-def _elf_headers(data: bytes) -> list[tuple] | None:
-    """Section headers (name, type, addr, offset, size, link) of a little-endian ELF64 file."""
-    if len(data) < 64 or data[4] != 2 or data[5] != 1:
+def _elf(data: bytes) -> Elf | None:
+    try:
+        return Elf(data)
+    except (ValueError, IndexError, struct.error):  # not a well-formed ELF64
         return None
-    shoff, = struct.unpack_from("<Q", data, 0x28)
-    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
-    raw = [struct.unpack_from("<IIQQQQI", data, shoff + i * shentsize) for i in range(shnum)]
-    names = raw[shstrndx][4]
-    return [(_cstr(data, names + n), t, addr, off, size, link) for n, t, _, addr, off, size, link in raw]
 
 
-def _cstr(data: bytes, at: int) -> str:
-    return data[at: data.index(b"\0", at)].decode(errors="replace")
-
-
-def _elf_sections(data: bytes) -> list[tuple[str, int, int]] | None:
-    """(name, file offset, end) of each section with contents."""
-    headers = _elf_headers(data)
-    return None if headers is None else [(n or "(null)", off, off + size) for n, t, _, off, size, _ in headers if t != 8 and size]
-
-
-def _elf_symbols(data: bytes) -> tuple[list[tuple[int, int, str]], list[tuple[int, int, int]]]:
-    """(function symbols as (vaddr, end, name), loaded sections as (vaddr, file offset, size))."""
-    headers = _elf_headers(data) or []
-    symbols = []
-    for _, sh_type, _, off, size, link in headers:
-        if sh_type == 2:  # SYMTAB
-            strtab = headers[link][3]
-            for i in range(size // 24):
-                name, info, _, _, value, sym_size = struct.unpack_from("<IBBHQQ", data, off + 24 * i)
-                if info & 0xF == 2 and sym_size:  # STT_FUNC
-                    symbols.append((value, value + sym_size, _cstr(data, strtab + name)))
-    return symbols, [(addr, off, size) for _, t, addr, off, size, _ in headers if t == 1 and addr]
-
-
-def _elf_function_code(data: bytes) -> dict[str, bytes]:
-    symbols, text = _elf_symbols(data)
-    out = {}
-    for lo, hi, name in symbols:
-        at = next((off + lo - addr for addr, off, size in text if addr <= lo < addr + size), None)
-        if at is not None:
-            out[name] = data[at: at + hi - lo]
-    return out
-
-
-def _elf_changed_functions(da: bytes, db: bytes) -> list[str]:
+def _elf_changed_functions(a: Elf, b: Elf) -> list[str]:
     """Functions whose code differs between two ELF files (by symbol name), largest change first."""
-    ca, cb = _elf_function_code(da), _elf_function_code(db)
+    ca, cb = a.function_code(), b.function_code()
     changed = [(abs(len(ca[n]) - len(cb[n])), n, len(ca[n]), len(cb[n])) for n in ca if n in cb and ca[n] != cb[n]]
     changed += [(len(ca[n]), n, len(ca[n]), 0) for n in ca if n not in cb] + [(len(cb[n]), n, 0, len(cb[n])) for n in cb if n not in ca]
     return [f"{n} ({a} vs {b} bytes)" for _, n, a, b in sorted(changed, reverse=True)]
 
 
-def _elf_functions(data: bytes, offsets: list[int]) -> dict[str, int]:
+def _elf_functions(elf: Elf, offsets: list[int]) -> dict[str, int]:
     """{function symbol: differing bytes} for the `offsets` that fall in a function's code."""
-    symbols, text = _elf_symbols(data)
     out: dict[str, int] = {}
+    functions = elf.functions()
     for o in offsets:
-        vaddr = next((addr + o - off for addr, off, size in text if off <= o < off + size), None)
-        name = next((n for lo, hi, n in symbols if vaddr is not None and lo <= vaddr < hi), None)
+        vaddr = elf.vaddr(o)
+        name = next((f.name for f in functions if vaddr is not None and f.value <= vaddr < f.value + f.size), None)
         if name:
             out[name] = out.get(name, 0) + 1
     return out
@@ -155,19 +119,8 @@ def _explain_tar(a: Path, b: Path) -> str:
     return "tar: " + ("; ".join(parts) or "member order or padding differs")
 
 
-def _macho_uuid(data: bytes) -> tuple[int, int] | None:
-    ncmds = struct.unpack_from("<I", data, 16)[0]
-    off = 32
-    for _ in range(ncmds):
-        cmd, size = struct.unpack_from("<II", data, off)
-        if cmd == 0x1B:
-            return off + 8, off + 24
-        off += size
-    return None
-
-
 def _explain_macho(da: bytes, db: bytes) -> str | None:
-    span = _macho_uuid(da)
+    span = MachO(da).uuid_span()
     if span is None or len(da) != len(db):
         return None
     s, e = span

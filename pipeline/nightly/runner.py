@@ -25,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from ..artifact import MANIFEST, atomic_directory, file_digests, read_manifest, sha256_file, write_json
-from ..config import ConfigError, load_model_config
+from ..config import load_model_config
+from ..errors import ConfigError
 from ..targets import load_target
 from . import cache
 from .matrix import Cell
@@ -240,6 +241,8 @@ class Runner:
         source = manifest.get("kernel_source")
         repro = manifest.get("reproducibility")
         failed = [name for name, r in results.items() if r.get("status") == "failed"]
+        if repro is not None and not repro["identical"]:  # the second build differs: the check fails
+            failed.append(f"reproducibility ({', '.join(sorted(repro['differs']))} differ)")
         return {
             **_identity(cell),
             "status": "failed" if failed else "passed",

@@ -10,8 +10,9 @@ import json
 import os
 from pathlib import Path
 
-from ..artifact import MANIFEST, ArtifactError, confined, sha256_file
+from ..artifact import MANIFEST, confined, sha256_file
 from ..config import short_repr
+from ..errors import ArtifactError
 
 INDEX = "index.json"
 

@@ -54,15 +54,12 @@ def _profile(artifact: Path, settings: dict, out: Path) -> dict[str, Any]:
     from ..profiler.reports import render
     from ..profiler.schema import save_profile
     from ..runtime import Engine
-    from ..targets import load_target
+    from ..targets import preset_peak_gbps
 
     engine = Engine(artifact, "synthetic")
     data = profile(engine, settings["prompt_len"], settings["gen_len"], settings["runs"], settings["warmup"],
                    progress=lambda label, done, n: print(f"[profile {done}/{n}] {label}", flush=True))
-    try:
-        data["peak_gbps"] = load_target(data["target_name"]).peak_gbps
-    except Exception:  # noqa: BLE001 - a preset that no longer loads: no bandwidth column
-        data["peak_gbps"] = None
+    data["peak_gbps"] = preset_peak_gbps(data["target_name"])
     save_profile(data, out / "profile.json")
     (out / "profile.md").write_text(render(data, "md", peak_gbps=data["peak_gbps"]))
     m = data["metrics"]

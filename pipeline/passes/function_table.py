@@ -1,25 +1,11 @@
 """MLC-LLM's model-library function table: the entries that are not model code.
 
-- `add_kv_cache_alias(mod)`: `create_tir_paged_kv_cache`, the name MLC-LLM's runtime
-  (cpp/serve/function_table.cc) and WebLLM look up, beside our `create_paged_kv_cache` (kept for
-  our runtime, the web runner and older artifacts). Both bodies call the same KV cache kernels:
-  nothing is compiled twice.
-- `DeferBatchedFunctions` / `RestoreBatchedFunctions`: lowering names a kernel that several
-  functions share after the first function that uses it, in module order (alphabetical from
-  FuseTransposeMatmul on), and `batch_decode` < `decode` < `prefill`. The batched functions are
-  renamed to sort last (`zz0_batch_verify`, `zz1_batch_prefill`, `zz2_batch_decode`) for the
-  phases that create kernels, so every kernel keeps the name and symbolic dims (`seq_len`) it
-  had before the batched functions existed, and the kernels only they use (the lm_head over
-  many rows) have `seq_len` rows too: tuning records (keyed by the TIR text), `mlcpipe check`,
-  profiles and their comparisons rely on both.
-- `AttachMetadata(metadata)`: `_metadata`, a Relax function of no arguments returning MLC's
-  model metadata as a JSON string (cpp/metadata/model.cc `ModelMetadata::FromJSON`), with
-  `memory_usage` = {Relax function: bytes of its intermediate buffers}. It runs after
-  StaticPlanBlockMemory, like MLC's AttachMetadataWithMemoryUsage; unlike MLC's, an allocation
-  with a symbolic size is counted at the variables' bounds (`seq_len` = prefill_chunk_size,
-  `batch_size` = max_batch_size, ...) instead of being left out, since our pipeline does not
-  plan memory to those bounds. Allocations sized by a variable without a bound are left out, as
-  MLC leaves out every symbolic one.
+- `add_kv_cache_alias(mod)`: `create_tir_paged_kv_cache` (MLC-LLM's and WebLLM's name) beside our
+  `create_paged_kv_cache`, both calling the same kernels;
+- `DeferBatchedFunctions` / `RestoreBatchedFunctions`: the batched functions are lowered last, so
+  every kernel keeps the name and `seq_len` dims it has without them;
+- `AttachMetadata(metadata)`: `_metadata` (MLC's model metadata JSON) with each function's
+  intermediate memory, symbolic sizes counted at their bounds. Details: docs/model.md.
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ from .function_table import DeferBatchedFunctions, RestoreBatchedFunctions
 from .fuse_dequantize_matmul import FuseDequantizeMatmul
 
 
-def _phases(target_kind: str, tuning=None, on_kernel=None, after_memory_plan=None) -> list[tuple[str, list[tvm.transform.Pass]]]:
-    """`after_memory_plan`: an optional pass run right after StaticPlanBlockMemory (the build's
+def phase_passes(target_kind: str, tuning=None, on_kernel=None, after_memory_plan=None) -> list[tuple[str, list[tvm.transform.Pass]]]:
+    """(phase name, passes) of every phase, in order. `after_memory_plan`: an optional pass run right after StaticPlanBlockMemory (the build's
     AttachMetadata, whose memory estimate reads the planned allocations)."""
     from schedules import schedule_pass
 
@@ -76,6 +76,7 @@ def run_pipeline(
     tuning: dict | None = None,
     on_kernel: Callable[[str, dict | None], None] | None = None,
     after_memory_plan: tvm.transform.Pass | None = None,
+    until: str | None = None,
 ) -> tvm.IRModule:
     """Run every phase under `target`; dump `NN-<phase>.py` TVMScript into `dump_dir` if given.
 
@@ -83,12 +84,15 @@ def run_pipeline(
     before scheduling hides their structure). `tuning` (kernel signature -> rule + knobs, from
     pipeline/tuning.py) overrides rule defaults; `on_kernel(name, record)` hears which rule and
     knobs each kernel got. `after_memory_plan` runs right after StaticPlanBlockMemory (the
-    build's AttachMetadata).
+    build's AttachMetadata). `until` (a name in PHASES) stops after that phase: `until="fuse-tir"`
+    gives the fused, unscheduled kernels.
     """
+    if until is not None and until not in PHASES:
+        raise ValueError(f"until={until!r}: not a phase; allowed: {', '.join(PHASES)}")
     if dump_dir is not None:
         dump_dir.mkdir(parents=True, exist_ok=True)
         (dump_dir / "00-input.py").write_text(mod.script(show_meta=False))
-    phases = _phases(target.kind.name, tuning, on_kernel, after_memory_plan)
+    phases = phase_passes(target.kind.name, tuning, on_kernel, after_memory_plan)
     assert tuple(name for name, _ in phases) == PHASES
     with target:
         for index, (name, passes) in enumerate(phases, start=1):
@@ -97,4 +101,6 @@ def run_pipeline(
                 (dump_dir / f"{index:02d}-{name}.py").write_text(mod.script(show_meta=False))
             if on_phase is not None:
                 on_phase(name, mod)
+            if name == until:
+                break
     return mod

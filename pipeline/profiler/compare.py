@@ -1,39 +1,11 @@
 """A/B comparison of two profiles (`mlcpipe profile compare before.json after.json`).
 
-The report reproduces the seed's regression-report layout (shared/seeds/004_*.txt): a summary
-table with Δ and Change %, rank-paired step durations, a per-kernel table with a significance
-test and a suspicion score, key findings and a legend. Tables are GFM in the style of pandas'
-`to_markdown` (tabulate's "pipe" format): padded columns, `|:---|` / `|---:|` alignment rows.
-
-Statistics (no SciPy):
-  * Mann-Whitney U, two-sided, normal approximation with tie and continuity correction, on the
-    per-call durations (warm-up samples excluded) of each (kernel, phase).
-  * Z(β): Welch z of the kernel's per-step share of kernel time between A and B.
-  * Z(log μ): Welch z of the log per-call duration between A and B.
-  * Suspicion Score = |Δβ| · (|Z(β)| + |Z(log μ)|), Δβ in percentage points.
-
-Verdict (the noise rule). Per-call samples of one profile are not independent (they share the
-machine's state), so a significant U test alone calls run-to-run noise a regression: in 338 pairs of
-back-to-back profiles of one llama-tiny artifact on a loaded 2-core machine (TVM_NUM_THREADS 1 and
-2, same or fresh Engine, with and without two busy processes), µs-scale kernels moved by up to
-+200 % between profiles and parallel kernels by up to 1000x under thread-pool contention, with
-p ~ 0; no fixed percentage separates that from a x3 regression. A (kernel, phase) row is a
-"regression" / "improvement" only when ALL of:
-  1. U-test p < alpha / m, m = the number of rows with calls in both profiles (Bonferroni);
-  2. its mean AND its median call time moved in the same direction by at least the row's noise
-     floor (B/A >= 1 + floor, or A/B >= 1 + floor); the floor, in log scale, is the largest of
-       - log(1 + noise_floor_pct / 100) (10 %),
-       - DRIFT_FACTOR (4) x the common-mode drift: the 75th percentile of |log(median_B / median_A)|
-         over the other rows (a shift a quarter of the kernels share is a change of machine state),
-       - SPREAD_FACTOR (2) x the larger median absolute deviation of log(call time) in A or B (a
-         kernel whose calls scatter widely within one profile needs a larger shift);
-  3. both moved by at least MIN_DELTA_MS (2 µs) per call, the timing resolution of per-kernel mode;
-  4. each side has at least MIN_CALLS (10) calls.
-Otherwise "unchanged" when mean and median moved less than `noise_floor_pct`, else "noise". With
-this rule none of the 338 same-artifact pairs got a regression/improvement verdict (the closest
-row reached 0.74 of its thresholds), and a x3 slowdown of a steady decode kernel was flagged in all
-350 profiles (with >= 3.3x margin). The price: a shift that a quarter of the kernels share (e.g. a
-schedule change slowing every matmul alike) is reported as "noise" plus a common-mode warning.
+The report: a summary table with Δ and Change %, rank-paired step durations, a per-kernel table
+with a Mann-Whitney U test and a suspicion score, key findings and a legend (GFM tables). A
+(kernel, phase) row is a "regression" / "improvement" only when its U test is significant after
+Bonferroni, its mean and median moved the same way past the row's noise floor (fixed, common-mode
+drift, within-profile spread) and the timing resolution, with enough calls on both sides; else
+"unchanged" or "noise". The rule, its constants and how they were chosen: docs/profiler.md.
 """
 
 from __future__ import annotations

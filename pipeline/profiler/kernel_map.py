@@ -1,15 +1,9 @@
 """Which kernel of one artifact does the work of a kernel of another artifact of the same model.
 
-Used to time an llvm call sequence on a GPU artifact over RPC. A kernel maps to, in this order, the
-first candidate of the other artifact that has the same role and argument signature (dtypes and
-shapes, symbolic dims by name):
-  1. the same name (the Relax graph is the same, so the fused kernels usually keep their names);
-  2. the name without TVM's `_cpu` tag (the KV cache's CPU kernels: batch_decode_paged_kv_cpu,
-     batch_prefill_paged_kv_cpu_sliding_window, ...);
-  3. the kernel in the same slot of the KV cache's constructor (manifest `kv_cache_kernels`,
-     e.g. merge_state_inplace_cpu -> tir_attention_merge_state);
-  4. the only kernel with that role and signature (kernel numbering differs between targets).
-Anything else is a KernelMapError (one line).
+Used to time an llvm call sequence on a GPU artifact over RPC. A kernel maps to the candidate
+with the same role and argument signature found first by: the same name, the name without TVM's
+`_cpu` tag, the same slot of the KV cache's constructor, else the only such kernel. Anything else
+is a KernelMapError (one line). Details: docs/profiler.md.
 """
 
 from __future__ import annotations

@@ -172,7 +172,7 @@ def _wrapped_kv_cache_factory(engine: Engine, recorder: _Recorder) -> Callable[[
     return make
 
 
-def _percentiles(values: list[float]) -> dict[str, float]:
+def percentiles(values: list[float]) -> dict[str, float]:
     if not values:
         return {"mean": 0.0, "p50": 0.0, "p95": 0.0, "p99": 0.0, "min": 0.0, "max": 0.0}
     arr = np.asarray(values)
@@ -182,8 +182,17 @@ def _percentiles(values: list[float]) -> dict[str, float]:
     }
 
 
-def _run_once(engine: Engine, prompt: list[int], gen_len: int, recorder: _Recorder | None, make_kv, run: int, steps: list):
-    """One generation; appends step records to `steps`; returns the generated tokens."""
+def ttft_ms(steps: list[dict], warmup: int) -> float:
+    """Median time to first token of the measured runs: from the request (a new sequence in a
+    fresh KV cache) through the prompt's prefill to the first token sampled on the host."""
+    return float(np.median([s["first_token_ns"] / 1e6 for s in steps if s["run"] >= warmup and "first_token_ns" in s]))
+
+
+def run_once(engine: Engine, prompt: list[int], gen_len: int, recorder: _Recorder | None, make_kv, run: int, steps: list):
+    """One generation, as a request is served: a new sequence, the prompt's prefill, the first
+    token, then decode steps. Appends step records to `steps` (the prefill's also has
+    `first_token_ns`, request to first token); returns the generated tokens."""
+    t_request = time.perf_counter_ns()
     if make_kv is None:
         engine.reset()
     else:
@@ -193,9 +202,11 @@ def _run_once(engine: Engine, prompt: list[int], gen_len: int, recorder: _Record
         recorder.phase, recorder.step, recorder.run = "prefill", 0, run
     t0 = time.perf_counter_ns()
     logits = engine.prefill(prompt)
-    token = int(np.argmax(logits))
     t1 = time.perf_counter_ns()
-    steps.append({"run": run, "phase": "prefill", "step": 0, "tokens": len(prompt), "start_ns": t0 - t_start, "ns": t1 - t0})
+    token = int(np.argmax(logits))
+    t_first = time.perf_counter_ns()
+    steps.append({"run": run, "phase": "prefill", "step": 0, "tokens": len(prompt), "start_ns": t0 - t_start, "ns": t1 - t0,
+                  "first_token_ns": t_first - t_request})
     out = [token]
     for i in range(1, gen_len):
         if recorder:
@@ -222,7 +233,7 @@ def uncounted_params(params: dict[str, list[str]], manifest: dict) -> dict[str, 
     return out
 
 
-def _kernel_params(artifact: Path) -> dict[str, list[str]]:
+def kernel_params(artifact: Path) -> dict[str, list[str]]:
     """kernel -> its parameter names (from the artifact's scheduled TIR)."""
     path = artifact / "tir" / "scheduled.json"
     if not path.is_file():
@@ -231,7 +242,8 @@ def _kernel_params(artifact: Path) -> dict[str, list[str]]:
     return {gv.name_hint: [p.name for p in f.params] for gv, f in mod.functions_items()}
 
 
-def _prompt(engine: Engine, prompt_len: int, gen_len: int, seed: int) -> list[int]:
+def random_prompt(engine: Engine, prompt_len: int, gen_len: int, seed: int) -> list[int]:
+    """`prompt_len` random token ids (the same for the same seed), checked to fit with `gen_len`."""
     engine.check_tokens([0] * prompt_len, gen_len)
     return [int(t) for t in np.random.default_rng(seed).integers(0, engine.vocab_size, size=prompt_len)]
 
@@ -243,7 +255,7 @@ def record_calls(engine: Engine, prompt_len: int, gen_len: int, seed: int = 0) -
     make_kv = _wrapped_kv_cache_factory(engine, recorder)
     engine.vm.set_instrument(recorder.instrument)
     try:
-        _run_once(engine, _prompt(engine, prompt_len, gen_len, seed), gen_len, recorder, make_kv, 0, [])
+        run_once(engine, random_prompt(engine, prompt_len, gen_len, seed), gen_len, recorder, make_kv, 0, [])
     finally:
         engine.vm.set_instrument(None)
     return recorder.calls
@@ -260,8 +272,8 @@ def profile(
 ) -> dict:
     """Profile `engine`; returns the profile as a JSON-ready dict (schema in `schema.py`)."""
     manifest = engine.manifest
-    prompt = _prompt(engine, prompt_len, gen_len, seed)
-    params = _kernel_params(engine.artifact)
+    prompt = random_prompt(engine, prompt_len, gen_len, seed)
+    params = kernel_params(engine.artifact)
     kernels = {k["name"] for k in manifest["kernels"]}
     skip = uncounted_params(params, manifest)
     total = (warmup + runs) * 2
@@ -282,10 +294,10 @@ def profile(
     try:
         for run in range(warmup + runs):
             engine.vm.set_instrument(None)  # low-overhead mode: whole-step timing only
-            _run_once(engine, prompt, gen_len, None, None, run, low_steps)
+            run_once(engine, prompt, gen_len, None, None, run, low_steps)
             tick("low-overhead")
             engine.vm.set_instrument(recorder.instrument)  # per-kernel mode
-            tokens = _run_once(engine, prompt, gen_len, recorder, make_kv, run, steps)
+            tokens = run_once(engine, prompt, gen_len, recorder, make_kv, run, steps)
             tick("per-kernel")
     finally:
         engine.vm.set_instrument(None)
@@ -309,10 +321,10 @@ def profile(
                    "threads": int(tvm.get_global_func("runtime.NumThreads")()) if manifest["target"]["kind"] == "llvm" else None},
         "metrics": {
             "load_ms": engine.load_seconds * 1e3,
-            "ttft_ms": float(np.median(low_prefill)),
+            "ttft_ms": ttft_ms(low_steps, warmup),
             "prefill_ms": float(np.median(low_prefill)),
             "prefill_tok_s": prompt_len / (float(np.median(low_prefill)) / 1e3),
-            "decode_ms_per_token": _percentiles(low_decode),
+            "decode_ms_per_token": percentiles(low_decode),
             "decode_tok_s": 1e3 / p50_decode_low if p50_decode_low else 0.0,
             "warmup_prefill_ms": [s["ns"] / 1e6 for s in low_steps if s["run"] < warmup and s["phase"] == "prefill"],
             "peak_host_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,

@@ -1,20 +1,10 @@
 """Profile an artifact that runs on a TVM RPC server (`mlcpipe profile --rpc HOST:PORT`).
 
-The Relax VM instrument that `measure.profile` uses cannot work over RPC (a Python callback
-cannot be sent to the remote), so the two modes are measured this way:
-- low-overhead: the real generation runs on the remote device (`Engine(remote=...)`), each
-  forward step timed by this machine's wall clock. These times include the RPC round trips of a
-  step (token upload, ~6 remote calls, logits download); one round trip's median is reported as
-  `method.rpc_round_trip_ms`. The metrics (TTFT, prefill, decode ms/token, tok/s) come from
-  this mode, as in a local profile.
-- per-kernel: the kernel call sequence of one generation is recorded locally on llvm (the
-  artifact itself when it is an llvm one, else the same model and quantization built for llvm,
-  kernel names mapped by `kernel_map`), then every call is timed on the remote device
-  by TVM's remote `time_evaluator` with the recorded arguments: device-side time, averaged
-  over `number` back-to-back launches, no RPC in it. The kernels timed are compiled from the
-  artifact's own scheduled TIR (tir/scheduled.json) for its target, uploaded as a second
-  library: the shipped library's kernels cannot be handed to the remote time evaluator (it looks
-  names up in the loaded module's root, the VM executable, not in its imports).
+The VM instrument cannot work over RPC, so the low-overhead mode runs the real generation on the
+remote, each step timed by this machine's clock (RPC round trips included; the metrics come from
+it), and the per-kernel mode records the kernel call sequence locally on llvm and times every call
+on the remote with TVM's `time_evaluator`, on kernels compiled from the artifact's scheduled TIR
+and uploaded as a library of their own. Details: docs/profiler.md.
 """
 
 from __future__ import annotations
@@ -30,10 +20,20 @@ from types import SimpleNamespace
 import numpy as np
 import tvm
 
-from ..artifact import ArtifactError
+from ..errors import ArtifactError
 from ..runtime import Engine
 from .kernel_map import map_kernels
-from .measure import RecordedCall, RecordedTensor, _kernel_params, _percentiles, _prompt, _run_once, record_calls, uncounted_params
+from .measure import (
+    RecordedCall,
+    RecordedTensor,
+    kernel_params,
+    percentiles,
+    random_prompt,
+    record_calls,
+    run_once,
+    ttft_ms,
+    uncounted_params,
+)
 from .schema import overhead_metrics, profile_header
 
 NUMBER = 5  # launches averaged per time_evaluator measurement
@@ -43,7 +43,6 @@ def kernel_library(artifact: Path, manifest: dict, out_dir: Path) -> Path:
     """Compile every kernel of the artifact's tir/scheduled.json for its target into a library
     whose root module holds the kernels (so a remote time_evaluator finds them by name)."""
     from ..backends import backend
-    from ..build import TIR_CONFIG
 
     path = artifact / "tir" / "scheduled.json"
     if not path.is_file():
@@ -55,22 +54,12 @@ def kernel_library(artifact: Path, manifest: dict, out_dir: Path) -> Path:
     target = tvm.target.Target(manifest["target"])
     out_dir.mkdir(parents=True, exist_ok=True)
     impl = backend(kind)
-    with target, impl.compile_context(spec), tvm.transform.PassContext(config=TIR_CONFIG.get(kind, {})):
+    with target, impl.compile_context(spec), tvm.transform.PassContext(config=impl.PASS_CONFIG):
         executable = tvm.compile(mod, target=target)
     # a file name of its own: the shipped library is loaded on the remote already
-    if kind == "metal":
-        from ..backends import metal
-
-        tar = out_dir / "kernels.tar"
-        executable.export_library(str(tar))
-        objects = metal._extract_objects(tar, out_dir)
-        library = out_dir / "mlcpipe-kernels.dylib"
-        metal.link_dylib(objects, library, metal._min_version(spec))
-        return library
-    impl.export(executable, spec, out_dir)
-    library = out_dir / f"mlcpipe-kernels{Path(impl.LIBRARY).suffix}"
-    (out_dir / impl.LIBRARY).rename(library)
-    return library
+    library = f"mlcpipe-kernels{Path(impl.LIBRARY).suffix}"
+    impl.export(executable, spec, out_dir, library=library)
+    return out_dir / library
 
 
 def round_trip_ms(session, repeat: int = 20) -> float:
@@ -146,7 +135,7 @@ def profile_remote(
         if manifest.get(field) != llvm_manifest.get(field):
             raise ArtifactError(f"{record_engine.artifact}: field '{field}' is {llvm_manifest.get(field)!r}, the artifact's is {manifest.get(field)!r}: both must come from the same model config and quantization")
     where = describe(engine.remote)
-    prompt = _prompt(engine, prompt_len, gen_len, seed)
+    prompt = random_prompt(engine, prompt_len, gen_len, seed)
     calls = record_calls(record_engine, prompt_len, gen_len, seed)
     mapping = map_kernels(sorted({c.kernel for c in calls}), llvm_manifest, manifest)
     kernels = [mapping[c.kernel] for c in calls]
@@ -156,7 +145,7 @@ def profile_remote(
         library = kernel_library(engine.artifact, manifest, Path(tmp))
         module = upload_library(engine.remote, library, where)
     kernels_load_ms = (time.perf_counter() - started) * 1e3
-    params = _kernel_params(engine.artifact)
+    params = kernel_params(engine.artifact)
     pool = _RemoteCalls(module, engine.device, params)
     rtt = round_trip_ms(engine.remote)
 
@@ -173,7 +162,7 @@ def profile_remote(
     step_tokens = {"prefill": prompt_len, "decode": 1}
     for run in range(warmup + runs):
         raw: list[dict] = []
-        tokens = _run_once(engine, prompt, gen_len, None, None, run, raw)  # low-overhead: the real run
+        tokens = run_once(engine, prompt, gen_len, None, None, run, raw)  # low-overhead: the real run
         low_steps.extend(raw)
         done += 1
         if progress:
@@ -193,7 +182,8 @@ def profile_remote(
             progress("per-kernel", done, total)
 
     low = [{"mode": "low-overhead", "run": s["run"], "warmup": s["run"] < warmup, "phase": s["phase"], "step": s["step"],
-            "tokens": s["tokens"], "start_ms": s["start_ns"] / 1e6, "ms": s["ns"] / 1e6} for s in low_steps]
+            "tokens": s["tokens"], "start_ms": s["start_ns"] / 1e6, "ms": s["ns"] / 1e6,
+            **({"first_token_ms": s["first_token_ns"] / 1e6} if "first_token_ns" in s else {})} for s in low_steps]
 
     def measured(step_list: list[dict], phase: str) -> list[float]:
         return [s["ms"] for s in step_list if not s["warmup"] and s["phase"] == phase]
@@ -234,10 +224,10 @@ def profile_remote(
         "config": {"prompt_len": prompt_len, "gen_len": gen_len, "runs": runs, "warmup_runs": warmup, "seed": seed, "threads": None},
         "metrics": {
             "load_ms": engine.load_seconds * 1e3,
-            "ttft_ms": prefill_ms,
+            "ttft_ms": ttft_ms(low_steps, warmup),
             "prefill_ms": prefill_ms,
             "prefill_tok_s": prompt_len / (prefill_ms / 1e3) if prefill_ms else 0.0,
-            "decode_ms_per_token": _percentiles(low_decode),
+            "decode_ms_per_token": percentiles(low_decode),
             "decode_tok_s": 1e3 / p50_decode if p50_decode else 0.0,
             "warmup_prefill_ms": [s["ms"] for s in low if s["warmup"] and s["phase"] == "prefill"],
             "peak_host_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,

@@ -1,19 +1,10 @@
 """The profile JSON (schema "mlcpipe-profile", version 1) and the statistics every report uses.
 
-Top-level keys:
-  schema, version                 "mlcpipe-profile", 1
-  model, display_name, quantization, target (TVM dict), target_name, device, num_layers
-  config      {prompt_len, gen_len, runs, warmup_runs, seed, threads}
-  metrics     {load_ms, ttft_ms, prefill_ms, prefill_tok_s, decode_ms_per_token {mean,p50,p95,p99,min,max},
-               decode_tok_s, warmup_prefill_ms [..], peak_host_memory_bytes, weight_bytes,
-               overhead {low_overhead_total_ms, per_kernel_total_ms, percent}}
-  generated_tokens [..]
-  kernels     {name: {role, bytes: {phase: bytes moved per call}}}
-  steps       [{mode: "low-overhead"|"per-kernel", run, warmup, phase: "prefill"|"decode", step, tokens, start_ms, ms}]
-  samples     [{kernel, parent: "vm"|"kv_cache", phase, step, run, warmup, start_ms, ms}]   (every kernel call)
-  method      (optional) how the samples were taken: {kind: "real run", timer: "timestamp-query",
-               runtime, adapter, bytes} for webgpu; {kind: "rpc", ...} over TVM RPC
-Statistics exclude warm-up samples (warmup: true), which stay in the file.
+Top-level keys: schema, version, model, display_name, quantization, target, target_name, device,
+num_layers, config, metrics (load, TTFT, prefill, decode percentiles, tok/s, memory, overhead),
+generated_tokens, kernels (role, bytes moved per call), steps (one per forward step and mode),
+samples (one per kernel call) and, optionally, method (how the samples were taken); field by
+field in docs/profiler.md. Statistics exclude warm-up samples (warmup: true), kept in the file.
 """
 
 from __future__ import annotations
@@ -23,14 +14,11 @@ import math
 from pathlib import Path
 
 from ..config import short_repr, short_text
+from ..errors import ProfileError
 
 SCHEMA = "mlcpipe-profile"
 VERSION = 1
 _REQUIRED = ("schema", "version", "model", "quantization", "target", "device", "config", "metrics", "kernels", "steps", "samples")
-
-
-class ProfileError(ValueError):
-    pass
 
 
 def load_profile(path: str | Path) -> dict:
@@ -119,8 +107,10 @@ def save_profile(data: dict, path: str | Path) -> None:
 
 
 def device_kernel_name(profile: dict, kernel: str) -> str:
-    """The kernel as the device sees it: GPU kernels carry TVM's `_kernel` suffix."""
-    return kernel if profile["target"]["kind"] == "llvm" else f"{kernel}_kernel"
+    """The kernel as the device sees it: GPU kernels carry TVM's `_kernel` suffix (KERNEL_SUFFIX)."""
+    from ..backends import backend
+
+    return kernel + backend(profile["target"]["kind"]).KERNEL_SUFFIX
 
 
 def measured_samples(profile: dict, phase: str | None = None) -> list[dict]:
@@ -174,12 +164,13 @@ def overhead_metrics(per_kernel_total_ms: float, low_overhead_total_ms: float) -
 
 
 def run_records(low_steps: list[dict], steps: list[dict], samples: list[tuple], warmup: int) -> dict:
-    """The profile's `steps` (both modes; each {run, phase, step, tokens, start_ns, ns}) and
+    """The profile's `steps` (both modes; each {run, phase, step, tokens, start_ns, ns[, first_token_ns]}) and
     `samples` ((kernel, parent, phase, step, run, start_ns, ns) per kernel call)."""
     return {
         "steps": [
             {"mode": mode, "run": s["run"], "warmup": s["run"] < warmup, "phase": s["phase"], "step": s["step"],
-             "tokens": s["tokens"], "start_ms": s["start_ns"] / 1e6, "ms": s["ns"] / 1e6}
+             "tokens": s["tokens"], "start_ms": s["start_ns"] / 1e6, "ms": s["ns"] / 1e6,
+             **({"first_token_ms": s["first_token_ns"] / 1e6} if "first_token_ns" in s else {})}
             for mode, step_list in (("low-overhead", low_steps), ("per-kernel", steps)) for s in step_list
         ],
         "samples": [

@@ -16,9 +16,9 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..artifact import ArtifactError
+from ..errors import ArtifactError
 from ..runners.dawn import WebGPUEngine
-from .measure import _kernel_params, _percentiles, uncounted_params
+from .measure import kernel_params, percentiles, ttft_ms, uncounted_params
 from .schema import overhead_metrics, profile_header, run_records
 
 _SINGLE = re.compile(r"^(B|batch_size|num_seq)$")  # one sequence
@@ -60,7 +60,7 @@ def profile(engine: WebGPUEngine, prompt_len: int = 32, gen_len: int = 8, runs: 
     engine.check_tokens([0] * prompt_len, gen_len)
     prompt = [int(t) for t in np.random.default_rng(seed).integers(0, engine.vocab_size, size=prompt_len)]
     kernels = {k["name"]: k for k in manifest["kernels"]}
-    skip = uncounted_params(_kernel_params(engine.artifact), manifest)
+    skip = uncounted_params(kernel_params(engine.artifact), manifest)
     total = (warmup + runs) * 2
     done = 0
     low_steps: list[dict] = []
@@ -71,6 +71,7 @@ def profile(engine: WebGPUEngine, prompt_len: int = 32, gen_len: int = 8, runs: 
 
     def one_run(run: int, timed: bool, out: list[dict]) -> list[int]:
         engine.timed = timed
+        t_request = time.perf_counter_ns()  # TTFT counts from here: a new sequence, prefill, first token
         engine.reset()
         t_start = time.perf_counter_ns()
         generated: list[int] = []
@@ -89,6 +90,8 @@ def profile(engine: WebGPUEngine, prompt_len: int = 32, gen_len: int = 8, runs: 
             out.append({"run": run, "phase": "prefill" if step == 0 else "decode", "step": step,
                         "tokens": len(prompt) if step == 0 else 1, "start_ns": t0 - t_start, "ns": t1 - t0})
             generated.append(int(np.argmax(logits)))
+            if step == 0:
+                out[-1]["first_token_ns"] = time.perf_counter_ns() - t_request
         return generated
 
     def record(run: int, timed: bool, phase: str, step: int, n_tokens: int, start_ns: int) -> None:
@@ -133,10 +136,10 @@ def profile(engine: WebGPUEngine, prompt_len: int = 32, gen_len: int = 8, runs: 
                    "adapter": engine.adapter_info, "bytes": "manifest argument shapes at the step's token count"},
         "metrics": {
             "load_ms": engine.load_seconds * 1e3,
-            "ttft_ms": float(np.median([s["ns"] / 1e6 for s in low_steps if s["run"] >= warmup and s["phase"] == "prefill"])),
+            "ttft_ms": ttft_ms(low_steps, warmup),
             "prefill_ms": p50_prefill,
             "prefill_tok_s": prompt_len / (p50_prefill / 1e3),
-            "decode_ms_per_token": _percentiles(low_decode),
+            "decode_ms_per_token": percentiles(low_decode),
             "decode_tok_s": 1e3 / p50_decode if p50_decode else 0.0,
             "warmup_prefill_ms": [s["ns"] / 1e6 for s in low_steps if s["run"] < warmup and s["phase"] == "prefill"],
             "peak_host_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,

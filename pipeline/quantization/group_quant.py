@@ -90,7 +90,7 @@ class GroupQuantize:
 
     # ---- shape rules -------------------------------------------------------------------
     def check_shapes(self, config) -> None:
-        from ..config import ConfigError
+        from ..errors import ConfigError
 
         fields = {
             "hidden_size": config.hidden_size,

@@ -13,6 +13,9 @@ import os
 import shutil
 from pathlib import Path
 
+from ..errors import RunnerError
+from . import node_modules
+
 BROWSER_RUNNER = Path(__file__).resolve().parent / "web" / "browser_runner.mjs"
 BROWSER_ADAPTERS = ("swiftshader", "gpu", "auto")
 DEFAULT_CHROMIUM = "/usr/bin/chromium"
@@ -25,8 +28,6 @@ def chromium_path() -> Path:
 
 def browser_command(adapter: str | None) -> tuple[str, list[str], dict[str, str]]:
     """(adapter, argv, env) of the browser runner; RunnerError (one line) when it cannot start."""
-    from .dawn import RunnerError, node_modules
-
     adapter = "auto" if adapter in (None, "auto") else adapter
     if adapter not in BROWSER_ADAPTERS:
         raise RunnerError(f"--browser --adapter {adapter}: Chromium picks its WebGPU adapter; allowed swiftshader, gpu or auto")

@@ -20,9 +20,11 @@ from pathlib import Path
 
 import numpy as np
 
-from ..artifact import RUN_FIELDS, RUNTIME_CONFIG, ArtifactError, read_manifest, verified_library
+from ..artifact import RUN_FIELDS, RUNTIME_CONFIG, read_manifest, verified_library
+from ..errors import ArtifactError, RunnerError
 from ..generation import Generation
 from ..weights import TENSOR_CACHE
+from . import node_modules
 
 RUNNER = Path(__file__).resolve().parent / "web" / "node_runner.mjs"
 ADAPTERS = ("gles", "swiftshader", "gpu")
@@ -31,17 +33,6 @@ SWIFTSHADER_ICD = Path("/usr/lib/chromium/vk_swiftshader_icd.json")
 # within Vulkan's precision bounds (sin/cos: 2^-11 absolute), ~2e-4 of a RoPE output
 ADAPTER_TOLERANCE = {"swiftshader": {"float32": 5e-4}}
 _SETUP_HINT = "run scripts/setup-debian.sh (it installs node, the adapters' system packages and `npm ci`)"
-
-
-class RunnerError(ValueError):
-    """The WebGPU runner cannot start or was refused (one line for the user)."""
-
-
-def node_modules() -> Path:
-    """The npm packages the runners import: $MLCPIPE_NODE_MODULES, else the checkout's
-    node_modules (package.json at the repository root, installed by `npm ci`)."""
-    env = os.environ.get("MLCPIPE_NODE_MODULES")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "node_modules"
 
 
 def _gpu_present() -> bool:

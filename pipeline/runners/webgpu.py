@@ -1,62 +1,20 @@
 """Run TVM-generated WebGPU (WGSL) kernels on this machine: wgpu-py on Vulkan (lavapipe, the CPU).
 
-`run_primfunc(func, target, args)` compiles an already scheduled (thread-bound) PrimFunc for the
-webgpu target and launches its kernels the way TVM's web runtime does in the browser
-(tvm/web/src/webgpu.ts, `createShadeInternal` and the host code calling it):
-
-* the kernels and their order come from the host function: the TIR just before MakePackedAPI
-  holds one `T.call_ffi_kernel(name, buffers..., pod args..., launch extents...)` per launch,
-  interpreted here with the argument shapes (symbolic extents evaluated, host-side let bindings,
-  loops and branches followed);
-* each kernel's WGSL and function info are what the artifact ships: the serialized "webgpu"
-  module (`{name: FunctionInfo}`, `{name: WGSL}`), the function info also being
-  `inspect_source("func_info")`;
-* bindings 0..n-1 are the buffer arguments in order ("storage" where `paramWriteAccess` says the
-  kernel writes, else "read-only-storage"); binding n is a uniform `PODArgs` struct of the scalar
-  arguments (i32/u32/f32 by their arg_types) followed by `packGridDimX` (u32);
-* the grid is blockIdx.{x,y} from the launch extents; blockIdx.z is reserved: an x extent of
-  2^16 or more is folded into z (halving x, rounding up) and `packGridDimX` carries the real x
-  extent so the kernel recomputes `blockIdx.z * gridDim.x + blockIdx.x` and returns past it.
-
-TVM bug worked around here (TVM 0.27, WebGPU codegen): the early return of a packed grid is
-`if (blockIdx.z * gridDim.x + blockIdx.x > podArgs.packGridDimX) { return; }` -- `>` where `>=`
-is needed. When the x extent is >= 65536 and halving it rounds up (x not a power-of-two multiple
-that fits), one extra workgroup with index == packGridDimX runs past the end of the grid and
-reads/writes one block beyond the kernel's range (in a browser, into whatever the buffer holds
-there; with robust buffer access an exactly-sized buffer just drops the writes). Grids under
-65536 workgroups in x are unaffected. The runner patches the comparison to `>=` in the WGSL it
-compiles (PATCH_PACK_GRID_CHECK); the artifact's kernels.wgsl / lib.wasm keep TVM's code.
-
-The wgpu adapter and device are created once per process (with "shader-f16", "timestamp-query"
-and subgroups when the adapter has them, and the adapter's buffer-size limits); compiled kernels
-and pipelines are cached per process.
-
-Subgroups (kernels built for a webgpu target with `supports_subgroups: true`): wgpu-native names
-the feature "subgroup" (lavapipe: 8 lanes, llvmpipe's 256-bit SIMD; `subgroup_sizes()` measures
-them with a probe shader, since wgpu-py's adapter info only carries the spec defaults 4 and 128).
-Its WGSL front end (naga) rejects TVM's `enable subgroups;` ("this enable-extension specifies
-standard functionality which is not yet implemented in Naga") and allows subgroup operations
-once the device has the feature, so the runner drops that directive from the WGSL it compiles
-(PATCH_SUBGROUPS_ENABLE; the artifact keeps it: browsers require it). One-line errors refuse a
-kernel enabling subgroups where the device lacks the feature, and one using subgroup operations
-where the adapter's subgroups are not the target's thread_warp_size (TVM 0.27 fixes it to 32
-with subgroups) unless its workgroup is a single subgroup (1-D, at most that many invocations):
-TVM lowers cross-thread reductions for 32-lane subgroups, which gives wrong sums on 8 lanes
-(dlight's rms_norm: NaN on lavapipe).
-
-Repeated and timed calls: `prepare(func, target, args)` uploads
-the arrays (or takes `DeviceArray`s from `upload`, shared between calls) and builds everything a
-call needs once; `time_calls(calls)` dispatches prepared calls back to back and times them
-(`timer_kind()`: WebGPU timestamp queries where the adapter has them, else synchronised wall time).
+`run_primfunc(func, target, args)` compiles a scheduled (thread-bound) PrimFunc for webgpu and
+launches its kernels as TVM's web runtime does in a browser: kernel order from the host function,
+WGSL and function info from the serialized "webgpu" module, buffers bound in order plus a uniform
+PODArgs, x grids of 2^16 or more folded into z. `prepare` / `time_calls` repeat and time calls.
+TVM's packed-grid bound check is patched (PATCH_PACK_GRID_CHECK) and `enable subgroups;` dropped
+for naga (PATCH_SUBGROUPS_ENABLE). Details, the TVM bug, subgroups: docs/webgpu.md.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
-import struct
 import tempfile
 import time
 from dataclasses import dataclass
@@ -64,6 +22,8 @@ from typing import Any
 
 import numpy as np
 import tvm
+
+from ..backends.binfmt import BlobReader, ModuleBlob
 
 # Workaround for TVM's `> packGridDimX` (see the module docstring).
 PATCH_PACK_GRID_CHECK = True
@@ -77,7 +37,7 @@ _SUBGROUP_OP = re.compile(r"\bsubgroup[A-Z]\w*\s*\(|@builtin\(\s*subgroup_")
 _WORKGROUP_SIZE = re.compile(r"@workgroup_size\((\d+)(?:,\s*(\d+))?(?:,\s*(\d+))?")
 # The feature's name: the spec's "subgroups", wgpu-native's "subgroup" (wgpu 0.32).
 _SUBGROUP_FEATURES = ("subgroups", "subgroup")
-# Same build configuration as pipeline.build uses for GPU targets (TIR CSE off).
+# The GPU backends' PASS_CONFIG (TIR CSE off), as pipeline.build compiles with.
 _PASS_CONFIG = {"tirx.disable_cse_tir": True}
 _MAX_GRID_X = 1 << 16  # tvmjs folds x extents from this size on into blockIdx.z
 
@@ -172,6 +132,26 @@ def adapter_info() -> dict[str, Any]:
     return dict(_STATE["adapter"].info)
 
 
+def clear_pipeline_cache() -> None:
+    """Forget the compute pipelines built so far (the next calls build them again)."""
+    _PIPELINES.clear()
+
+
+@contextlib.contextmanager
+def features_hidden(*names: str):
+    """The device as if its adapter lacked the features `names` (e.g. "subgroups"): to check how
+    kernels needing them are refused. The pipeline cache is cleared on entry and on exit."""
+    get_device()
+    saved = _STATE["features"]
+    _STATE["features"] = saved - set(names)
+    clear_pipeline_cache()
+    try:
+        yield
+    finally:
+        _STATE["features"] = saved
+        clear_pipeline_cache()
+
+
 # ---- compile -----------------------------------------------------------------------------------
 
 
@@ -191,57 +171,22 @@ class _Compiled:
     warp_size: int = 1  # the target's thread_warp_size: subgroup width assumed
 
 
-class _Reader:
-    """Sequential reader of TVM's little-endian serialization (u64 counts, u64-sized strings)."""
-
-    def __init__(self, data: bytes):
-        self.data, self.pos = data, 0
-
-    def u64(self) -> int:
-        (value,) = struct.unpack_from("<Q", self.data, self.pos)
-        self.pos += 8
-        return value
-
-    def bytes(self) -> bytes:
-        size = self.u64()
-        value = self.data[self.pos : self.pos + size]
-        self.pos += size
-        return value
-
-    def str(self) -> str:
-        return self.bytes().decode()
-
-    def skip(self, nbytes: int) -> None:
-        self.pos += nbytes
-
-    def done(self) -> bool:
-        return self.pos >= len(self.data)
-
-
 def _read_webgpu_blob(runtime_module) -> dict[str, str]:
     """{kernel: WGSL} from the serialized "webgpu" module, as the artifact packs it."""
     pack = tvm.get_global_func("runtime.ModulePackImportsToTensor")
-    blob = _Reader(pack(runtime_module).numpy().tobytes())
-    blob.u64()  # total size
-    for _ in range(2):  # import tree: indptr, child indices
-        blob.skip(8 * blob.u64())
-    while not blob.done():
-        kind = blob.bytes()
-        if kind == b"_lib":
-            continue
-        data = _Reader(blob.bytes())
-        if kind != b"webgpu":
-            continue
-        # {name: FunctionInfo} then {name: WGSL}; skip the first, read the second
+    payloads = ModuleBlob.parse(pack(runtime_module).numpy().tobytes()).payloads(b"webgpu")
+    if not payloads:
+        raise RuntimeError("the compiled module has no webgpu device module (is the function thread-bound?)")
+    data = BlobReader(payloads[0])
+    # {name: FunctionInfo} then {name: WGSL}; skip the first, read the second
+    for _ in range(data.u64()):
+        data.str()  # key
+        data.str()  # FunctionInfo.name
+        data.skip(4 * data.u64())  # arg_types (DLDataType)
         for _ in range(data.u64()):
-            data.str()  # key
-            data.str()  # FunctionInfo.name
-            data.skip(4 * data.u64())  # arg_types (DLDataType)
-            for _ in range(data.u64()):
-                data.str()  # launch_param_tags
-            data.skip(4 * data.u64())  # arg_extra_tags (int32 enum)
-        return {data.str(): data.str() for _ in range(data.u64())}
-    raise RuntimeError("the compiled module has no webgpu device module (is the function thread-bound?)")
+            data.str()  # launch_param_tags
+        data.skip(4 * data.u64())  # arg_extra_tags (int32 enum)
+    return {data.str(): data.str() for _ in range(data.u64())}
 
 
 def _compile(func: tvm.tirx.PrimFunc, target: tvm.target.Target) -> _Compiled:

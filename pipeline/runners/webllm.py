@@ -11,8 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..errors import RunnerError
 from ..mlc_contract import check_library, check_model_dir
-from .dawn import DawnRunner, RunnerError, node_modules
+from . import node_modules
+from .dawn import DawnRunner
 
 
 @dataclass(frozen=True)

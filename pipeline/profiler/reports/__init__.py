@@ -1,6 +1,6 @@
 """Reports of a profile (see `..schema`): pure functions of the profile dict, one module per format.
 
-  md, text  kernel statistics tables (seed 003), then roles/bandwidth and the run summary (`tables`)
+  md, text  kernel statistics tables, then roles/bandwidth and the run summary (`tables`)
   events    count/total/avg/min/max/p95/p99 per phase, parent/op, kernel, role, matmul shape (`events`)
   phase     per-phase "GPU Profile Report" blocks and TTFT / tok/s / [metrics] lines (`phase`)
   csv       one row per kernel per phase (`csvfmt`)
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 
-from ._common import resolve_peak_gbps
+from ._common import ROLES, matmul_shape, percentile, resolve_peak_gbps
 from .csvfmt import render_csv
 from .events import render_events
 from .html import render_html
@@ -23,7 +23,7 @@ from .trace import render_trace
 
 FORMATS = ("md", "text", "events", "phase", "csv", "trace", "html", "json")
 
-__all__ = ["FORMATS", "parse_table", "parse_tables", "render"]
+__all__ = ["FORMATS", "ROLES", "matmul_shape", "parse_table", "parse_tables", "percentile", "render", "resolve_peak_gbps"]
 
 
 def render(profile: dict, fmt: str, peak_gbps: float | None = None) -> str:

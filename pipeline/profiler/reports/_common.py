@@ -58,13 +58,9 @@ def resolve_peak_gbps(profile: dict, peak_gbps: float | None) -> float | None:
     name = profile.get("target_name")
     if not name:
         return None
-    try:
-        from ...targets import load_target
+    from ...targets import preset_peak_gbps
 
-        value = load_target(name).peak_gbps
-    except Exception:  # noqa: BLE001 - a preset removed or renamed since the run: no peak column
-        return None
-    return float(value) if value else None
+    return preset_peak_gbps(name)
 
 
 def is_matmul(kernel: str) -> bool:

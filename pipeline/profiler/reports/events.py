@@ -1,16 +1,8 @@
-"""The event summary ("events"), after seeds 000_fb4da915fdf45b12.txt / 001_01b2008c0e8c1635.txt.
-
-Seed conventions kept: a leading blank line, `=== Analyzing <source> ===`, `Total events: N`,
-sections `Title:` with two-space-indented `label: count=N | total=X.XXms | avg=X.XXXms |
-min=X.XXXms | max=X.XXXms | p95_ms=X.XXXms, p99_ms=X.XXXms` lines (total two decimals, the rest
-three; p95/p99 by linear interpolation), `label: no samples` where a group has none, rows by total
-time (event types by count), a blank line after each section, and the nested two-level form of
-the seed's matmul shape section.
-
-Our events are the profile's samples (one kernel call each) and steps (one forward step each).
-In "Event type summary" the `(count=N)` counts every event of that type in the file, warm-up
-included; the statistics after it use the measured (non warm-up) ones only, as every other
-section does.
+"""The event summary ("events"): `=== Analyzing <source> ===`, `Total events: N`, then sections of
+`label: count=N | total=… | avg=… | min=… | max=… | p95_ms=…, p99_ms=…` lines by event type,
+phase, parent/op, kernel, role and matmul shape. Events are the profile's samples (one kernel
+call each) and steps (one forward step each); statistics use the measured (non warm-up) ones.
+Layout: docs/profiler.md.
 """
 
 from __future__ import annotations

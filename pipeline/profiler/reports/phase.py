@@ -1,18 +1,6 @@
-"""The per-phase profile report ("phase"), after seed 002_b259a8c8aedd2a44.txt.
-
-Seed conventions kept: a `[Profile] <phase>:` line, `[Profile] GPU Profile Report`, a rule of
-50 `─`, `Kernel                      Time (ms)       %` (name left-justified to 25, time
-right-justified to 12, percent to 8, one decimal), rows by time, a rule, `TOTAL`, a blank line;
-then `[Perf] TTFT: Xms | Prefill: Xms | Decode: Xms (N tokens @ X.X tok/s)` (whole ms), a memory
-line and the `[metrics]` lines. The seed's `[browser:…] [t ms]` log prefixes are the browser
-harness's, not the report's, and are left out.
-
-One block per phase, each the kernel time of one pass (mean over the measured runs): the prefill
-of the prompt, and the N = gen_len - 1 decode steps of one generation. The summary's numbers are
-the low-overhead mode's (as the profile's metrics): TTFT / Prefill = median prefill step, Decode
-= median over runs of the summed decode steps, its tok/s = N / Decode; `[metrics] tok/s`:
-total = gen_len / (TTFT + Decode), prefill and decode = the profile's prefill_tok_s and
-decode_tok_s (1000 / p50 ms per token).
+"""The per-phase profile report ("phase"): per phase a `[Profile] GPU Profile Report` block of
+kernel time per pass (mean over the measured runs), then the `[Perf] TTFT | Prefill | Decode`
+line and the `[metrics]` lines from the profile's metrics. Layout: docs/profiler.md.
 """
 
 from __future__ import annotations

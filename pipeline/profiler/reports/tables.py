@@ -1,26 +1,9 @@
-"""The kernel statistics report ("md" and "text"), after seed 003_cc11731e73870592.txt, and a
-parser that reads its tables back.
+"""The kernel statistics report ("md" and "text") and a parser that reads its tables back.
 
-The seed's part, byte for byte in its conventions:
-  * `## Profiling Analysis: <display_name> <quantization> on <device>`, `<small>`, the top 10,
-    `---`, the full statistics sorted by total time, `</small>`, `---`;
-  * "Top 10 Most Time-Consuming Kernels" are the first ten rows of the statistics (by total time,
-    in that order), showing their peak time (the seed's peak column is not sorted: the ranking is
-    total time);
-  * md (GFM): cells are `| ` + value left-justified to the column width + ` |`; the dash rule is
-    width + 2; name column width = longest name in that table + 2, the other widths fixed (top 10:
-    13; statistics: 14, 10, 12, 13, 10, 12); a header longer than its column overflows it, as in
-    the seed;
-  * text (fixed width): cells joined by ` | `, every cell left-justified (trailing spaces kept),
-    name column = longest name + 2, others 15 / 10 / 15 / 15 / 12 / 12 (top 10: 15), a dash rule
-    as wide as the table;
-  * two decimals, `%` signs, device kernel names (`device_kernel_name`).
-(The seed's last rows sometimes lose trailing spaces, irregularly (0 to 2 left); those are paste
-artifacts with no rule and are not reproduced: every row is padded.)
-
-After the seed's part: "Roles and bandwidth" (per kernel and phase: role, bytes per call, GB/s,
-% of peak bandwidth, GFLOP/s of matmuls whose shapes the profile records), "Time by role" and
-"Run summary".
+`## Profiling Analysis: <display_name> <quantization> on <device>`, the top 10 kernels by total
+time, the full statistics (md: GFM; text: fixed width; column widths in docs/profiler.md), then
+"Roles and bandwidth" (per kernel and phase: role, bytes per call, GB/s, % of peak, GFLOP/s of
+matmuls), "Time by role" and "Run summary".
 """
 
 from __future__ import annotations
