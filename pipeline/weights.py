@@ -13,7 +13,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from .artifact import RUNTIME_CONFIG, ArtifactError, atomic_directory, write_json
+from .artifact import RUNTIME_CONFIG, WEIGHTS_WRITER, ArtifactError, atomic_directory, check_not_inside, write_json
 from .config import ConfigError, ModelConfig, check_quantization
 from .mlc_contract import TENSOR_CACHE, copy_tokenizer_files, mlc_chat_config
 from .model import MODELS
@@ -144,45 +144,51 @@ def convert_weights(
 ) -> Path:
     """Quantize `source` ("synthetic" or a HF dir) into `output`: a model directory MLC-LLM and
     WebLLM load (shards + tensor-cache.json + mlc-chat-config.json + the checkpoint's tokenizer
-    files, listed in the config's `tokenizer_files`; none for synthetic weights)."""
+    files, listed in the config's `tokenizer_files`; none for synthetic weights). `output` must be
+    new, empty or an mlcpipe weights directory, and neither be nor contain nor lie inside `source`;
+    it is locked while converting and replaced in one step."""
     from tvm.contrib import tvmjs
 
     check_quantization(config, quant)
     if str(source) != "synthetic" and not Path(source).is_dir():
         raise ArtifactError(f"--source {source}: not a directory (expected a Hugging Face checkpoint or 'synthetic')")
+    if str(source) != "synthetic":
+        check_not_inside(output, Path(source))
     scheme = QUANTIZATIONS[quant]
-    expected = expected_parameters(config, quant)
-    stored: dict[str, np.ndarray] = {}
-    total_params = 0
-    for name, weight in logical_weights(config, source, seed):
-        total_params += weight.size
-        stored.update(scheme.quantize_param(name, weight))
-    for name, shape, dtype in expected:
-        if name not in stored:
-            raise ArtifactError(f"{source}: no tensor produced for parameter '{name}'")
-        if tuple(stored[name].shape) != shape or str(stored[name].dtype) != dtype:
-            raise ArtifactError(
-                f"{source}: parameter '{name}' is {list(stored[name].shape)} {stored[name].dtype}, "
-                f"the model expects {list(shape)} {dtype}"
+    with atomic_directory(Path(output), kind="weights") as tmp:
+        expected = expected_parameters(config, quant)
+        stored: dict[str, np.ndarray] = {}
+        total_params = 0
+        for name, weight in logical_weights(config, source, seed):
+            total_params += weight.size
+            stored.update(scheme.quantize_param(name, weight))
+        for name, shape, dtype in expected:
+            if name not in stored:
+                raise ArtifactError(f"{source}: no tensor produced for parameter '{name}'")
+            if tuple(stored[name].shape) != shape or str(stored[name].dtype) != dtype:
+                raise ArtifactError(
+                    f"{source}: parameter '{name}' is {list(stored[name].shape)} {stored[name].dtype}, "
+                    f"the model expects {list(shape)} {dtype}"
+                )
+        ordered = {name: stored[name] for name, _, _ in expected}
+        total_bytes = sum(a.nbytes for a in ordered.values())
+        with contextlib.redirect_stdout(io.StringIO()):
+            tvmjs.dump_tensor_cache(
+                ordered,
+                str(tmp),
+                encode_format="raw",
+                meta_data={
+                    "ParamSize": len(ordered),
+                    "ParamBytes": total_bytes,
+                    "BitsPerParam": total_bytes * 8.0 / max(total_params, 1),
+                    "writer": WEIGHTS_WRITER,  # the ownership marker (artifact.owner_kind)
+                    "model": config.name,
+                    "quantization": quant,
+                    "source": "synthetic" if str(source) == "synthetic" else str(Path(source).resolve()),
+                    "seed": seed if str(source) == "synthetic" else None,
+                },
+                show_progress=False,
             )
-    ordered = {name: stored[name] for name, _, _ in expected}
-    total_bytes = sum(a.nbytes for a in ordered.values())
-    with atomic_directory(Path(output)) as tmp, contextlib.redirect_stdout(io.StringIO()):
-        tvmjs.dump_tensor_cache(
-            ordered,
-            str(tmp),
-            encode_format="raw",
-            meta_data={
-                "ParamSize": len(ordered),
-                "ParamBytes": total_bytes,
-                "BitsPerParam": total_bytes * 8.0 / max(total_params, 1),
-                "model": config.name,
-                "quantization": quant,
-                "source": "synthetic" if str(source) == "synthetic" else str(Path(source).resolve()),
-                "seed": seed if str(source) == "synthetic" else None,
-            },
-            show_progress=False,
-        )
         copied = copy_tokenizer_files(Path(source), tmp) if str(source) != "synthetic" else []
         write_json(tmp / RUNTIME_CONFIG, mlc_chat_config(config, quant, tmp, copied))
     log(f"[mlcpipe] wrote {len(ordered)} tensors ({total_bytes / 2**20:.1f} MiB) to {output}")
