@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from ..config import CONFIG_DIR, MODELS_DIR, ConfigError, check_quantization, load_model_config
+from ..config import CONFIG_DIR, MODELS_DIR, ConfigError, check_path_name, check_quantization, load_model_config
 from ..quantization import QUANTIZATIONS
 
 DEFAULT_MATRIX = CONFIG_DIR / "nightly.yaml"
@@ -98,6 +98,7 @@ def _targets(path: Path, raw: list) -> list[TargetEntry]:
             item = {"name": item}
         if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not item["name"]:
             raise _err(path, field, item, "expected a target preset name or {name, preset, options}")
+        check_path_name(path, f"{field}.name", item["name"])  # part of the cell's directory name
         extra = set(item) - {"name", "preset", "options"}
         if extra:
             raise _err(path, f"{field}.{sorted(extra)[0]}", item[sorted(extra)[0]], "allowed keys: name, preset, options")
