@@ -145,13 +145,30 @@ def lock_path(path: Path) -> Path:
     return Path(path).parent / f".{Path(path).name}.lock"
 
 
+def _flock(fd: int, wait: bool, tries: int = 10) -> None:
+    """Exclusive flock; without `wait`, a few quick tries (a cleaner's probe holds it for an
+    instant, `_lock_held`) before BlockingIOError."""
+    import fcntl
+    import time
+
+    if wait:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return
+    for attempt in range(tries):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if attempt == tries - 1:
+                raise
+            time.sleep(0.05)
+
+
 @contextlib.contextmanager
 def write_lock(path: Path, wait: bool = False, role: str = "") -> Iterator[None]:
     """Hold `.<name>.lock` beside `path` (flock; the OS drops it when the process dies). Taken:
     wait for it (`wait`), or one-line ArtifactError naming the holder's pid. The lock file is
     removed on release (re-checked by inode on acquire, so a removed file is never trusted)."""
-    import fcntl
-
     lock = lock_path(path)
     while True:
         try:
@@ -162,7 +179,7 @@ def write_lock(path: Path, wait: bool = False, role: str = "") -> Iterator[None]
             why = f"{blocker} is not a directory" if blocker else f"{exc.strerror}: {exc.filename}"
             raise ArtifactError(f"cannot write {path}{role}: {why}") from None
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | (0 if wait else fcntl.LOCK_NB))
+            _flock(fd, wait)
         except BlockingIOError:
             holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
             os.close(fd)
@@ -223,10 +240,29 @@ def _remove(path: Path) -> None:
             path.unlink()
 
 
+def _lock_held(path: Path) -> bool:
+    """Whether some process holds `path`'s write lock now (the lock file is never created here)."""
+    import fcntl
+
+    try:
+        fd = os.open(lock_path(path), os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
 def remove_leftovers(directory: Path, names: set[str] | list[str] | None = None) -> list[Path]:
     """Remove the `.<name>.{tmp,old,work}-<pid>-<hex>` entries of `directory` whose pid is dead
-    (of `names` only, when given): leftovers of killed writers. Nothing else is touched. A lost
-    `<name>` whose `.old-` copy survived (a kill inside the two-rename fallback) is restored."""
+    (of `names` only, whose locks the caller holds; else only where `<name>`'s lock is free, so a
+    writer in another pid namespace keeps its temp dir): leftovers of killed writers. Nothing else
+    is touched. A lost `<name>` whose `.old-` copy survived (a kill in the two-rename fallback) is
+    restored."""
     directory = Path(directory)
     if not directory.is_dir():
         return []
@@ -234,6 +270,8 @@ def remove_leftovers(directory: Path, names: set[str] | list[str] | None = None)
     for path in sorted(directory.iterdir()):
         m = _LEFTOVER.match(path.name)
         if not m or (names is not None and m["name"] not in names) or _alive(int(m["pid"])):
+            continue
+        if names is None and _lock_held(directory / m["name"]):
             continue
         final = directory / m["name"]
         if m["tag"] == "old" and not os.path.lexists(final):

@@ -502,8 +502,8 @@ def test_ctrl_c_keeps_the_previous_cells(nightlies):
     """Was: Ctrl-C replaced the previous good cell with an "interrupted" stub. Now the cell keeps
     its directory and log, the summary says "interrupted", exit 130, and nothing is left over."""
     got = nightlies["ctrl_c"]
+    assert got["cell"] == nightlies["kept"], "the previous good cell (directory or log) changed"
     assert got["code"] == 130, got["stderr"][-3000:]
-    assert got["cell"] == nightlies["kept"]
     (record,) = got["index"]["cells"]
     assert record["status"] == "interrupted" and record["previous_status"] == "passed"
     assert "keeps the previous run's result" in record["error"]
