@@ -1,14 +1,25 @@
-"""Artifact directories: atomic creation (temp dir + rename), file checksums, manifest reading."""
+"""Output directories: ownership (mlcpipe replaces only what it wrote), per-writer locks, atomic
+replacement (one renameat2 exchange), leftovers of killed runs, checksums, manifest reading.
+
+Every writer (build, convert-weights, nightly cells and cache entries) goes through
+`atomic_directory`: it takes `.<name>.lock` beside the directory, removes what killed writers left
+(`.<name>.tmp-<pid>-*` / `.<name>.old-<pid>-*` of dead pids), checks ownership (`check_writable`),
+builds into a temp dir and swaps it in with one RENAME_EXCHANGE. Where the kernel or file system
+has no renameat2 it falls back to two renames; a kill between them leaves `.<name>.old-<pid>-*`,
+which the next writer renames back when `<name>` is missing.
+"""
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import hashlib
 import json
 import os
 import re
+import secrets
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -18,27 +29,327 @@ from .errors import ArtifactError
 
 MANIFEST = "manifest.json"
 RUNTIME_CONFIG = "mlc-chat-config.json"
+TENSOR_CACHE = "tensor-cache.json"
+ARTIFACT_FORMAT = "mlcpipe-artifact/1"
+WEIGHTS_WRITER = "mlcpipe"  # tensor-cache.json metaData["writer"] of convert-weights
+NIGHTLY_MARKER = ".mlcpipe-nightly"  # in a nightly --out directory
+CACHE_MARKER = ".mlcpipe-cache"  # in a nightly cell cache
+KINDS = {"artifact": "an mlcpipe artifact", "weights": "an mlcpipe weights directory",
+         "nightly": "an mlcpipe nightly directory", "cache": "an mlcpipe nightly cache"}
+_LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<tag>tmp|old|work)-(?P<pid>\d+)-[0-9a-f]{8}$")
+
+
+# ---- ownership ------------------------------------------------------------------------------------
+
+def _json(path: Path) -> dict:
+    """A JSON object file's content; {} when absent, unreadable or not an object."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def owner_kind(path: Path) -> str | None:
+    """Which mlcpipe writer's marker `path` holds: "artifact", "weights", "nightly", "cache" or None."""
+    path = Path(path)
+    if not path.is_dir():
+        return None
+    if str(_json(path / MANIFEST).get("format", "")).startswith("mlcpipe-artifact"):
+        return "artifact"
+    meta = _json(path / TENSOR_CACHE).get("metadata")
+    if isinstance(meta, dict) and (meta.get("writer") == WEIGHTS_WRITER or {"model", "quantization", "source"} <= set(meta)):
+        return "weights"  # (weights converted before the writer key: mlcpipe's own metaData keys)
+    if (path / NIGHTLY_MARKER).is_file() or str(_json(path / "index.json").get("format", "")).startswith("mlcpipe-nightly") \
+            or any(_json(d / "result.json").get("cell") == d.name for d in path.iterdir() if d.is_dir()):
+        return "nightly"
+    if (path / CACHE_MARKER).is_file() or ((path / ".lock").is_file() and all(
+            re.fullmatch(r"[0-9a-f]{64}", d.name) and d.is_dir() for d in path.iterdir() if not d.name.startswith("."))):
+        return "cache"  # (caches made before the marker: a .lock and entries named by their SHA-256)
+    return None
+
+
+def _owned_files(path: Path, kind: str) -> set[str] | None:
+    """Relative paths of the files mlcpipe wrote in `path` (None: every file, the marker cannot say)."""
+    if kind == "artifact":
+        files = _json(path / MANIFEST).get("files")
+        if not isinstance(files, dict) or not files:
+            return None
+        params = path / "params"  # weights converted into it after the build (convert-weights --output <artifact>/params)
+        extra = _owned_files(params, "weights") if owner_kind(params) == "weights" else set()
+        return {MANIFEST, *files, *(f"params/{f}" for f in extra)}
+    if kind == "weights":
+        from .mlc_contract import TOKENIZER_FILES
+
+        records = _json(path / TENSOR_CACHE).get("records")
+        shards = {r.get("dataPath") for r in records if isinstance(r, dict)} if isinstance(records, list) else set()
+        return {TENSOR_CACHE, RUNTIME_CONFIG, *TOKENIZER_FILES, *(s for s in shards if isinstance(s, str))}
+    return None
+
+
+def _files(path: Path) -> list[str]:
+    out = []
+    for dirpath, dirnames, filenames in os.walk(path):
+        dirnames.sort()
+        rel = Path(dirpath).relative_to(path)
+        out += [(rel / f).as_posix() for f in sorted(filenames)]
+        out += [(rel / d).as_posix() + "/" for d in dirnames if not os.listdir(Path(dirpath) / d)]
+    return out
+
+
+def refusal(path: Path, why: str, role: str = "") -> ArtifactError:
+    return ArtifactError(f"refusing to write {path}{role}: {why}; choose an empty or new directory")
+
+
+def check_writable(path: Path, kind: str, role: str = "") -> None:
+    """`path` may be (re)written by the `kind` writer: it does not exist, is an empty directory,
+    or holds that writer's marker and no file mlcpipe did not create. Else one-line ArtifactError
+    (`role`: how the user named it, e.g. " (--cache)")."""
+    path = Path(path)
+    if not os.path.lexists(path):
+        return
+    if path.is_symlink() or not path.is_dir():
+        what = "a symbolic link" if path.is_symlink() else "a file"
+        raise refusal(path, f"it is {what}, not a directory mlcpipe created", role)
+    files = _files(path)
+    if not files:
+        return
+    found = owner_kind(path)
+    if found is None:
+        raise refusal(path, f"it holds files mlcpipe did not create (e.g. {files[0]})", role)
+    if found != kind:
+        raise refusal(path, f"it is {KINDS[found]}, not {KINDS[kind]}", role)
+    owned = _owned_files(path, kind)
+    if owned is not None:
+        foreign = [f for f in files if f not in owned]
+        if foreign:
+            raise refusal(path, f"it holds files mlcpipe did not create (e.g. {foreign[0]})", role)
+
+
+def check_not_inside(output: Path, source: Path, output_flag: str = "--output", source_flag: str = "--source") -> None:
+    """Refuse an output that is, contains or lies inside an input directory (a write there would
+    replace or delete the input)."""
+    out, src = Path(output).resolve(), Path(source).resolve()
+    if out == src:
+        raise ArtifactError(f"refusing to write {output}: {output_flag} is the {source_flag} directory {source}; choose an empty or new directory")
+    if src in out.parents:
+        raise ArtifactError(f"refusing to write {output}: {output_flag} lies inside the {source_flag} directory {source}; choose a directory outside it")
+    if out in src.parents:
+        raise ArtifactError(f"refusing to write {output}: {output_flag} contains the {source_flag} directory {source}; choose a directory outside it")
+
+
+# ---- locks ----------------------------------------------------------------------------------------
+
+def lock_path(path: Path) -> Path:
+    return Path(path).parent / f".{Path(path).name}.lock"
+
+
+def _flock(fd: int, wait: bool, tries: int = 10) -> None:
+    """Exclusive flock; without `wait`, a few quick tries (a cleaner's probe holds it for an
+    instant, `_lock_held`) before BlockingIOError."""
+    import fcntl
+    import time
+
+    if wait:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return
+    for attempt in range(tries):
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if attempt == tries - 1:
+                raise
+            time.sleep(0.05)
 
 
 @contextlib.contextmanager
-def atomic_directory(final: Path) -> Iterator[Path]:
-    """Yield a temp dir beside `final`; on success it replaces `final`, on error it vanishes."""
-    final = Path(final)
-    final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=final.parent))
+def write_lock(path: Path, wait: bool = False, role: str = "") -> Iterator[None]:
+    """Hold `.<name>.lock` beside `path` (flock; the OS drops it when the process dies). Taken:
+    wait for it (`wait`), or one-line ArtifactError naming the holder's pid. The lock file is
+    removed on release (re-checked by inode on acquire, so a removed file is never trusted)."""
+    lock = lock_path(path)
+    while True:
+        try:
+            lock.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:  # a parent that is a file, no permission, a read-only file system
+            blocker = next((a for a in Path(path).parents if os.path.lexists(a) and not a.is_dir()), None)
+            why = f"{blocker} is not a directory" if blocker else f"{exc.strerror}: {exc.filename}"
+            raise ArtifactError(f"cannot write {path}{role}: {why}") from None
+        try:
+            _flock(fd, wait)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            os.close(fd)
+            raise ArtifactError(f"refusing to write {path}{role}: it is being written by another mlcpipe (pid {holder}); "
+                                "wait for it to finish or choose another directory") from None
+        try:
+            same = (os.fstat(fd).st_ino, os.fstat(fd).st_dev) == (os.stat(lock).st_ino, os.stat(lock).st_dev)
+        except FileNotFoundError:
+            same = False
+        if same:
+            break
+        os.close(fd)  # the holder removed it as we waited: lock the new file
     try:
-        yield tmp
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(lock)
+        os.close(fd)
+
+
+# ---- leftovers and atomic replacement -------------------------------------------------------------
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another user's process
+    return True
+
+
+def temp_sibling(final: Path, tag: str = "tmp") -> Path:
+    """A new name `.<name>.<tag>-<pid>-<8 hex>` beside `final` (not created)."""
+    final = Path(final)
+    return final.parent / f".{final.name}.{tag}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def make_temp_dir(final: Path, tag: str = "tmp") -> Path:
+    while True:
+        path = temp_sibling(final, tag)
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+
+
+def _remove(path: Path) -> None:
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+
+
+def _lock_held(path: Path) -> bool:
+    """Whether some process holds `path`'s write lock now (the lock file is never created here)."""
+    import fcntl
+
+    try:
+        fd = os.open(lock_path(path), os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return False
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)
+
+
+def remove_leftovers(directory: Path, names: set[str] | list[str] | None = None) -> list[Path]:
+    """Remove the `.<name>.{tmp,old,work}-<pid>-<hex>` entries of `directory` whose pid is dead
+    (of `names` only, whose locks the caller holds; else only where `<name>`'s lock is free, so a
+    writer in another pid namespace keeps its temp dir): leftovers of killed writers. Nothing else
+    is touched. A lost `<name>` whose `.old-` copy survived (a kill in the two-rename fallback) is
+    restored."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        return []
+    removed = []
+    for path in sorted(directory.iterdir()):
+        m = _LEFTOVER.match(path.name)
+        if not m or (names is not None and m["name"] not in names) or _alive(int(m["pid"])):
+            continue
+        if names is None and _lock_held(directory / m["name"]):
+            continue
+        final = directory / m["name"]
+        if m["tag"] == "old" and not os.path.lexists(final):
+            os.rename(path, final)
+            continue
+        _remove(path)
+        removed.append(path)
+    return removed
+
+
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def _rename_exchange(a: Path, b: Path) -> bool:
+    """Swap two paths atomically (Linux renameat2 RENAME_EXCHANGE); False where unsupported."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        fn = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+    if fn(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, f"renameat2({a}, {b}, RENAME_EXCHANGE): {os.strerror(err)}")
+
+
+def replace_directory(tmp: Path, final: Path) -> None:
+    """Make `tmp` be `final` in one step: a rename when `final` is absent, else one exchange
+    (`final` is the new dir at every instant; the old one, now at `tmp`'s name, is deleted after).
+    Fallback without renameat2: final -> .old-, tmp -> final (see remove_leftovers)."""
+    if not os.path.lexists(final):
+        os.rename(tmp, final)
+        return
+    if _rename_exchange(tmp, final):
+        _remove(tmp)
+        return
+    old = temp_sibling(final, "old")
+    os.rename(final, old)
+    try:
+        os.rename(tmp, final)
     except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        os.rename(old, final)
         raise
-    old = None
-    if final.exists():
-        old = final.parent / f".{final.name}.old-{tmp.name[-8:]}"
-        final.rename(old)
-    tmp.chmod(0o755)  # mkdtemp makes it 0700
-    tmp.rename(final)
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    _remove(old)
+
+
+def normalize_output(path: Path) -> Path:
+    """Absolute, and a symlink to a directory resolved (its target is what gets written)."""
+    path = Path(os.path.abspath(path))
+    return path.resolve() if path.is_symlink() and path.resolve().is_dir() else path
+
+
+@contextlib.contextmanager
+def atomic_directory(final: Path, kind: str | None = None, wait: bool = False, role: str = "") -> Iterator[Path]:
+    """Yield a temp dir beside `final`; on success it replaces `final` (one exchange), on error it
+    vanishes. Holds `final`'s write lock throughout (`wait`: wait for another writer, else a
+    one-line error); with `kind`, `final` must pass `check_writable` (before and again at the swap).
+    A symlink `final` to a directory writes that directory."""
+    final = normalize_output(final)
+    if not final.name:
+        raise refusal(final, "it is a file system root", role)
+    with write_lock(final, wait=wait, role=role):
+        remove_leftovers(final.parent, {final.name})
+        if kind is not None:
+            check_writable(final, kind, role)
+        tmp = make_temp_dir(final)
+        try:
+            yield tmp
+            if kind is not None:
+                check_writable(final, kind, role)  # nothing foreign appeared while we built
+            tmp.chmod(0o755)
+            replace_directory(tmp, final)
+        except BaseException:
+            _remove(tmp)
+            raise
 
 
 def write_json(path: Path, data: Any) -> None:

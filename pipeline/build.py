@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import time
 from importlib import metadata
 from pathlib import Path
@@ -11,7 +13,7 @@ from typing import Any
 import tvm
 from tvm import relax
 
-from .artifact import MANIFEST, RUNTIME_CONFIG, atomic_directory, file_digests, write_json
+from .artifact import ARTIFACT_FORMAT, MANIFEST, RUNTIME_CONFIG, TENSOR_CACHE, ArtifactError, atomic_directory, check_not_inside, file_digests, write_json
 from .backends import backend
 from .kernel_info import kernel_roles, kv_cache_kernel_slots, launch_config
 from .config import REPO_ROOT, ModelConfig, check_quantization
@@ -123,6 +125,34 @@ def runtime_config(config: ModelConfig, quant: str) -> dict[str, Any]:
     return mlc_chat_config(config, quant)
 
 
+def keep_params(artifact: Path, tmp: Path, expected: list[tuple[str, list[int], str]], log=print) -> None:
+    """A rebuild without --weights: hard-link the artifact's `params/` into the new one (`tmp`)
+    when its tensors are exactly `expected` (name, shape, dtype); else refuse, one line."""
+    params = Path(artifact) / "params"
+    if not params.is_dir() or not any(params.iterdir()):
+        return
+    try:
+        cache = json.loads((params / TENSOR_CACHE).read_text())
+        stored = [(r["name"], [int(d) for d in r["shape"]], str(r["dtype"])) for shard in cache["records"] for r in shard["records"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        stored = None
+    if stored != expected:
+        why = "unreadable tensor-cache.json" if stored is None else next(
+            (f"tensor {a[0]!r} is {a[1]} {a[2]}, this build needs {b[1]} {b[2]}" for a, b in zip(stored, expected) if a != b),
+            f"{len(stored)} tensors, this build needs {len(expected)}")
+        raise ArtifactError(f"{params}: the existing weights do not fit this build ({why}); pass --weights to convert new ones, "
+                            "or move params/ away to build without weights")
+    for dirpath, _, filenames in os.walk(params):
+        dest = tmp / "params" / Path(dirpath).relative_to(params)
+        dest.mkdir(parents=True, exist_ok=True)
+        for name in filenames:
+            try:
+                os.link(Path(dirpath) / name, dest / name)
+            except OSError:
+                shutil.copy2(Path(dirpath) / name, dest / name)
+    log(f"[mlcpipe] keeping {params} (no --weights given; its {len(stored)} tensors fit this build)")
+
+
 def build(
     config: ModelConfig,
     quant: str,
@@ -137,7 +167,10 @@ def build(
     """Compile `config` at `quant` for `target` into an artifact directory; return its path.
 
     With `weights` (a Hugging Face directory or "synthetic") the converted weights are written
-    to `<artifact>/params/` as well. Nothing is left behind if any step fails. The manifest's
+    to `<artifact>/params/` as well; without, a rebuild keeps the artifact's existing `params/`
+    when they fit the new build's parameters (else a one-line error: nothing is dropped).
+    `output` must be new, empty or an mlcpipe artifact (`artifact.check_writable`); it is
+    locked while building and replaced in one step. Nothing is left behind if any step fails. The manifest's
     `files` maps every other file of the artifact to its SHA-256 and size (`mlcpipe verify`);
     `manifest_extra` adds keys to the manifest (e.g. the nightly cache key). Schedules take
     their knobs from the tuning database (`tuning_db`, default artifacts/tuning/<target>.json
@@ -145,12 +178,18 @@ def build(
     """
     check_quantization(config, quant)
     output = Path(output) if output else default_output(config, quant, target)
+    if weights is not None and str(weights) != "synthetic":
+        check_not_inside(output, Path(weights), "--output", "--weights")
     tvm_target = target.tvm_target()
     db = TuningDB.load(tuning_db or default_db_path(target.name))
     tuning = db.table(target.target)
     schedules: dict[str, Any] = {}
     started = time.perf_counter()
-    with atomic_directory(output) as tmp:
+    with atomic_directory(output, kind="artifact") as tmp:
+        if weights is None:
+            from .weights import expected_parameters
+
+            keep_params(output, tmp, [(n, list(shape), dtype) for n, shape, dtype in expected_parameters(config, quant)], log)
         log(f"[mlcpipe] exporting {config.name} ({quant}) for {target.name} {target.target}")
         mod, named_params = export_model(config, quant, tvm_target)
         fused: list[dict[str, Any]] = []
@@ -195,7 +234,7 @@ def build(
         write_json(
             tmp / MANIFEST,
             {
-                "format": "mlcpipe-artifact/1",
+                "format": ARTIFACT_FORMAT,
                 "model": config.name,
                 "display_name": config.display_name,
                 "quantization": quant,

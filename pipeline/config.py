@@ -12,6 +12,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -371,6 +372,17 @@ def parse_conv_template(raw: Any, path: str, vocab_size: int, field: str = "conv
     )
 
 
+# A name that becomes one path component (artifacts/<name>-<quant>-<target>, nightly cells).
+_PATH_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def check_path_name(path: Any, field: str, value: Any) -> None:
+    """`value` must be a safe single file name: no '/', '..', leading dot or other characters."""
+    if not isinstance(value, str) or not _PATH_NAME.fullmatch(value):
+        raise _err(str(path), field, value, "expected a name of letters, digits, '.', '_' and '-' (at most 128, "
+                   "starting with a letter or digit): it names directories")
+
+
 def parse_model_config(raw: Any, path: str) -> ModelConfig:
     """Validate a parsed YAML mapping; `path` is used in error messages only."""
     from .quantization import QUANTIZATIONS  # local: quantization imports nothing from here
@@ -390,8 +402,7 @@ def parse_model_config(raw: Any, path: str) -> ModelConfig:
         raise _err(path, unknown[0], raw[unknown[0]], f"unknown field; allowed: {sorted(known)}")
     if raw["architecture"] not in SUPPORTED_ARCHITECTURES:
         raise _err(path, "architecture", raw["architecture"], f"allowed: {list(SUPPORTED_ARCHITECTURES)}")
-    if not isinstance(raw["name"], str) or not raw["name"]:
-        raise _err(path, "name", raw["name"], "expected a non-empty string")
+    check_path_name(path, "name", raw["name"])
 
     ints = {field: _positive_int(path, raw, field) for field in _INT_FIELDS}
     raw_page = raw.get("page_size", 16)

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .artifact import sha256_file
+from .artifact import remove_leftovers, sha256_file, temp_sibling, write_lock
 from .config import REPO_ROOT, short_repr, short_text
 from .errors import ArtifactError
 
@@ -37,9 +37,13 @@ def target_key(target: dict[str, Any]) -> str:
 
 
 class TuningDB:
+    """Records in memory; `put` marks what this process changed, `save` merges those into the
+    file as it is then (under its lock), so concurrent tuners on one file keep each other's records."""
+
     def __init__(self, path: Path, records: dict[str, dict[str, dict]] | None = None):
         self.path = Path(path)
         self.records = records or {}
+        self._changed = {(key, sig) for key, table in self.records.items() for sig in table}
 
     @classmethod
     def load(cls, path: Path) -> "TuningDB":
@@ -77,7 +81,9 @@ class TuningDB:
                     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
                         raise ArtifactError(f"{where}: knob {short_text(knob)}: got {short_repr(value)}; "
                                             "expected an integer >= 0 (or null: the rule's choice)")
-        return cls(path, records)
+        db = cls(path)
+        db.records = records
+        return db
 
     def table(self, target: dict[str, Any]) -> dict[str, dict]:
         """signature -> record for one target (empty when never tuned there); each record's rule
@@ -103,13 +109,25 @@ class TuningDB:
 
     def put(self, target: dict[str, Any], signature: str, record: dict[str, Any]) -> None:
         self.records.setdefault(target_key(target), {})[signature] = record
+        self._changed.add((target_key(target), signature))
 
     def save(self) -> None:
-        """Write atomically (temp file + rename): a crash never leaves half a database."""
+        """Under the file's lock (waiting for another writer): re-read it, apply this process's
+        `put`s, write a temp file and rename it over (a crash never leaves half a database)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
-        tmp.write_text(json.dumps({"schema": SCHEMA, "version": VERSION, "records": self.records}, indent=1, sort_keys=True) + "\n")
-        os.replace(tmp, self.path)
+        with write_lock(self.path, wait=True):
+            remove_leftovers(self.path.parent, {self.path.name})
+            merged = TuningDB.load(self.path).records
+            for key, sig in sorted(self._changed):
+                merged.setdefault(key, {})[sig] = self.records[key][sig]
+            tmp = temp_sibling(self.path)
+            try:
+                tmp.write_text(json.dumps({"schema": SCHEMA, "version": VERSION, "records": merged}, indent=1, sort_keys=True) + "\n")
+                os.replace(tmp, self.path)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
+        self.records, self._changed = merged, set()
 
     def digest(self) -> str | None:
         return sha256_file(self.path) if self.path.exists() else None

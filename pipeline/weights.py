@@ -15,7 +15,7 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from .artifact import RUNTIME_CONFIG, atomic_directory, confined, read_json, sha256_file, verify_bytes, write_json
+from .artifact import RUNTIME_CONFIG, WEIGHTS_WRITER, atomic_directory, check_not_inside, confined, read_json, sha256_file, verify_bytes, write_json
 from .config import ModelConfig, check_quantization, short_repr
 from .errors import ArtifactError, ConfigError
 from .mlc_contract import TENSOR_CACHE, copy_tokenizer_files, detect_tokenizer_info, mlc_chat_config
@@ -257,55 +257,61 @@ def convert_weights(
 ) -> Path:
     """Quantize `source` ("synthetic" or a HF dir) into `output`: a model directory MLC-LLM and
     WebLLM load (shards + tensor-cache.json + mlc-chat-config.json + the checkpoint's tokenizer
-    files, listed in the config's `tokenizer_files`; none for synthetic weights)."""
+    files, listed in the config's `tokenizer_files`; none for synthetic weights). `output` must be
+    new, empty or an mlcpipe weights directory, and neither be nor contain nor lie inside `source`;
+    it is locked while converting and replaced in one step."""
     from tvm.contrib import tvmjs
 
     check_quantization(config, quant)
     if str(source) != "synthetic" and not Path(source).is_dir():
         raise ArtifactError(f"--source {source}: not a directory (expected a Hugging Face checkpoint or 'synthetic')")
+    if str(source) != "synthetic":
+        check_not_inside(output, Path(source))
     if str(source) != "synthetic" and (Path(source) / "tokenizer.json").is_file():  # refused before it is copied
         detect_tokenizer_info(Path(source))
         Tokenizer.check(Path(source) / "tokenizer.json")
     scheme = QUANTIZATIONS[quant]
-    expected = expected_parameters(config, quant)
-    stored: dict[str, np.ndarray] = {}
-    total_params = 0
-    limit = value_limit(quant)
-    for name, weight in logical_weights(config, source, seed, limit=limit):
-        total_params += weight.size
-        for stored_name, array in scheme.quantize_param(name, weight).items():
-            with np.errstate(over="ignore"):  # a q4f16_1 scale's largest dequantized value, (14 - 7) * scale
-                peak = array * array.dtype.type(scheme.zero_point) if stored_name.endswith(".q_scale") else array
-            if array.dtype.kind == "f" and not np.isfinite(peak).all():  # e.g. a q4f16_1 scale that rounded up
-                raise ArtifactError(f"{source}: parameter '{stored_name}' is not finite in {array.dtype} (max |weight| of "
-                                    f"{name}: {float(np.abs(weight).max()):.6g}); {limit[1] if limit else ''}")
-            stored[stored_name] = array
-    for name, shape, dtype in expected:
-        if name not in stored:
-            raise ArtifactError(f"{source}: no tensor produced for parameter '{name}'")
-        if tuple(stored[name].shape) != shape or str(stored[name].dtype) != dtype:
-            raise ArtifactError(
-                f"{source}: parameter '{name}' is {list(stored[name].shape)} {stored[name].dtype}, "
-                f"the model expects {list(shape)} {dtype}"
+    with atomic_directory(Path(output), kind="weights") as tmp:  # owned / locked before any work
+        expected = expected_parameters(config, quant)
+        stored: dict[str, np.ndarray] = {}
+        total_params = 0
+        limit = value_limit(quant)
+        for name, weight in logical_weights(config, source, seed, limit=limit):
+            total_params += weight.size
+            for stored_name, array in scheme.quantize_param(name, weight).items():
+                with np.errstate(over="ignore"):  # a q4f16_1 scale's largest dequantized value, (14 - 7) * scale
+                    peak = array * array.dtype.type(scheme.zero_point) if stored_name.endswith(".q_scale") else array
+                if array.dtype.kind == "f" and not np.isfinite(peak).all():  # e.g. a q4f16_1 scale that rounded up
+                    raise ArtifactError(f"{source}: parameter '{stored_name}' is not finite in {array.dtype} (max |weight| of "
+                                        f"{name}: {float(np.abs(weight).max()):.6g}); {limit[1] if limit else ''}")
+                stored[stored_name] = array
+        for name, shape, dtype in expected:
+            if name not in stored:
+                raise ArtifactError(f"{source}: no tensor produced for parameter '{name}'")
+            if tuple(stored[name].shape) != shape or str(stored[name].dtype) != dtype:
+                raise ArtifactError(
+                    f"{source}: parameter '{name}' is {list(stored[name].shape)} {stored[name].dtype}, "
+                    f"the model expects {list(shape)} {dtype}"
+                )
+        ordered = {name: stored[name] for name, _, _ in expected}
+        total_bytes = sum(a.nbytes for a in ordered.values())
+        with contextlib.redirect_stdout(io.StringIO()):
+            tvmjs.dump_tensor_cache(
+                ordered,
+                str(tmp),
+                encode_format="raw",
+                meta_data={
+                    "ParamSize": len(ordered),
+                    "ParamBytes": total_bytes,
+                    "BitsPerParam": total_bytes * 8.0 / max(total_params, 1),
+                    "writer": WEIGHTS_WRITER,  # the ownership marker (artifact.owner_kind)
+                    "model": config.name,
+                    "quantization": quant,
+                    "source": "synthetic" if str(source) == "synthetic" else str(Path(source).resolve()),
+                    "seed": seed if str(source) == "synthetic" else None,
+                },
+                show_progress=False,
             )
-    ordered = {name: stored[name] for name, _, _ in expected}
-    total_bytes = sum(a.nbytes for a in ordered.values())
-    with atomic_directory(Path(output)) as tmp, contextlib.redirect_stdout(io.StringIO()):
-        tvmjs.dump_tensor_cache(
-            ordered,
-            str(tmp),
-            encode_format="raw",
-            meta_data={
-                "ParamSize": len(ordered),
-                "ParamBytes": total_bytes,
-                "BitsPerParam": total_bytes * 8.0 / max(total_params, 1),
-                "model": config.name,
-                "quantization": quant,
-                "source": "synthetic" if str(source) == "synthetic" else str(Path(source).resolve()),
-                "seed": seed if str(source) == "synthetic" else None,
-            },
-            show_progress=False,
-        )
         add_shard_digests(tmp)
         copied = copy_tokenizer_files(Path(source), tmp) if str(source) != "synthetic" else []
         write_json(tmp / RUNTIME_CONFIG, mlc_chat_config(config, quant, tmp, copied))

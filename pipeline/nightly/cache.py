@@ -3,7 +3,7 @@
 A cell's key is the SHA-256 of everything its build depends on (model config, quantization,
 resolved target, the source under pipeline/ and schedules/, the target's tuning database, tvm /
 tvm-ffi / mlcpipe versions). `<key>/artifact/` holds the artifact, `<key>/checks-<checks key>/`
-its check results; both are written as a temp dir + rename and trusted only when every file
+its check results; both are written as a temp dir + one exchange (leftovers of killed runs removed by the next) and trusted only when every file
 matches its SHA-256. Details: docs/nightly.md.
 """
 
@@ -12,19 +12,16 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
-import time
 from pathlib import Path
 from typing import Any
 
-from ..artifact import read_manifest, sha256_file
+from ..artifact import CACHE_MARKER, read_manifest, remove_leftovers, sha256_file
 from ..build import package_versions
 from ..config import REPO_ROOT, ModelConfig
 from ..targets import TargetSpec
 from .verify import verify_artifact, verify_files
 
 CODE_DIRS = ("pipeline", "schedules")
-STALE_TMP_SECONDS = 24 * 3600  # temp dirs older than this are left-overs of killed runs
 
 
 def _versions() -> dict[str, str]:
@@ -118,8 +115,8 @@ def lookup_checks(cache_dir: Path, key: str, ckey: str) -> Path | None:
 
 class CacheLock:
     """Held (shared) by every nightly run using a cache for as long as it runs; the OS drops it when
-    the process dies, even by SIGKILL. A run that finds no other holder removes the temp dirs that
-    killed runs left behind, since nobody can still be writing them."""
+    the process dies, even by SIGKILL. On entry the cache gets its marker (`.mlcpipe-cache`) and
+    the temp dirs of killed runs (dead pids in their names) are removed, at the top and in entries."""
 
     def __init__(self, cache_dir: Path) -> None:
         self.path = Path(cache_dir) / ".lock"
@@ -128,17 +125,13 @@ class CacheLock:
     def __enter__(self) -> "CacheLock":
         import fcntl
 
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._file = open(self.path, "a")  # noqa: SIM115 - held until __exit__
-        try:
-            fcntl.flock(self._file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            max_age = 0.0
-        except BlockingIOError:  # another run is using the cache: only old leftovers go
-            max_age = STALE_TMP_SECONDS
         root = self.path.parent
-        for directory in [root, *(d for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))]:
-            remove_stale_temp_dirs(directory, max_age=max_age)  # entries, and check results inside them
+        root.mkdir(parents=True, exist_ok=True)
+        if not (root / CACHE_MARKER).is_file():
+            (root / CACHE_MARKER).write_text("mlcpipe nightly cell cache\n")
+        self._file = open(self.path, "a")  # noqa: SIM115 - held until __exit__
         fcntl.flock(self._file, fcntl.LOCK_SH)
+        remove_stale_temp_dirs(root)
         return self
 
     def __exit__(self, *exc) -> None:
@@ -147,16 +140,9 @@ class CacheLock:
             self._file = None
 
 
-def remove_stale_temp_dirs(directory: Path, names: list[str] | None = None, max_age: float = STALE_TMP_SECONDS) -> None:
-    """Remove `.<name>.tmp-*` / `.<name>.old-*` left by killed runs: those of `names` at once,
-    any other once older than `max_age` seconds (a concurrent run may still be writing it)."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        return
-    now = time.time()
-    for path in directory.iterdir():
-        if not path.name.startswith(".") or not (".tmp-" in path.name or ".old-" in path.name):
-            continue
-        owner = path.name[1:].rsplit(".tmp-", 1)[0].rsplit(".old-", 1)[0]
-        if (names is not None and owner in names) or now - path.stat().st_mtime > max_age:
-            shutil.rmtree(path, ignore_errors=True)
+def remove_stale_temp_dirs(root: Path) -> None:
+    """Remove what killed runs left in the cache (`artifact.remove_leftovers`: only
+    `.<name>.{tmp,old,work}-<pid>-<hex>` of dead pids), at the top and inside each entry."""
+    root = Path(root)
+    for directory in [root, *(d for d in root.iterdir() if d.is_dir() and not d.name.startswith("."))]:
+        remove_leftovers(directory)

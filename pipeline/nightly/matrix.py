@@ -8,7 +8,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from ..config import CONFIG_DIR, MODELS_DIR, check_quantization, load_model_config, load_yaml, short_repr, short_text
+from ..config import CONFIG_DIR, MODELS_DIR, check_path_name, check_quantization, load_model_config, load_yaml, short_repr, short_text
 from ..errors import ConfigError
 from ..quantization import QUANTIZATIONS
 
@@ -98,6 +98,7 @@ def _targets(path: Path, raw: list) -> list[TargetEntry]:
             item = {"name": item}
         if not isinstance(item, dict) or not isinstance(item.get("name"), str) or not item["name"]:
             raise _err(path, field, item, "expected a target preset name or {name, preset, options}")
+        check_path_name(path, f"{field}.name", item["name"])  # part of the cell's directory name
         extra = set(item) - {"name", "preset", "options"}
         if extra:
             raise _err(path, f"{field}.{sorted(extra)[0]}", item[sorted(extra)[0]], "allowed keys: name, preset, options")

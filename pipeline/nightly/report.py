@@ -144,7 +144,8 @@ def summary_markdown(index: dict) -> str:
     s = index["summary"]
     lines = [f"# Nightly {Path(index['out']).name}: {s['passed']}/{s['cells']} cells passed", ""]
     lines.append(f"Matrix `{index['matrix']['file']}`; {s['cached']} cells reused from the cache; "
-                 f"{s['failed']} failed; {s['missing']} missing. Generated {index['created']}.")
+                 f"{s['failed']} failed; {s['missing']} missing" + (f"; {s['interrupted']} interrupted (Ctrl-C; they keep "
+                 "their previous result)" if s.get("interrupted") else "") + f". Generated {index['created']}.")
     lines.append("")
     headers = ["Cell", "Status", "Build s", "Library", "Artifact", "Kernels", "Conformance",
                "Prefill tok/s", "Decode ms/tok", "Decode tok/s", "Reproducible"]
@@ -214,6 +215,7 @@ def write_reports(out: Path, matrix: Matrix, records: list[dict], previous: Path
         "passed": sum(r["status"] == "passed" for r in records),
         "failed": sum(r["status"] == "failed" for r in records),
         "missing": sum(r["status"] == "missing" for r in records),
+        "interrupted": sum(r["status"] == "interrupted" for r in records),
         "cached": sum(bool(r.get("cached")) for r in records),
     }
     index = {

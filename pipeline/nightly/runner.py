@@ -2,9 +2,12 @@
 process), `jobs` cells at a time, through the content-addressed cache (cache.py).
 
 A cell's output is `<out>/<cell>/` (artifact/, conformance and profile reports, result.json),
-created as a temp dir + rename; its log is `<out>/logs/<cell>.log`. A failing cell is recorded
-(result.json with the error and its log tail) and never stops the others. Profiles take the
-machine alone: a profile waits for running builds to finish and no build starts during it.
+created as a temp dir + one exchange; its log is `<out>/logs/<cell>.log` (written aside and moved
+in when the cell ends). A failing cell is recorded (result.json with the error and its log tail)
+and never stops the others. Ctrl-C stops the workers; a cell it interrupts keeps its previous
+directory and log (its partial log is `logs/<cell>.interrupted.log`) and is reported as
+"interrupted". Profiles take the machine alone: a profile waits for running builds to finish and
+no build starts during it.
 """
 
 from __future__ import annotations
@@ -14,9 +17,9 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import traceback
@@ -24,7 +27,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..artifact import MANIFEST, atomic_directory, file_digests, read_manifest, sha256_file, write_json
+from ..artifact import (MANIFEST, atomic_directory, file_digests, make_temp_dir, read_manifest, remove_leftovers,
+                        sha256_file, temp_sibling, write_json)
 from ..config import load_model_config
 from ..errors import ConfigError
 from ..targets import load_target
@@ -42,6 +46,10 @@ REBUILD_DIFFERS = "rebuild-differs"  # a cell's second build's copy of each file
 
 class CellError(RuntimeError):
     """A cell that could not be built or checked (one line; details in its log)."""
+
+
+class CellInterrupted(CellError):
+    """A cell stopped by Ctrl-C (or its worker by SIGINT): nothing of it is kept."""
 
 
 class _BuildsAndProfiles:
@@ -102,6 +110,7 @@ class Runner:
         self._stopping = threading.Event()
         self._code = cache.code_digest()
         self._started: dict[str, float] = {}
+        self.interrupted = False  # Ctrl-C stopped the run
 
     # ---- worker processes -------------------------------------------------------------------
 
@@ -113,7 +122,7 @@ class Runner:
     def _worker(self, cell: Cell, log, work: Path, **spec: Any) -> dict:
         """Run `python -m pipeline.nightly.worker` for `cell` with `spec`; its output goes to the log."""
         if self._stopping.is_set():
-            raise CellError("interrupted")
+            raise CellInterrupted("interrupted")
         spec = {"model": cell.model_source, "quant": cell.quant, "preset": cell.target.preset,
                 "options": cell.target.options, "result": str(work / "worker-result.json"), **spec}
         spec = {k: (str(v) if isinstance(v, Path) else v) for k, v in spec.items()}
@@ -132,6 +141,8 @@ class Runner:
             with self._children_lock:
                 self._children.discard(proc)
         log.flush()
+        if code != 0 and (self._stopping.is_set() or code == -signal.SIGINT):
+            raise CellInterrupted(f"interrupted (worker {'stopped' if self._stopping.is_set() else 'got SIGINT'})")
         if code != 0:
             tail = [ln for ln in log_tail(Path(log.name), 40) if not ln.startswith(("  File ", "    "))]
             last = tail[-1] if tail else ""
@@ -159,7 +170,7 @@ class Runner:
         """Build the cell into the cache (temp dir + rename); conformance runs in the same worker."""
         manifest_extra = {"nightly_cell": cell.id, "cache_key": key, "cache_inputs": inputs}
         conformance = cell.checks.get("conformance")
-        with atomic_directory(self.cache_dir / key) as entry:
+        with atomic_directory(self.cache_dir / key, wait=True) as entry:
             with self.machine.build():
                 result = self._worker(cell, log, work, build={"output": entry / "artifact", "manifest_extra": manifest_extra},
                                       artifact=entry / "artifact", checks_out=checks_out,
@@ -184,7 +195,7 @@ class Runner:
         return result
 
     def _store_checks(self, key: str, ckey: str, stage: Path, results: dict) -> None:
-        with atomic_directory(cache.checks_entry(self.cache_dir, key, ckey)) as entry:
+        with atomic_directory(cache.checks_entry(self.cache_dir, key, ckey), wait=True) as entry:
             for name in CHECK_REPORTS:
                 if (stage / name).is_file():
                     shutil.copy2(stage / name, entry / name)
@@ -201,38 +212,45 @@ class Runner:
         artifact = cache.lookup_artifact(self.cache_dir, key)
         cached = artifact is not None
         cached_checks = cache.lookup_checks(self.cache_dir, key, ckey) if cached else None
+        work = make_temp_dir(self.out / cell.id, "work")
+        try:
+            with atomic_directory(self.out / cell.id) as stage:
+                record = self._fill_cell(cell, log, work, stage, key, ckey, inputs, artifact, cached, cached_checks)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+        return record
+
+    def _fill_cell(self, cell: Cell, log, work: Path, stage: Path, key: str, ckey: str, inputs: dict,
+                   artifact: Path | None, cached: bool, cached_checks: Path | None) -> dict:
         results: dict[str, Any] = {}
-        with tempfile.TemporaryDirectory(prefix=f".{cell.id}.tmp-work-", dir=self.out) as tmp, \
-                atomic_directory(self.out / cell.id) as stage:  # fmt: skip
-            work = Path(tmp)
-            if cached:
-                log.write(f"[nightly] cache hit: {artifact}\n")
-            else:
-                log.write(f"[nightly] cache miss: building into {self.cache_dir / key}\n")
-                results = self._build_entry(cell, log, work, key, inputs, stage)
-                artifact = cache.artifact_entry(self.cache_dir, key)
-            if cached_checks is not None:
-                log.write(f"[nightly] check results reused: {cached_checks}\n")
-                for name in CHECK_REPORTS:
-                    if (cached_checks / name).is_file():
-                        shutil.copy2(cached_checks / name, stage / name)
-                results = json.loads((cached_checks / cache.CHECKS_INDEX).read_text())["results"]
-            else:
-                if cached and "conformance" in cell.checks:
-                    with self.machine.build():
-                        results.update(self._worker(cell, log, work, artifact=artifact, checks_out=stage,
-                                                    conformance=_settings(cell.checks["conformance"], ("sizes", "kernels"))))
-                if "profile" in cell.checks:
-                    with self.machine.profile():
-                        results.update(self._worker(cell, log, work, artifact=artifact, checks_out=stage,
-                                                    profile=_settings(cell.checks["profile"], ("prompt_len", "gen_len", "runs", "warmup"))))
-                if results and all(r.get("status") != "failed" for r in results.values()):
-                    self._store_checks(key, ckey, stage, results)
-            shutil.copytree(artifact, stage / "artifact")
-            if (artifact.parent / REBUILD_DIFFERS).is_dir():
-                shutil.copytree(artifact.parent / REBUILD_DIFFERS, stage / REBUILD_DIFFERS)
-            record = self._record(cell, stage, key, cached, cached_checks is not None, results)
-            write_json(stage / RESULT, record)
+        if cached:
+            log.write(f"[nightly] cache hit: {artifact}\n")
+        else:
+            log.write(f"[nightly] cache miss: building into {self.cache_dir / key}\n")
+            results = self._build_entry(cell, log, work, key, inputs, stage)
+            artifact = cache.artifact_entry(self.cache_dir, key)
+        if cached_checks is not None:
+            log.write(f"[nightly] check results reused: {cached_checks}\n")
+            for name in CHECK_REPORTS:
+                if (cached_checks / name).is_file():
+                    shutil.copy2(cached_checks / name, stage / name)
+            results = json.loads((cached_checks / cache.CHECKS_INDEX).read_text())["results"]
+        else:
+            if cached and "conformance" in cell.checks:
+                with self.machine.build():
+                    results.update(self._worker(cell, log, work, artifact=artifact, checks_out=stage,
+                                                conformance=_settings(cell.checks["conformance"], ("sizes", "kernels"))))
+            if "profile" in cell.checks:
+                with self.machine.profile():
+                    results.update(self._worker(cell, log, work, artifact=artifact, checks_out=stage,
+                                                profile=_settings(cell.checks["profile"], ("prompt_len", "gen_len", "runs", "warmup"))))
+            if results and all(r.get("status") != "failed" for r in results.values()):
+                self._store_checks(key, ckey, stage, results)
+        shutil.copytree(artifact, stage / "artifact")
+        if (artifact.parent / REBUILD_DIFFERS).is_dir():
+            shutil.copytree(artifact.parent / REBUILD_DIFFERS, stage / REBUILD_DIFFERS)
+        record = self._record(cell, stage, key, cached, cached_checks is not None, results)
+        write_json(stage / RESULT, record)
         return record
 
     def _record(self, cell: Cell, stage: Path, key: str, cached: bool, checks_cached: bool, results: dict) -> dict:
@@ -268,25 +286,38 @@ class Runner:
         }
 
     def run_cell(self, cell: Cell) -> dict:
-        """Build and check one cell; never raises (a failure is the returned record)."""
+        """Build and check one cell; never raises (a failure is the returned record). An
+        interrupted cell leaves `<out>/<cell>/` and its log as they were."""
         self._started[cell.id] = time.perf_counter()
         log_path = self.out / "logs" / f"{cell.id}.log"
-        with open(log_path, "w") as log:
-            try:
-                return self._run_cell(cell, log)
-            except Exception as exc:  # noqa: BLE001 - any failure of a cell is reported, not raised
-                if not isinstance(exc, (CellError, ConfigError)):
-                    traceback.print_exc(file=log)
-                error = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
-                log.write(f"[nightly] cell {cell.id} FAILED: {error}\n")
-        record = {
-            **_identity(cell), "status": "failed", "error": error,
-            "seconds": round(time.perf_counter() - self._started[cell.id], 2),
-            "log": f"logs/{cell.id}.log", "log_tail": log_tail(log_path),
-        }
-        with atomic_directory(self.out / cell.id) as stage:
-            write_json(stage / RESULT, record)
-        return record
+        work_log = temp_sibling(log_path)  # moved to log_path when the cell ends
+        interrupted = False
+        try:
+            with open(work_log, "w") as log:
+                try:
+                    record = self._run_cell(cell, log)
+                    os.replace(work_log, log_path)
+                    return record
+                except Exception as exc:  # noqa: BLE001 - any failure of a cell is reported, not raised
+                    interrupted = isinstance(exc, CellInterrupted) or self._stopping.is_set()
+                    if not isinstance(exc, (CellError, ConfigError)):
+                        traceback.print_exc(file=log)
+                    error = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+                    log.write(f"[nightly] cell {cell.id} {'INTERRUPTED' if interrupted else 'FAILED'}: {error}\n")
+            if interrupted:
+                os.replace(work_log, self.out / "logs" / f"{cell.id}.interrupted.log")
+                return interrupted_record(cell, f"logs/{cell.id}.interrupted.log")
+            record = {
+                **_identity(cell), "status": "failed", "error": error,
+                "seconds": round(time.perf_counter() - self._started[cell.id], 2),
+                "log": f"logs/{cell.id}.log", "log_tail": log_tail(work_log),
+            }
+            with atomic_directory(self.out / cell.id) as stage:
+                write_json(stage / RESULT, record)
+            os.replace(work_log, log_path)
+            return record
+        finally:
+            work_log.unlink(missing_ok=True)
 
     # ---- all cells ---------------------------------------------------------------------------
 
@@ -294,7 +325,8 @@ class Runner:
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / "logs").mkdir(exist_ok=True)
         self.cache_dir.mkdir(parents=True, exist_ok=True)
-        cache.remove_stale_temp_dirs(self.out, [c.id for c in self.cells], max_age=float("inf"))
+        remove_leftovers(self.out)  # what killed runs left (dead pids in the names), nothing else
+        remove_leftovers(self.out / "logs")
         with cache.CacheLock(self.cache_dir):
             return self._run_all()
 
@@ -319,12 +351,22 @@ class Runner:
                                if f in pending and c.id in self._started]
                     self.echo(f"[nightly] {len(records)}/{n} done; running: {', '.join(running) or '-'}")
         except KeyboardInterrupt:
-            self.echo("[nightly] interrupted: stopping workers (no partial cell is kept)")
+            self.echo("[nightly] interrupted: stopping workers (no partial cell is kept; interrupted cells keep their previous result)")
+            self.interrupted = True
             self.stop()
             pool.shutdown(wait=True, cancel_futures=True)
-            raise
+            for future, cell in futures.items():
+                if cell.id not in records:
+                    done = future.done() and not future.cancelled()
+                    records[cell.id] = future.result() if done else interrupted_record(cell, None)
+            return [records[c.id] for c in self.cells]
         pool.shutdown(wait=True)
         return [records[c.id] for c in self.cells]
+
+
+def interrupted_record(cell: Cell, log: str | None) -> dict:
+    """What the run reports for a cell Ctrl-C stopped (never written into the cell's directory)."""
+    return {**_identity(cell), "status": "interrupted", "error": "interrupted before it finished", "interrupted_log": log}
 
 
 def _identity(cell: Cell) -> dict:
@@ -337,7 +379,8 @@ def _settings(check: dict | None, keys: tuple[str, ...]) -> dict | None:
 
 
 def progress_line(done: int, total: int, record: dict) -> str:
-    head = f"[nightly] [{done}/{total}] {'PASS' if record['status'] == 'passed' else 'FAIL'} {record['cell']} ({record.get('seconds', 0):.1f} s"
+    word = {"passed": "PASS", "interrupted": "INTERRUPTED"}.get(record["status"], "FAIL")
+    head = f"[nightly] [{done}/{total}] {word} {record['cell']} ({record.get('seconds', 0):.1f} s"
     if record["status"] != "passed":
         tail = record.get("log_tail") or []
         lines = [f"{head}): {record.get('error')}; log: {record.get('log')}"]
