@@ -32,19 +32,31 @@ define linkonce_odr <16 x float> @mlcpipe_dpbf16ps(<16 x float> %acc, <16 x i32>
 }
 attributes #0 = { alwaysinline nounwind "target-features"="+avx512f,+avx512bf16" }
 """
-# the same on aarch64: four 128-bit BFDOTs (4 f32 lanes, 2 bf16 products each)
-ARM_IR = "declare <4 x float> @llvm.aarch64.neon.bfdot.v4f32.v8bf16(<4 x float>, <8 x bfloat>, <8 x bfloat>)\n" + \
-    "define linkonce_odr <16 x float> @mlcpipe_dpbf16ps(<16 x float> %acc, <16 x i32> %a, <16 x i32> %b) #0 {\n" + "".join(
-        f"  %acc{i} = shufflevector <16 x float> %acc, <16 x float> poison, <4 x i32> <{', '.join(f'i32 {4 * i + j}' for j in range(4))}>\n"
-        f"  %a{i}i = shufflevector <16 x i32> %a, <16 x i32> poison, <4 x i32> <{', '.join(f'i32 {4 * i + j}' for j in range(4))}>\n"
-        f"  %b{i}i = shufflevector <16 x i32> %b, <16 x i32> poison, <4 x i32> <{', '.join(f'i32 {4 * i + j}' for j in range(4))}>\n"
-        f"  %a{i} = bitcast <4 x i32> %a{i}i to <8 x bfloat>\n  %b{i} = bitcast <4 x i32> %b{i}i to <8 x bfloat>\n"
-        f"  %r{i} = call <4 x float> @llvm.aarch64.neon.bfdot.v4f32.v8bf16(<4 x float> %acc{i}, <8 x bfloat> %a{i}, <8 x bfloat> %b{i})\n"
-        for i in range(4)) + \
-    "  %lo = shufflevector <4 x float> %r0, <4 x float> %r1, <8 x i32> <i32 0, i32 1, i32 2, i32 3, i32 4, i32 5, i32 6, i32 7>\n" + \
-    "  %hi = shufflevector <4 x float> %r2, <4 x float> %r3, <8 x i32> <i32 0, i32 1, i32 2, i32 3, i32 4, i32 5, i32 6, i32 7>\n" + \
-    "  %r = shufflevector <8 x float> %lo, <8 x float> %hi, <16 x i32> <" + ", ".join(f"i32 {i}" for i in range(16)) + ">\n" + \
-    "  ret <16 x float> %r\n}\n" + 'attributes #0 = { alwaysinline nounwind "target-features"="+neon,+bf16" }\n'
+
+
+def _arm_ir() -> str:
+    """DPBF16 on aarch64: the 16 lanes as four 128-bit BFDOTs (4 f32 lanes, 2 bf16 products each)."""
+    def quarter(v: str, ty: str, i: int) -> str:
+        lanes = ", ".join(f"i32 {4 * i + j}" for j in range(4))
+        return f"shufflevector <16 x {ty}> %{v}, <16 x {ty}> poison, <4 x i32> <{lanes}>"
+
+    body = []
+    for i in range(4):
+        body += [f"%acc{i} = {quarter('acc', 'float', i)}", f"%a{i}i = {quarter('a', 'i32', i)}", f"%b{i}i = {quarter('b', 'i32', i)}",
+                 f"%a{i} = bitcast <4 x i32> %a{i}i to <8 x bfloat>", f"%b{i} = bitcast <4 x i32> %b{i}i to <8 x bfloat>",
+                 f"%r{i} = call <4 x float> @llvm.aarch64.neon.bfdot.v4f32.v8bf16(<4 x float> %acc{i}, <8 x bfloat> %a{i}, <8 x bfloat> %b{i})"]
+    eight = ", ".join(f"i32 {i}" for i in range(8))
+    body += [f"%lo = shufflevector <4 x float> %r0, <4 x float> %r1, <8 x i32> <{eight}>",
+             f"%hi = shufflevector <4 x float> %r2, <4 x float> %r3, <8 x i32> <{eight}>",
+             "%r = shufflevector <8 x float> %lo, <8 x float> %hi, <16 x i32> <" + ", ".join(f"i32 {i}" for i in range(16)) + ">",
+             "ret <16 x float> %r"]
+    return ("declare <4 x float> @llvm.aarch64.neon.bfdot.v4f32.v8bf16(<4 x float>, <8 x bfloat>, <8 x bfloat>)\n"
+            "define linkonce_odr <16 x float> @mlcpipe_dpbf16ps(<16 x float> %acc, <16 x i32> %a, <16 x i32> %b) #0 {\n"
+            + "".join(f"  {line}\n" for line in body) + "}\n"
+            'attributes #0 = { alwaysinline nounwind "target-features"="+neon,+bf16" }\n')
+
+
+ARM_IR = _arm_ir()
 # accumulators (16 f32 lanes each) that fit the vector registers with the pair's operands
 MAX_ACCUMULATORS = {"x86": 24, "arm": 4}  # arm: 4 NEON registers per 16 lanes
 DEFAULT_TILE = {"x86": (8, 2), "arm": (4, 1)}  # (block_n, token_vecs)
@@ -81,9 +93,7 @@ class PrefillGEMMBF16(CPUScheduleRule):
             return None
         isa = _isa(target)
         block_n, token_vecs = (v if v is not None else d for v, d in zip((self.block_n, self.token_vecs), DEFAULT_TILE[isa]))
-        if block_n < 1 or token_vecs < 1 or info.n % block_n or block_n * token_vecs > MAX_ACCUMULATORS[isa]:
-            return None
-        if self.low_batch < 0:
+        if block_n < 1 or token_vecs < 1 or info.n % block_n or block_n * token_vecs > MAX_ACCUMULATORS[isa] or self.low_batch < 0:
             return None
         sch = s_tir.Schedule(_build(info, block_n, token_vecs, isa, self.low_batch if isa == "x86" and not info.quantized else 0))
         sch.parallel(sch.get_loops(sch.get_sblock("x_bf16"))[0])
