@@ -29,6 +29,10 @@ from .errors import ArtifactError
 
 MANIFEST = "manifest.json"
 RUNTIME_CONFIG = "mlc-chat-config.json"
+# the tokenizer files MLC-LLM's model directories carry (copied from the checkpoint)
+TOKENIZER_FILES = (
+    "tokenizer.model", "tokenizer.json", "vocab.json", "merges.txt", "added_tokens.json", "tokenizer_config.json",
+)
 TENSOR_CACHE = "tensor-cache.json"
 ARTIFACT_FORMAT = "mlcpipe-artifact/1"
 WEIGHTS_WRITER = "mlcpipe"  # tensor-cache.json metaData["writer"] of convert-weights
@@ -79,8 +83,6 @@ def _owned_files(path: Path, kind: str) -> set[str] | None:
         extra = _owned_files(params, "weights") if owner_kind(params) == "weights" else set()
         return {MANIFEST, *files, *(f"params/{f}" for f in extra)}
     if kind == "weights":
-        from .mlc_contract import TOKENIZER_FILES
-
         records = _json(path / TENSOR_CACHE).get("records")
         shards = {r.get("dataPath") for r in records if isinstance(r, dict)} if isinstance(records, list) else set()
         return {TENSOR_CACHE, RUNTIME_CONFIG, *TOKENIZER_FILES, *(s for s in shards if isinstance(s, str))}

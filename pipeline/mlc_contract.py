@@ -15,16 +15,13 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from .artifact import MANIFEST, RUNTIME_CONFIG, confined, read_json, read_manifest
+from .artifact import MANIFEST, RUNTIME_CONFIG, TENSOR_CACHE, TOKENIZER_FILES, confined, read_json, read_manifest
 from .config import DEFAULT_CONV_TEMPLATE, ModelConfig, parse_conv_template, short_repr
 from .errors import ArtifactError
+from .tensor_cache import read_tensor_cache
 
 MLC_CHAT_CONFIG_VERSION = "0.1.0"
-TENSOR_CACHE = "tensor-cache.json"
 # The tokenizer files MLC-LLM's gen_config copies from a checkpoint, in its order.
-TOKENIZER_FILES = (
-    "tokenizer.model", "tokenizer.json", "vocab.json", "merges.txt", "added_tokens.json", "tokenizer_config.json",
-)
 # MLC-LLM's TokenizerInfo defaults (what it writes when there is no tokenizer.json to look at).
 DEFAULT_TOKENIZER_INFO = {"token_postproc_method": "byte_fallback", "prepend_space_in_encode": False,
                           "strip_space_in_decode": False}
@@ -228,7 +225,6 @@ def check_model_dir(weights_dir: str | Path) -> dict[str, Any]:
     cache_path = root / TENSOR_CACHE
     if not cache_path.is_file():
         raise MLCContractError(f"{root}: {TENSOR_CACHE} missing (the weights MLC-LLM / WebLLM load); run `mlcpipe convert-weights`")
-    from .weights import read_tensor_cache
 
     try:
         shards = [record["dataPath"] for record in read_tensor_cache(root)[1]]

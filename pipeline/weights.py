@@ -7,7 +7,6 @@ import contextlib
 import io
 import json
 import math
-import re
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -15,10 +14,11 @@ from pathlib import Path
 import ml_dtypes
 import numpy as np
 
-from .artifact import RUNTIME_CONFIG, WEIGHTS_WRITER, atomic_directory, check_not_inside, confined, read_json, sha256_file, verify_bytes, write_json
+from .artifact import RUNTIME_CONFIG, WEIGHTS_WRITER, atomic_directory, check_not_inside, read_json, sha256_file, verify_bytes, write_json
 from .config import ModelConfig, check_quantization, short_repr
 from .errors import ArtifactError, ConfigError
 from .mlc_contract import TENSOR_CACHE, copy_tokenizer_files, detect_tokenizer_info, mlc_chat_config
+from .tensor_cache import CACHE_DTYPES, read_tensor_cache, uint
 from .model import MODELS
 from .quantization import QUANTIZATIONS
 from .tokenizer import Tokenizer
@@ -48,10 +48,6 @@ _SAFETENSORS_ITEMSIZE = {
     "I16": 2, "U16": 2, "F16": 2, "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8,
 }
 MAX_SAFETENSORS_HEADER = 100_000_000  # the safetensors library's own limit
-
-
-def _uint(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 class SafetensorsDir:
@@ -114,9 +110,9 @@ def _read_safetensors_header(file: Path) -> tuple[dict, int]:
         dtype, shape, offsets = info.get("dtype"), info.get("shape"), info.get("data_offsets")
         if dtype not in _SAFETENSORS_ITEMSIZE:
             raise ArtifactError(f"{where}: dtype {short_repr(dtype)}; allowed: {sorted(_SAFETENSORS_ITEMSIZE)}")
-        if not isinstance(shape, list) or not all(_uint(d) for d in shape):
+        if not isinstance(shape, list) or not all(uint(d) for d in shape):
             raise ArtifactError(f"{where}: shape {short_repr(shape)}; expected a list of integers >= 0")
-        if not (isinstance(offsets, list) and len(offsets) == 2 and all(_uint(o) for o in offsets)):
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(uint(o) for o in offsets)):
             raise ArtifactError(f"{where}: data_offsets {short_repr(offsets)}; expected [start, end], integers >= 0")
         start, end = offsets
         if not start <= end <= data_size:
@@ -319,67 +315,6 @@ def convert_weights(
     return Path(output)
 
 
-_CACHE_DTYPES = {
-    "float16": np.float16, "float32": np.float32, "float64": np.float64, "bfloat16": ml_dtypes.bfloat16,
-    "int8": np.int8, "uint8": np.uint8, "int16": np.int16, "uint16": np.uint16, "int32": np.int32, "uint32": np.uint32,
-    "int64": np.int64, "uint64": np.uint64,
-}
-_HEX = {"sha256": 64, "md5sum": 32}
-
-
-def read_tensor_cache(weights_dir: Path) -> tuple[Path, list[dict]]:
-    """(tensor-cache.json, its shard records) with every field validated: each dataPath inside
-    `weights_dir`, a SHA-256 (mlcpipe's) or MD5 (MLC's) per shard, records of known dtypes and
-    raw format whose bytes lie inside their shard and match their shape; one-line ArtifactError."""
-    root = Path(weights_dir)
-    path = root / TENSOR_CACHE
-    if not path.is_file():
-        raise ArtifactError(f"{weights_dir}: {TENSOR_CACHE} missing; run `mlcpipe convert-weights` first")
-    cache = read_json(path, "tensor cache")
-    if not isinstance(cache, dict) or not isinstance(cache.get("records"), list):
-        raise ArtifactError(f"{path}: not a tensor cache (expected an object with a 'records' list)")
-    names: set[str] = set()
-    for i, shard in enumerate(cache["records"]):
-        field = f"{path}: field 'records[{i}]"
-        if not isinstance(shard, dict):
-            raise ArtifactError(f"{field}': got {short_repr(shard)}; expected a shard object")
-        confined(root, shard.get("dataPath"), f"{field}.dataPath'")
-        if shard.get("format") != "raw-shard":
-            raise ArtifactError(f"{field}.format': got {short_repr(shard.get('format'))}; allowed: 'raw-shard'")
-        if not _uint(shard.get("nbytes")):
-            raise ArtifactError(f"{field}.nbytes': got {short_repr(shard.get('nbytes'))}; expected an integer >= 0")
-        digests = [k for k in _HEX if k in shard]
-        if not digests:
-            raise ArtifactError(f"{field}': no 'sha256' or 'md5sum' recorded for {shard['dataPath']}; re-run `mlcpipe convert-weights`")
-        for key in digests:
-            if not (isinstance(shard[key], str) and re.fullmatch(f"[0-9a-f]{{{_HEX[key]}}}", shard[key])):
-                raise ArtifactError(f"{field}.{key}': got {short_repr(shard[key])}; expected {_HEX[key]} hex digits")
-        if not isinstance(shard.get("records"), list):
-            raise ArtifactError(f"{field}.records': got {short_repr(shard.get('records'))}; expected a list")
-        for j, rec in enumerate(shard["records"]):
-            where = f"{field}.records[{j}]"
-            if not isinstance(rec, dict) or not isinstance(rec.get("name"), str) or not rec["name"]:
-                raise ArtifactError(f"{where}': got {short_repr(rec)}; expected an object with a name")
-            if rec["name"] in names:
-                raise ArtifactError(f"{where}.name': {short_repr(rec['name'])} appears twice")
-            names.add(rec["name"])
-            dtype, shape = rec.get("dtype"), rec.get("shape")
-            if dtype not in _CACHE_DTYPES:
-                raise ArtifactError(f"{where}.dtype': got {short_repr(dtype)}; allowed: {sorted(_CACHE_DTYPES)}")
-            if rec.get("format", "raw") != "raw":
-                raise ArtifactError(f"{where}.format': got {short_repr(rec.get('format'))}; allowed: 'raw'")
-            if not isinstance(shape, list) or not all(_uint(d) for d in shape):
-                raise ArtifactError(f"{where}.shape': got {short_repr(shape)}; expected a list of integers >= 0")
-            offset, nbytes = rec.get("byteOffset"), rec.get("nbytes")
-            want = math.prod(shape) * np.dtype(_CACHE_DTYPES[dtype]).itemsize
-            if not _uint(nbytes) or nbytes != want:
-                raise ArtifactError(f"{where}.nbytes': got {short_repr(nbytes)}; shape {shape} {dtype} needs {want}")
-            if not _uint(offset) or offset + nbytes > shard["nbytes"]:
-                raise ArtifactError(f"{where}.byteOffset': got {short_repr(offset)}; the {nbytes} bytes must lie inside "
-                                    f"the shard's {shard['nbytes']} bytes")
-    return path, cache["records"]
-
-
 def read_shard(weights_dir: Path, cache_path: Path, shard: dict) -> bytes:
     """One shard's bytes, checked against the size and digest its tensor cache records (SHA-256
     when mlcpipe wrote it, else MLC's MD5) before any tensor is taken from it."""
@@ -421,5 +356,5 @@ def load_stored_weights(weights_dir: Path) -> dict[str, np.ndarray]:
         raw = read_shard(weights_dir, path, shard)
         for rec in shard["records"]:
             buf = raw[rec["byteOffset"] : rec["byteOffset"] + rec["nbytes"]]
-            out[rec["name"]] = np.frombuffer(buf, dtype=_CACHE_DTYPES[rec["dtype"]]).reshape(rec["shape"]).copy()
+            out[rec["name"]] = np.frombuffer(buf, dtype=CACHE_DTYPES[rec["dtype"]]).reshape(rec["shape"]).copy()
     return out

@@ -10,9 +10,9 @@ from pipeline.roles import ROLES, WEIGHT_ROLES, role_by_name, role_of_param
 def test_check_build_and_profiler_share_the_role_list():
     from benchmarks import mlcpipe_side
     from pipeline import conformance, kernel_info
-    from pipeline.profiler.reports import _common
+    from pipeline.profiler import reports
 
-    assert _common.ROLES is ROLES
+    assert reports.ROLES is ROLES
     assert conformance.WEIGHT_ROLES is WEIGHT_ROLES and mlcpipe_side.GEMV_ROLES is WEIGHT_ROLES
     assert kernel_info.role_of_param is role_of_param and kernel_info.role_by_name is role_by_name
 
