@@ -382,7 +382,7 @@ RECORDS = textwrap.dedent('''
     db_path, me, n = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     db = TuningDB.load(db_path)  # both writers read the database before either writes it
     for i in range(n):
-        db.put({"kind": "llvm", "mcpu": "x"}, f"{me}-{i}", {"kernel": f"k{i}", "rule": "R", "knobs": {"i": i}})
+        db.put({"kind": "llvm", "mcpu": "x"}, f"{me}-{i}", {"kernel": f"k{i}", "rule": "DecodeGEMVFloat", "knobs": {"rows": i}})
     (db_path.parent / f"ready-{me}").touch()
     while not (db_path.parent / "go").exists():
         time.sleep(0.01)
@@ -397,7 +397,7 @@ def test_two_writers_of_one_tuning_database_keep_every_record(tmp_path):
 
     db_path = tmp_path / "db.json"
     first = TuningDB(db_path)
-    first.put({"kind": "llvm", "mcpu": "x"}, "old", {"kernel": "k", "rule": "R", "knobs": {}})
+    first.put({"kind": "llvm", "mcpu": "x"}, "old", {"kernel": "k", "rule": "DecodeGEMVFloat", "knobs": {}})
     first.save()
     procs = [subprocess.Popen([sys.executable, "-c", RECORDS, str(db_path), me, "40"]) for me in ("a", "b")]
     wait_for(lambda: all((tmp_path / f"ready-{me}").exists() for me in "ab"), 60, "both writers loaded")
