@@ -25,6 +25,7 @@ from safetensors.numpy import save_file
 from pipeline.config import MODELS_DIR
 
 from .checkpoints import random_hf_weights, write_hf_checkpoint, write_tiny_tokenizer
+from .fs import snapshot
 
 QUANT = "q4f32_1"  # the shared artifact's quantization
 CASES: dict[str, tuple] = {}
@@ -683,22 +684,6 @@ def build_cuda_fatbin_arch_junk(ctx):
 
 
 # ---- the table -------------------------------------------------------------------------------------------
-
-def snapshot(root: Path) -> dict[str, str]:
-    """Relative path -> sha256 (or link target) of everything under `root`."""
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            path = Path(dirpath) / name
-            rel = path.relative_to(root).as_posix()
-            if path.is_symlink():
-                out[rel] = "-> " + os.readlink(path)
-            elif path.is_file():
-                out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
-            else:
-                out[rel] = "dir"
-    return out
-
 
 def _limit(gb: int):
     def apply():

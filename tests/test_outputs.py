@@ -22,10 +22,10 @@ import yaml
 
 from pipeline.artifact import atomic_directory
 from pipeline.config import MODELS_DIR, ConfigError, load_model_config
-from pipeline.nightly.matrix import load_matrix
 from pipeline.nightly.verify import verify_artifact
 
 from .checkpoints import random_hf_weights, write_hf_checkpoint
+from .fs import snapshot
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = yaml.safe_load((MODELS_DIR / "llama-tiny.yaml").read_text())
@@ -51,22 +51,6 @@ def one_line_error(proc: subprocess.CompletedProcess, *fragments: str) -> str:
     for fragment in fragments:
         assert fragment in lines[0], lines[0]
     return lines[0]
-
-
-def snapshot(root: Path) -> dict[str, str]:
-    """{relative path: sha256 | 'dir' | 'link -> target'} of everything under `root`, dot-names too."""
-    out = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        for name in dirnames + filenames:
-            path = Path(dirpath) / name
-            rel = path.relative_to(root).as_posix()
-            if path.is_symlink():
-                out[rel] = f"link -> {os.readlink(path)}"
-            elif path.is_dir():
-                out[rel] = "dir"
-            else:
-                out[rel] = hashlib.sha256(path.read_bytes()).hexdigest()
-    return out
 
 
 def wait_for(predicate, seconds: float, what: str) -> None:
