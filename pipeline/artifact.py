@@ -354,6 +354,18 @@ def atomic_directory(final: Path, kind: str | None = None, wait: bool = False, r
             raise
 
 
+def check_output_file(path: str | Path, flag: str, example: str) -> Path:
+    """A file a command will write, refused before any work (ValueError, one line) when it is a
+    directory or its directory does not exist."""
+    path = Path(path)
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        raise ValueError(f"{flag} {path}: is a directory; give a file name such as {path / example}")
+    if not parent.is_dir():
+        raise ValueError(f"{flag} {path}: directory {parent} does not exist")
+    return path
+
+
 def write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
 

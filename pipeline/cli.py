@@ -159,17 +159,10 @@ def _parse_sizes(text: str) -> tuple[int, ...]:
 
 
 def _output_file(path: Path | None, flag: str, example: str) -> Path | None:
-    """A file the command will write (-o, --save-json): refused before any work when it is a
-    directory or its directory does not exist (ValueError: one line)."""
-    if path is None:
-        return None
-    path = Path(path)
-    parent = path.parent if str(path.parent) else Path(".")
-    if path.is_dir():
-        raise ValueError(f"{flag} {path}: is a directory; give a file name such as {path / example}")
-    if not parent.is_dir():
-        raise ValueError(f"{flag} {path}: directory {parent} does not exist")
-    return path
+    """A file the command will write (-o, --save-json), checked before any work."""
+    from .artifact import check_output_file
+
+    return None if path is None else check_output_file(path, flag, example)
 
 
 def _device_options(command):

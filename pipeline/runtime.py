@@ -10,7 +10,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from .artifact import RUNTIME_CONFIG, verified_library
+from .artifact import RUNTIME_CONFIG, check_output_file, verified_library
 from .backends import backend
 from .errors import ArtifactError
 from .generation import Generation
@@ -174,13 +174,7 @@ class Engine(Generation):
 
 def check_logits_path(path: str | Path) -> Path:
     """The --save-logits path, refused (ValueError) unless its directory exists."""
-    path = Path(path)
-    parent = path.parent if str(path.parent) else Path(".")
-    if path.is_dir():
-        raise ValueError(f"--save-logits {path}: is a directory; give a file name such as {path / 'logits.npy'}")
-    if not parent.is_dir():
-        raise ValueError(f"--save-logits {path}: directory {parent} does not exist")
-    return path
+    return check_output_file(path, "--save-logits", "logits.npy")
 
 
 def save_logits(path: str | Path, steps: Sequence[np.ndarray]) -> Path:
