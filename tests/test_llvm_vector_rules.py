@@ -117,11 +117,33 @@ def test_vnni_gemv_full_size_shapes():
         if (info.n, info.k) not in ((16384, 2048), (2048, 8192)):
             continue
         args = random_args(func, {}, seed=1)
-        got = _outputs(DecodeGEMVQ4VNNI(rows=2, prefetch=8).apply(func, TARGET, False).mod["main"], args)
+        got = _outputs(DecodeGEMVQ4VNNI().apply(func, TARGET, False).mod["main"], args)  # this CPU's defaults
         want = _emulated_kernel(args, info)
         np.testing.assert_allclose(got.reshape(-1), want, rtol=2e-3, atol=2e-3 * np.abs(want).max(), err_msg=name)
         taken += 1
     assert taken == 2
+
+
+def test_gemv_defaults_follow_the_cpu_and_the_activation_size():
+    """Unset `rows`: 2 interleaved rows on an AMX CPU (tuned there), 1 sequential stream elsewhere.
+    Prefetched weights go to L1 while the activation a row re-reads fits beside them (gate_up,
+    K = 2048), to L2 when it does not (down, K = 8192): checked in each build's assembly."""
+    from pipeline.config import load_model_config
+    from schedules.llvm.microkernels import gemv_default_rows
+
+    spr = tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids"})
+    zen4 = tvm.target.Target({"kind": "llvm", "mcpu": "znver4"})
+    assert (gemv_default_rows(spr), gemv_default_rows(zen4), gemv_default_rows(NO_AMX)) == (2, 1, 1)
+    decode = _decode(unscheduled_kernels(load_model_config("llama-3.2-1b"), "q4f16_1", zen4))
+    by_k = {match(f).k: f for f in decode.values() if match(f).n in (16384, 2048)}
+    for target, rows in ((zen4, 1), (spr, 2)):
+        for k, hint in ((2048, "prefetcht0"), (8192, "prefetcht1")):
+            sch = DecodeGEMVQ4VNNI().apply(by_k[k], target, False)
+            text = sch.mod["main"].script()
+            assert ("task * 2 + r" in text) == (rows == 2), (str(target), k)
+            asm = tvm.compile(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), target=target).mod.inspect_source("s")
+            other = {"prefetcht0": "prefetcht1", "prefetcht1": "prefetcht0"}[hint]
+            assert hint in asm and other not in asm, (str(target), k)
 
 
 @pytest.mark.parametrize("quant", ["q0f16", "q0f32"])

@@ -180,7 +180,7 @@ def _build(info, chunk: int, group: int, low_batch: int) -> tirx.PrimFunc:
             row_chunk, streams = vnni_chunk(info, PLANES, *i[3:7], i[1], i[2])
         else:
             row_chunk, streams = float_chunk(i[2], i[1])
-        return tirx.IfThenElse(tokens <= low_batch, few_token_rows(info, tokens, low_batch, row_chunk, streams, o[0], FEW_ROWS, FEW_PER_PASS, FEW_PREFETCH), amx)
+        return tirx.IfThenElse(tokens <= low_batch, few_token_rows(info, tokens, low_batch, row_chunk, streams, o[0], FEW_ROWS, FEW_PER_PASS, FEW_PREFETCH, PLANES), amx)
 
     c = te.extern(
         (padded * info.n,),

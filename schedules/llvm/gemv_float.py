@@ -16,7 +16,7 @@ from tvm import tirx
 from tvm.target import Target
 
 from ..analysis import match_on_cpu
-from .microkernels import LANES, RowGEMVRule, activation_f32, extern_gemv, float_chunk, row_loop
+from .microkernels import LANES, RowGEMVRule, activation_bytes, activation_f32, extern_gemv, float_chunk, row_loop
 
 
 @dataclasses.dataclass
@@ -34,7 +34,7 @@ class DecodeGEMVFloat(RowGEMVRule):
 
         def kernel(x32, weight, out):
             chunk, streams = float_chunk(x32, weight)
-            return row_loop(info.n, self.rows, info.k // LANES, out, lambda n, c: chunk(n, c, 0), streams, self.prefetch)
+            return row_loop(info.n, self.rows, info.k // LANES, out, lambda n, c: chunk(n, c, 0), streams, self.prefetch, activation_bytes(info))
 
         return extern_gemv(info, inputs, [activation_f32(x, info.k), w], kernel)
 

@@ -4,8 +4,8 @@ The group scale is factored out (y[n] = sum_g s[n, g] (sum_{k in g} q[n, k] x[k]
 x[k])) and the activation is pre-permuted once per call to match the nibbles' places in the packed
 words: the inner loop is a mask, an int->float convert and an FMA per nibble plane, all in f32.
 Handles: static N, K with K % (8 * lanes) == 0, lanes a multiple of G / 8, one activation row
-(decode). Anything else: None. Knobs: lanes (packed words per vector step; None: the widest of 32,
-16, 8 that fits), rows (rows per parallel task, interleaved).
+(decode). Anything else: None. Knobs: lanes (packed words per vector step; None: the widest of 32
+(16 without AMX), 16, 8 that fits), rows (rows per parallel task, interleaved; None: per CPU).
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ from tvm.target import Target
 
 from ..analysis import blocks_after, match_on_cpu
 from ..base import CPUScheduleRule
-from .microkernels import rebuild
+from .microkernels import gemv_default_rows, rebuild
 
 
 @dataclasses.dataclass
 class DecodeGEMVQ4(CPUScheduleRule):
-    lanes: int | None = None  # None: the widest of 32, 16, 8 that divides the row's words
-    rows: int = 2
+    lanes: int | None = None  # None: the widest of 32 (AMX CPUs) or 16 (others), 16, 8 that divides the row's words
+    rows: int | None = None  # None: gemv_default_rows
 
     def knob_space(self, func: tirx.PrimFunc, target: Target) -> dict[str, list]:
         info = _applicable(func, target)
@@ -40,8 +40,9 @@ class DecodeGEMVQ4(CPUScheduleRule):
         if info is None:
             return None
         words_per_group = info.group_size // 8
-        rows = self.rows
-        lanes = self.lanes or next((v for v in (32, 16, 8) if (info.k // 8) % v == 0 and v % words_per_group == 0), 0)
+        rows = self.rows or gemv_default_rows(target)
+        widest = (32, 16, 8) if gemv_default_rows(target) == 2 else (16, 8)
+        lanes = self.lanes or next((v for v in widest if (info.k // 8) % v == 0 and v % words_per_group == 0), 0)
         if not lanes:
             return None
         if (info.k // 8) % lanes or lanes % words_per_group or info.n % rows:

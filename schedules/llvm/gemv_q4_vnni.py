@@ -17,7 +17,7 @@ from tvm import tirx
 from tvm.target import Target
 
 from ..analysis import match_on_cpu
-from .microkernels import LANES, RowGEMVRule, extern_gemv, int8_isa, quantize_activation, row_loop, vnni_chunk
+from .microkernels import LANES, RowGEMVRule, activation_bytes, extern_gemv, int8_isa, quantize_activation, row_loop, vnni_chunk
 
 
 @dataclasses.dataclass
@@ -53,5 +53,5 @@ class DecodeGEMVQ4VNNI(RowGEMVRule):
 def _kernel(info, rows, prefetch, planes, isa, xlo, xhi, w0, a_word, weight, scale, out):
     """The GEMV body over the extern's buffers."""
     chunk, streams = vnni_chunk(info, planes, xlo, xhi, w0, a_word, weight, scale, isa)
-    return row_loop(info.n, rows, info.k // (8 * LANES), out, lambda n, c: chunk(n, c, 0), streams, prefetch)
+    return row_loop(info.n, rows, info.k // (8 * LANES), out, lambda n, c: chunk(n, c, 0), streams, prefetch, activation_bytes(info, planes))
 

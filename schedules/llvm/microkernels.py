@@ -60,12 +60,21 @@ RESIDUAL = 256.0  # the second activation plane counts in units of a / 256
 
 
 # ---- the row-GEMV skeleton -------------------------------------------------------------------
+L1_RESIDENT = 8 * 1024  # activation bytes that stay in a 32 KiB L1 next to weights prefetched into it
+
+
+def gemv_default_rows(target: Target) -> int:
+    """Weight rows per GEMV task when the knob is unset: 2 (interleaved) where tuned on Sapphire
+    Rapids (AMX), else 1, one sequential stream per thread (what Zen 4's prefetchers follow best)."""
+    return 2 if codegen.target_has_features("amx-tile", target) else 1
+
+
 @dataclasses.dataclass
 class RowGEMVRule(CPUScheduleRule, abc.ABC):
     """Base of the explicit-vector GEMV rules: knobs rows and prefetch; subclasses give
     `applicable(func, target) -> NTMatmul | None` and `build(info) -> PrimFunc`."""
 
-    rows: int = 2  # rows per parallel task, interleaved
+    rows: int | None = None  # rows per parallel task, interleaved (None: gemv_default_rows)
     prefetch: int = 8  # software-prefetch each weight stream this many rows ahead (0: off)
 
     @abc.abstractmethod
@@ -88,9 +97,10 @@ class RowGEMVRule(CPUScheduleRule, abc.ABC):
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
         del tunable
         info = self.applicable(func, target)
-        if info is None or info.n % self.rows:
+        rows = self.rows or gemv_default_rows(target)
+        if info is None or info.n % rows:
             return None
-        func = self.build(info, target)
+        func = dataclasses.replace(self, rows=rows).build(info, target)
         if func is None:
             return None
         sch = s_tir.Schedule(func)
@@ -128,21 +138,24 @@ def lane_sum(v, lanes: int = LANES):
 
 
 def token_row_loop(n_rows: int, rows: int, chunks: int, tokens, per_pass: int, store: Callable, chunk: Callable,
-                   streams: Callable, prefetch: int) -> tirx.Stmt:
+                   streams: Callable, prefetch: int, resident: int = 0) -> tirx.Stmt:
     """row_loop for a few tokens (`tokens`, may be symbolic): per task of `rows` rows, the tokens
     in passes of `per_pass` (unrolled, rows x per_pass accumulators); every chunk's weight words
     are loaded once per pass and serve all of its tokens (LLVM merges the identical loads and
     nibble unpacking of the unrolled tokens), so the weights stream from memory once and from L1
     for later passes. `chunk(n, c, t)`; `store(t, n, value)` writes token t's result of row n.
-    A last, partial pass recomputes its last token for the missing ones and does not store them."""
+    A last, partial pass recomputes its last token for the missing ones and does not store them.
+    `resident`: bytes of activation data a pass re-reads per row; prefetched weights go to L1 only
+    while that leaves L1 room (L1_RESIDENT), else to L2 (L1 would evict the activation)."""
     tasks = n_rows // rows
+    locality = 3 if resident * per_pass <= L1_RESIDENT else 2
     last = n_rows - 1
     n_streams = len(streams(0, 0))
     if n_streams not in (1, 2):
         raise ValueError(f"token_row_loop prefetches one or two streams, got {n_streams}")
 
     def ahead(n, c, i):
-        return T.call_llvm_intrin("void", "llvm.prefetch.p0", streams(T.min(n + prefetch, last), c)[i], 0, 3, 1)
+        return T.call_llvm_intrin("void", "llvm.prefetch.p0", streams(T.min(n + prefetch, last), c)[i], 0, locality, 1)
 
     @T.prim_func(private=True, check_well_formed=False)
     def body():
@@ -158,9 +171,8 @@ def token_row_loop(n_rows: int, rows: int, chunks: int, tokens, per_pass: int, s
                                 T.evaluate(ahead(task * rows + r, c, 0))
                                 if n_streams == 2:
                                     T.evaluate(ahead(task * rows + r, c, 1))
-                        for t in T.unroll(per_pass):
-                            a = r * per_pass + t
-                            acc[T.ramp(a * LANES, 1, LANES)] = acc[T.ramp(a * LANES, 1, LANES)] + chunk(
+                        for t in T.unroll(per_pass):  # (r * per_pass + t) inline: a bound name becomes a per-task allocation
+                            acc[T.ramp((r * per_pass + t) * LANES, 1, LANES)] = acc[T.ramp((r * per_pass + t) * LANES, 1, LANES)] + chunk(
                                 task * rows + r, c, T.min(tp * per_pass + t, tokens - 1))
                 for r in T.unroll(rows):
                     for t in T.unroll(per_pass):
@@ -171,7 +183,7 @@ def token_row_loop(n_rows: int, rows: int, chunks: int, tokens, per_pass: int, s
 
 
 def few_token_rows(info, tokens, low_batch: int, chunk: Callable, streams: Callable, out, rows: int = 2, per_pass: int = 4,
-                   prefetch: int = 8) -> tirx.Stmt:
+                   prefetch: int = 8, planes: int = 2) -> tirx.Stmt:
     """C rows (flat [tokens * N] `out`) of up to `low_batch` tokens by a decode GEMV's arithmetic
     (`chunk`, `streams` of one 16-lane step: q4 words or f16 weights): the GEMM rules decode every
     weight row whatever the token count (~4 GEMVs' cost); here the weights stream once for all
@@ -183,7 +195,7 @@ def few_token_rows(info, tokens, low_batch: int, chunk: Callable, streams: Calla
     chunks = info.k // (8 * LANES) if info.quantized else info.k // LANES
 
     def loop(width):
-        return token_row_loop(info.n, rows, chunks, tokens, width, store, chunk, streams, prefetch)
+        return token_row_loop(info.n, rows, chunks, tokens, width, store, chunk, streams, prefetch, activation_bytes(info, planes))
 
     stmt = loop(min(low_batch, per_pass))
     for exact in reversed(range(1, min(low_batch, per_pass))):
@@ -191,7 +203,7 @@ def few_token_rows(info, tokens, low_batch: int, chunk: Callable, streams: Calla
     return stmt
 
 
-def row_loop(n_rows: int, rows: int, chunks: int, out, chunk: Callable, streams: Callable, prefetch: int) -> tirx.Stmt:
+def row_loop(n_rows: int, rows: int, chunks: int, out, chunk: Callable, streams: Callable, prefetch: int, resident: int = 0) -> tirx.Stmt:
     """for each task of `rows` rows (parallel): acc[r] += chunk(n, c) for c < chunks; out[.., n] = sum(acc[r]).
     `streams(n, c)` lists the addresses (T.address_of) of row n's data for chunk c, prefetched
     `prefetch` rows ahead (0: no software prefetch). One token: token_row_loop with one pass."""
@@ -200,7 +212,15 @@ def row_loop(n_rows: int, rows: int, chunks: int, out, chunk: Callable, streams:
     def store(t, n, value):
         T.buffer_store(out, value, [*lead, n])
 
-    return token_row_loop(n_rows, rows, chunks, 1, 1, store, lambda n, c, t: chunk(n, c), streams, prefetch)
+    return token_row_loop(n_rows, rows, chunks, 1, 1, store, lambda n, c, t: chunk(n, c), streams, prefetch, resident)
+
+
+def activation_bytes(info, planes: int = 2) -> int:
+    """Bytes of one token's activation a row's dot product reads: f32 x, or for q4 rows the int8
+    planes (xlo, xhi), their w0 and the word scales (quantize_activation)."""
+    if not info.quantized:
+        return 4 * info.k
+    return info.k * planes + info.k // 8 * 4 * (planes + 1)
 
 
 def vectorize_epilogue(sch, n: int) -> None:
