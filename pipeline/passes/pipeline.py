@@ -20,6 +20,7 @@ from tvm import relax
 
 from .function_table import DeferBatchedFunctions, RestoreBatchedFunctions
 from .fuse_dequantize_matmul import FuseDequantizeMatmul
+from .shape_funcs import CanonicalShapeFuncs
 
 
 def phase_passes(target_kind: str, tuning=None, on_kernel=None, after_memory_plan=None) -> list[tuple[str, list[tvm.transform.Pass]]]:
@@ -59,6 +60,7 @@ def phase_passes(target_kind: str, tuning=None, on_kernel=None, after_memory_pla
                 relax.transform.LowerRuntimeBuiltin(),
                 relax.transform.ComputePrimValue(),
                 relax.transform.VMShapeLower(),
+                CanonicalShapeFuncs,
                 relax.transform.AttachGlobalSymbol(),
             ],
         ),
