@@ -14,51 +14,20 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import tvm
 
-from pipeline.build import export_model
-from pipeline.config import load_model_config
 from pipeline.kernel_inputs import random_args
-from pipeline.passes import run_pipeline
 from pipeline.quantization import TOLERANCE
 from pipeline.runners import webgpu as runner
 from pipeline.targets import load_target
 from schedules.gpu import CUDA_RULES, METAL_RULES, WEBGPU_RULES
 from schedules.gpu.gemv_dequant import GEMVDequant
 
-REPO = Path(__file__).resolve().parent.parent
-DECODE_GEMV = re.compile(r"(fused_)?(dequantize\d*_)?NT_matmul\d*(_\w+)?")
-
-
-def copy_func(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
-    return tvm.ir.load_json(tvm.ir.save_json(func))
-
-
-def fused_kernels(model: str, quant: str, target_name: str = "webgpu") -> dict[str, tvm.tirx.PrimFunc]:
-    """{name: PrimFunc} of `model` after the fuse-tir phase (the input of the schedule phase)."""
-    target = load_target(target_name).tvm_target()
-    mod, _ = export_model(load_model_config(model), quant, target)
-    mod = run_pipeline(mod, target, until="fuse-tir")
-    return {gv.name_hint: f for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
-
-
-def is_static(func: tvm.tirx.PrimFunc) -> bool:
-    return all(isinstance(d, tvm.tirx.IntImm) for p in func.params for d in (getattr(p, "shape", None) or []))
-
-
-def decode_gemvs(funcs: dict[str, tvm.tirx.PrimFunc]) -> dict[str, tvm.tirx.PrimFunc]:
-    return {n: f for n, f in funcs.items() if DECODE_GEMV.fullmatch(n) and is_static(f)}
-
-
-def run_llvm(func: tvm.tirx.PrimFunc, args: list[np.ndarray]) -> list[np.ndarray]:
-    lib = tvm.compile(tvm.IRModule({"main": copy_func(func).with_attr("global_symbol", "main")}), target=load_target("llvm").tvm_target())
-    tensors = [tvm.runtime.tensor(a, tvm.cpu()) for a in args]
-    lib["main"](*tensors)
-    return [t.numpy() for t in tensors]
+from tests.helpers import REPO
+from tests.helpers.gpu_kernels import DECODE_GEMV, copy_func, decode_gemvs, fused_kernels, is_static, run_llvm
 
 
 def check_on_lavapipe(rule, name: str, func: tvm.tirx.PrimFunc, seed: int = 0) -> float:
@@ -133,8 +102,7 @@ def test_gemv_dequant_full_size_on_lavapipe(full_size_kernels, quant, name):
 _COMPILE = r"""
 import dataclasses, json, sys
 import tvm
-sys.path.insert(0, sys.argv[3])
-from test_gpu_rules import decode_gemvs, fused_kernels
+from tests.helpers.gpu_kernels import decode_gemvs, fused_kernels
 from pipeline.targets import load_target
 from schedules.gpu.gemv_dequant import GEMVDequant
 
@@ -171,7 +139,7 @@ def compiled():
     settings) in parallel subprocesses; tests wait for the one they need."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]), "TVM_NUM_THREADS": "1"}
     procs = {
-        kind: subprocess.Popen([sys.executable, "-c", _COMPILE, kind, "llama-3.2-1b", str(REPO / "tests")], cwd=REPO, env=env,
+        kind: subprocess.Popen([sys.executable, "-c", _COMPILE, kind, "llama-3.2-1b"], cwd=REPO, env=env,
                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         for kind in ("cuda", "metal")
     }  # fmt: skip

@@ -27,8 +27,8 @@ from pipeline.mlc_contract import (
 from pipeline.targets import load_target
 from pipeline.weights import convert_weights
 
-from .checkpoints import random_hf_weights, write_hf_checkpoint, write_tiny_tokenizer
-from .test_errors import mlcpipe, write_yaml
+from tests.helpers.checkpoints import random_hf_weights, write_hf_checkpoint, write_tiny_tokenizer
+from tests.helpers.cli import mlcpipe, write_yaml
 
 QUANT = "q4f32_1"
 QUIET = {"log": lambda *_: None}

@@ -24,7 +24,8 @@ import pytest
 
 from pipeline.nightly.matrix import load_matrix
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.helpers import REPO
+
 MLCPIPE = [sys.executable, "-m", "pipeline.cli"]
 SNAPSHOT: Path | None = None  # a frozen copy of the source the nightly runs from (see `source`)
 

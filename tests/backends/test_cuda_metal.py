@@ -27,7 +27,8 @@ from pipeline.backends import cuda, metal
 from pipeline.backends.binfmt import MachO
 from pipeline.targets import load_target
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.helpers import REPO
+
 ARCHS = ["sm_80", "sm_90"]
 
 _BUILD = """

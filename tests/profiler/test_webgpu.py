@@ -20,8 +20,8 @@ from pipeline.runners.dawn import WebGPUEngine
 from pipeline.runtime import Engine
 from pipeline.targets import load_target
 
-from . import test_profiler_reports as report_checks
-from .test_errors import mlcpipe
+from tests.helpers.cli import mlcpipe
+from tests.helpers.profile_checks import check_json_round_trips, check_kernel_statistics_arithmetic, check_run_summary
 
 PROMPT, GEN, RUNS, CHUNK = 20, 5, 2, 16
 
@@ -79,9 +79,9 @@ def test_profiled_run_generates_the_llvm_tokens(measured, f32_artifacts):
 
 
 def test_reports_render_and_add_up(measured):
-    report_checks.test_kernel_statistics_arithmetic(measured, "md")
-    report_checks.test_run_summary(measured)
-    report_checks.test_json_round_trips(measured)
+    check_kernel_statistics_arithmetic(measured, "md")
+    check_run_summary(measured)
+    check_json_round_trips(measured)
     for fmt in FORMATS:
         assert render(measured, fmt).endswith("\n")
     phase = render(measured, "phase")

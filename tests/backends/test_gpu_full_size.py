@@ -12,7 +12,7 @@ import pytest
 
 from pipeline.roles import WEIGHT_ROLES
 
-from .test_errors import mlcpipe
+from tests.helpers.cli import mlcpipe
 
 LINEAR_ROLES = set(WEIGHT_ROLES)
 

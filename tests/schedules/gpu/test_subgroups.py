@@ -22,7 +22,7 @@ from pipeline.runners import webgpu as runner
 from pipeline.targets import load_target
 from schedules.gpu.gemv_dequant import GEMVDequant
 
-from .test_gpu_rules import copy_func, decode_gemvs, fused_kernels, run_llvm
+from tests.helpers.gpu_kernels import copy_func, decode_gemvs, fused_kernels, run_llvm
 
 
 def _adapter() -> tuple[str | None, tuple[int, int] | None]:

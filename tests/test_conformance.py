@@ -11,7 +11,7 @@ from pipeline.build import build
 from pipeline.roles import WEIGHT_ROLES
 from pipeline.targets import load_target
 
-from .test_errors import mlcpipe
+from tests.helpers.cli import mlcpipe
 
 
 @pytest.fixture(scope="module")

@@ -15,10 +15,10 @@ from pipeline.runtime import Engine
 from pipeline.targets import load_target
 from pipeline.weights import convert_weights, load_stored_weights
 
-from .checkpoints import hf_config, random_hf_weights, write_hf_checkpoint
-from .reference_llama import ReferenceLlama
-from .test_end_to_end import as_model_sees_it, check_against_reference
-from .test_errors import mlcpipe
+from tests.helpers.checkpoints import hf_config, random_hf_weights, write_hf_checkpoint
+from tests.helpers.cli import mlcpipe
+from tests.helpers.reference_checks import as_model_sees_it, check_against_reference
+from tests.helpers.reference_llama import ReferenceLlama
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +103,7 @@ def test_untied_lm_head_and_bf16_checkpoint(tmp_path):
     bf16 = {k: v.astype(ml_dtypes.bfloat16).astype(np.float32) for k, v in weights.items()}
     ref = ReferenceLlama(hf_config(cfg), as_model_sees_it("q4f16_1", bf16))
     worst, _ = check_against_reference(Engine(art, params), ref, "float16", [5, 6, 7, 8], 8)
-    assert worst < 1e-2  # bf16 AMX prefill: see TOLERANCE in test_end_to_end.py
+    assert worst < 1e-2  # bf16 AMX prefill: see TOLERANCE in tests/helpers/reference_checks.py
 
 
 def test_synthetic_weights_and_tokenizer(tiny_config, tmp_path):

@@ -14,9 +14,18 @@ from html.parser import HTMLParser
 
 import pytest
 
-from pipeline.profiler.reports import FORMATS, ROLES, matmul_shape, parse_table, parse_tables, percentile, render
-from pipeline.profiler.schema import device_kernel_name, kernel_stats, measured_samples, validate
+from pipeline.profiler.reports import FORMATS, ROLES, matmul_shape, parse_table, percentile, render
+from pipeline.profiler.schema import device_kernel_name, kernel_stats, measured_samples
 from pipeline.roles import ROLE_OF_NAME, ROLE_OF_PARAM, WEIGHT_ROLES
+
+from tests.helpers.profile_checks import (
+    COLUMNS,
+    cell_number,
+    check_json_round_trips,
+    check_kernel_statistics_arithmetic,
+    check_run_summary,
+    sample_groups,
+)
 
 PROMPT_LEN, GEN_LEN, RUNS = 16, 8, 2
 PER_LAYER_ROLES = (*(r for r in WEIGHT_ROLES if r != "lm_head"), "attention", "rope", "swiglu", "kv append")
@@ -72,57 +81,10 @@ def _passes(phase: str) -> int:
     return RUNS if phase == "prefill" else RUNS * (GEN_LEN - 1)
 
 
-def _sample_groups(profile, phase=None):
-    groups: dict[str, list[float]] = {}
-    for s in measured_samples(profile, phase):
-        groups.setdefault(s["kernel"], []).append(s["ms"])
-    return groups
-
-
-def _f(cell: str) -> float:
-    return float(cell.rstrip("%"))
-
-
 # ---- md / text -------------------------------------------------------------------------------
-COLUMNS = {
-    "md": {"total": "Total Time (ms)", "avg": "Avg Time (ms)", "peak": "Peak Time (ms)"},
-    "text": {"total": "Total_Time_ms", "avg": "Avg_Time_ms", "peak": "Peak_Time_ms"},
-}
-
-
 @pytest.mark.parametrize("fmt", ["md", "text"])
 def test_kernel_statistics_arithmetic(prof, fmt):
-    text = render(prof, fmt)
-    col = COLUMNS[fmt]
-    assert text.startswith(f"## Profiling Analysis: {prof['display_name']} {prof['quantization']} on {prof['device']}\n\n<small>\n")
-    stats = parse_table(text, "Kernel Execution Statistics")
-    top = parse_table(text, "Top 10 Most Time-Consuming Kernels")
-    groups = _sample_groups(prof)
-    by_total = sorted(groups, key=lambda k: (-sum(groups[k]), k))
-    assert [r["Kernel Name"] for r in stats] == [device_kernel_name(prof, k) for k in by_total]
-    n = len(stats)
-    for row, kernel in zip(stats, by_total):
-        times = groups[kernel]
-        assert row[col["total"]] == f"{sum(times):.2f}"
-        assert int(row["Iterations"]) == len(times)
-        assert row[col["avg"]] == f"{sum(times) / len(times):.2f}"
-        # avg = total / iterations, within the rounding of both
-        assert abs(_f(row[col["avg"]]) - _f(row[col["total"]]) / len(times)) <= 0.005 + 0.005 / len(times) + 1e-9
-        assert row[col["peak"]] == f"{max(times):.2f}"
-    grand = sum(sum(v) for v in groups.values())
-    assert abs(sum(_f(r[col["total"]]) for r in stats) - grand) <= 0.005 * n + 1e-9
-    pcts = [_f(r["% of Total"]) for r in stats]
-    assert abs(sum(pcts) - 100.0) <= 0.005 * n + 1e-9
-    running = 0.0
-    for i, (pct, row) in enumerate(zip(pcts, stats)):
-        running += pct
-        assert abs(_f(row["Cumulative %"]) - running) <= 0.005 * (i + 2) + 1e-9
-    assert stats[-1]["Cumulative %"] == "100.00%"
-    totals = [_f(r[col["total"]]) for r in stats]
-    assert totals == sorted(totals, reverse=True)
-    # the top 10: the first ten rows by total time, in that order, with their peak time
-    assert [(r["Kernel Name"], r[col["peak"]]) for r in top] == [(r["Kernel Name"], r[col["peak"]]) for r in stats[:10]]
-    assert [r for r in parse_tables(text) if r[0] == "Run summary"]
+    check_kernel_statistics_arithmetic(prof, fmt)
 
 
 def test_md_and_text_agree(prof):
@@ -191,7 +153,7 @@ def test_roles_and_bandwidth(prof_no_shapes):
     assert len(rows) == sum(len(kernel_stats(prof, p)) for p in ("prefill", "decode"))
     for row in rows:
         kernel, phase = row["Kernel Name"], row["Phase"]
-        times = _sample_groups(prof, phase)[kernel]
+        times = sample_groups(prof, phase)[kernel]
         avg = sum(times) / len(times)
         assert row["Role"] == prof["kernels"][kernel]["role"]
         nbytes = prof["kernels"][kernel]["bytes"][phase]
@@ -204,15 +166,15 @@ def test_roles_and_bandwidth(prof_no_shapes):
     roles = parse_table(text, "Time by role")
     for phase in ("prefill", "decode"):
         mine = [r for r in roles if r["Phase"] == phase]
-        grand = sum(sum(v) for v in _sample_groups(prof, phase).values())
-        assert abs(sum(_f(r["Total Time (ms)"]) for r in mine) - grand) <= 0.005 * len(mine) + 1e-9
-        assert abs(sum(_f(r["% of Phase"]) for r in mine) - 100) <= 0.005 * len(mine) + 1e-9
+        grand = sum(sum(v) for v in sample_groups(prof, phase).values())
+        assert abs(sum(cell_number(r["Total Time (ms)"]) for r in mine) - grand) <= 0.005 * len(mine) + 1e-9
+        assert abs(sum(cell_number(r["% of Phase"]) for r in mine) - 100) <= 0.005 * len(mine) + 1e-9
         assert sum(int(r["Calls"]) for r in mine) == len(measured_samples(prof, phase))
 
 
 def _near_pct_of_peak(row: dict, peak: float) -> bool:
     """% of Peak = GB/s / peak, within the rounding of both printed numbers."""
-    return abs(_f(row["% of Peak"]) - 100 * _f(row["GB/s"]) / peak) <= 100 * 0.005 / peak + 0.005 + 1e-9
+    return abs(cell_number(row["% of Peak"]) - 100 * cell_number(row["GB/s"]) / peak) <= 100 * 0.005 / peak + 0.005 + 1e-9
 
 
 def test_peak_bandwidth_default_and_missing(prof):
@@ -250,17 +212,7 @@ def test_peak_bandwidth_lookup_hides_only_a_preset_that_is_gone(monkeypatch):
 
 
 def test_run_summary(prof):
-    m = prof["metrics"]
-    summary = {r["Metric"]: r["Value"] for r in parse_table(render(prof, "text"), "Run summary")}
-    assert summary["Load"] == f"{m['load_ms']:.2f} ms"
-    assert summary["TTFT"] == f"{m['ttft_ms']:.3f} ms"
-    assert summary["Prefill"] == f"{m['prefill_ms']:.3f} ms ({m['prefill_tok_s']:.1f} tok/s)"
-    d = m["decode_ms_per_token"]
-    assert summary["Decode ms/token p50 / p95 / p99"] == f"{d['p50']:.3f} / {d['p95']:.3f} / {d['p99']:.3f} ms"
-    assert summary["Decode"] == f"{m['decode_tok_s']:.1f} tok/s"
-    assert str(m["peak_host_memory_bytes"]) in summary["Peak host memory"]
-    assert str(m["weight_bytes"]) in summary["Weights"]
-    assert summary["Per-kernel overhead vs low-overhead mode"].startswith(f"{m['overhead']['percent']:+.1f}%")
+    check_run_summary(prof)
 
 
 # ---- the seed's layout --------------------------------------------------------------------------
@@ -272,7 +224,7 @@ def _profile_from_seed(seed: str, fmt: str) -> dict:
     display_name, _, quant = model_quant.rpartition(" ")
     samples = []
     for row in parse_table(seed, "Kernel Execution Statistics"):
-        total, n, peak = _f(row[col["total"]]), int(row["Iterations"]), _f(row[col["peak"]])
+        total, n, peak = cell_number(row[col["total"]]), int(row["Iterations"]), cell_number(row[col["peak"]])
         rest = (total - peak) / (n - 1) if n > 1 else 0.0
         times = [peak] + [rest] * (n - 1) if rest <= peak else [total / n] * n
         samples += [{"kernel": row["Kernel Name"], "parent": "vm", "phase": "decode", "step": 1, "run": 1,
@@ -293,7 +245,7 @@ def _same_layout(mine: str, seed: str) -> bool:
         return False
     for x, y in zip(a, b):
         x, y = x.strip(), y.strip()
-        if x != y and not (re.fullmatch(r"[\d.]+%?", x) and re.fullmatch(r"[\d.]+%?", y) and abs(_f(x) - _f(y)) <= 0.0101):
+        if x != y and not (re.fullmatch(r"[\d.]+%?", x) and re.fullmatch(r"[\d.]+%?", y) and abs(cell_number(x) - cell_number(y)) <= 0.0101):
             return False
     return True
 
@@ -405,7 +357,7 @@ def test_matmul_shapes_and_gflops(prof_shapes, built):
     md = parse_table(render(prof_shapes, "md"), "Roles and bandwidth")
     for r in md:
         if "matmul" in r["Kernel Name"]:
-            times = _sample_groups(prof_shapes, r["Phase"])[r["Kernel Name"]]
+            times = sample_groups(prof_shapes, r["Phase"])[r["Kernel Name"]]
             m, n, k = map(int, r["Shape (M N K)"].split())
             assert r["GFLOP/s"] == f"{2 * m * n * k / (sum(times) / len(times) / 1e3) / 1e9:.2f}"
         else:
@@ -471,7 +423,7 @@ def test_csv(prof):
     assert len(rows) == sum(len(kernel_stats(prof, p)) for p in ("prefill", "decode"))
     for phase in ("prefill", "decode"):
         mine = [r for r in rows if r["phase"] == phase]
-        groups = _sample_groups(prof, phase)
+        groups = sample_groups(prof, phase)
         assert [r["kernel"] for r in mine] == sorted(groups, key=lambda k: (-sum(groups[k]), k))
         for r in mine:
             times = groups[r["kernel"]]
@@ -544,10 +496,7 @@ def test_html(prof):
 
 
 def test_json_round_trips(prof):
-    text = render(prof, "json")
-    back = json.loads(text)
-    assert back == prof
-    validate(back)
+    check_json_round_trips(prof)
 
 
 def test_every_format_renders_and_unknown_is_refused(prof):

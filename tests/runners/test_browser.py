@@ -150,7 +150,7 @@ def test_browser_runs_one_kernel(browser_engine):
 def test_cli_profile_browser_prints_the_phase_reports(artifact):
     """`mlcpipe profile --browser`: the real run in the page, seed 002's per-phase GPU profile
     reports and metrics lines on stdout, the page's console on stderr."""
-    from .test_errors import mlcpipe
+    from tests.helpers.cli import mlcpipe
 
     proc = mlcpipe("profile", "--artifact", str(artifact), "--browser", "--prompt-len", "8", "--gen-len", "3", "--runs", "1")
     assert proc.returncode == 0, proc.stderr[-2000:]

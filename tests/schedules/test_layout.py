@@ -11,7 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.helpers import REPO
+
 SCHEDULES = REPO / "schedules"
 SHARED = {"schedules.base", "schedules.analysis", "schedules.tir_rewrite", "schedules.signature"}
 MICROKERNELS = {"llvm": {"schedules.llvm.microkernels"}, "gpu": set()}

@@ -248,7 +248,7 @@ def test_elementwise_rule_keeps_numerics(kernels):
             sch = Elementwise().apply(func, TARGET, False)
             if sch is None or name.startswith(("tir_kv_cache", "fused_rope", "sampler_")):
                 continue  # paged-cache kernels and rope: checked below / through the model tests; the
-                # sampler's: SamplerCPU claims them first (tests/test_sampler.py)
+                # sampler's: SamplerCPU claims them first (tests/model/test_sampler.py)
             # batch functions' kernels (batch_prefill's logit gather: batch_size sequences)
             args = random_args(func, {"seq_len": 37, "batch_size": 3, "num_samples": 3}, seed=3)
             np.testing.assert_array_equal(_outputs(sch.mod["main"], args), _outputs(func, args), err_msg=name)

@@ -20,8 +20,8 @@ from pipeline.generation import Sampling
 from pipeline.targets import load_target
 from pipeline.weights import convert_weights
 
-from .checkpoints import random_hf_weights, write_hf_checkpoint
-from .test_sampler import argsort_ref, penalty_ref, softmax_ref
+from tests.helpers.checkpoints import random_hf_weights, write_hf_checkpoint
+from tests.helpers.sampler_reference import argsort_ref, penalty_ref, softmax_ref
 
 QUANT = "q4f32_1"
 CHUNK = 16

@@ -17,7 +17,7 @@ from pipeline.profiler.schema import kernel_stats
 from pipeline.runtime import Engine
 from pipeline.targets import load_target
 
-from .test_errors import mlcpipe
+from tests.helpers.cli import mlcpipe
 
 PROMPT, GEN, RUNS = 16, 8, 2
 

@@ -1,7 +1,7 @@
 """The full Llama-3.2-1B q4f32_1 webgpu artifact run whole in Dawn (OpenGL ES on llvmpipe): the
 llvm build's greedy tokens from the same synthetic weights, with prefill chunks of 16 tokens so
 every chunk after the first attends to cached pages; and `mlcpipe check` passes every kernel it
-executes. Long (minutes on 2 cores): `python -m pytest -m long tests/test_webgpu_1b.py`."""
+executes. Long (minutes on 2 cores): `python -m pytest -m long tests/runners/test_dawn_1b.py`."""
 
 from __future__ import annotations
 

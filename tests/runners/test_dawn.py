@@ -20,9 +20,9 @@ from pipeline.runners.dawn import WebGPUEngine
 from pipeline.targets import load_target
 from pipeline.weights import convert_weights
 
-from .checkpoints import hf_config, random_hf_weights, write_hf_checkpoint
-from .reference_llama import ReferenceLlama
-from .test_end_to_end import as_model_sees_it, check_against_reference
+from tests.helpers.checkpoints import hf_config, random_hf_weights, write_hf_checkpoint
+from tests.helpers.reference_checks import as_model_sees_it, check_against_reference
+from tests.helpers.reference_llama import ReferenceLlama
 
 ADAPTERS = ["gles", "swiftshader"]
 # max |logit error| / max |logit| for f32 models. llvmpipe (GLES) computes f32 exactly as the

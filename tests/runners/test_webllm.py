@@ -26,15 +26,15 @@ from pipeline.runners.webllm import webllm_complete
 from pipeline.targets import load_target
 from pipeline.weights import convert_weights
 
-from .checkpoints import hf_config, random_hf_weights, write_hf_checkpoint, write_word_tokenizer
-from .reference_llama import ReferenceLlama
-from .test_end_to_end import as_model_sees_it
+from tests.helpers.checkpoints import hf_config, random_hf_weights, write_hf_checkpoint, write_word_tokenizer
+from tests.helpers.reference_checks import as_model_sees_it
+from tests.helpers.reference_llama import ReferenceLlama
 
 QUANT = "q4f32_1"
 CHUNK = 16
 PROMPT = [int(t) for t in np.random.default_rng(23).integers(3, 512, size=2 * CHUNK + 9)]  # three chunks
 NEW_TOKENS = 8
-TOLERANCE = 5e-4  # SwiftShader's f32 (see test_webgpu_run.py)
+TOLERANCE = 5e-4  # SwiftShader's f32 (see tests/runners/test_dawn.py)
 QUIET = {"log": lambda *_: None}
 
 
