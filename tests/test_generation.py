@@ -93,7 +93,7 @@ def flags_of(sampling: Sampling) -> list[str]:
             "--frequency-penalty", str(sampling.frequency_penalty), "--seed", str(sampling.seed)]
 
 
-@pytest.mark.parametrize("kind", ["llvm", "webgpu"])
+@pytest.mark.parametrize("kind", ["llvm", pytest.param("webgpu", marks=pytest.mark.dawn)])
 def test_run_samples_on_the_device_like_numpy(kind, model, artifacts, tmp_path):
     _, weights, _ = model
     device = ["--adapter", "gles"] if kind == "webgpu" else []

@@ -86,6 +86,7 @@ def artifact(builds, target: str) -> Path:
 # quick checks (run while the builds are going)
 
 
+@pytest.mark.nvcc
 def test_compile_context_installs_fatbin_callback_and_restores_it():
     import tvm  # noqa: F401  (registers TVM's own tvm_callback_cuda_compile)
     import tvm_ffi
@@ -113,6 +114,7 @@ def test_compile_context_installs_fatbin_callback_and_restores_it():
             tvm_ffi.register_global_func(cuda.CALLBACK, before, override=True)
 
 
+@pytest.mark.nvcc
 def test_ptxas_report_reads_registers_and_shared_memory():
     cuda.PTXAS_CACHE.clear()
     report = cuda.ptxas_report(SMALL_CUDA, ARCHS)  # one cubin per arch with -Xptxas -v
@@ -141,6 +143,7 @@ ptxas info    : Used 255 registers, used 1 barriers, 8192 bytes smem, 400 bytes 
     }
 
 
+@pytest.mark.nvcc
 def test_nvcc_errors_are_short_and_clear():
     with pytest.raises(RuntimeError) as info:
         cuda.compile_fatbin('extern "C" __global__ void k() { undeclared_thing = 1; }', ["sm_80"])
@@ -163,6 +166,7 @@ def test_missing_lld_is_one_clear_line(tmp_path, monkeypatch):
 # the real artifacts
 
 
+@pytest.mark.nvcc
 def test_cuda_artifact_is_a_multi_arch_fatbin(builds):
     out = artifact(builds, "cuda")
     lib = out / cuda.LIBRARY
@@ -225,6 +229,7 @@ def test_metal_artifact_is_an_arm64_dylib_tvm_can_load(builds):
     assert manifest["library"] == "lib.dylib" and manifest["kernel_source"] == "kernels.metal"
 
 
+@pytest.mark.nvcc
 def test_check_says_cuda_did_not_execute_and_reports_ptxas(builds):
     from pipeline.conformance import check_artifact
 
@@ -269,6 +274,7 @@ def _with_kernel_renamed(out: Path, tmp_path: Path, source_file: str, pattern: s
     return copy, json.loads((copy / "manifest.json").read_text()), name
 
 
+@pytest.mark.nvcc
 def test_cuda_device_kernel_missing_from_ptxas_fails(builds, tmp_path):
     copy, manifest, name = _with_kernel_renamed(artifact(builds, "cuda"), tmp_path, cuda.SOURCE_FILE,
                                                 r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(fused_dequantize\w*)_kernel\(')

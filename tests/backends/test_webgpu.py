@@ -55,6 +55,7 @@ def test_artifact_files(artifact):
         assert launch and len(launch["grid"]) == 3 and len(launch["block"]) == 3, kernel["name"]
 
 
+@pytest.mark.dawn
 def test_wasm_runtime_deserializes_the_artifact(artifact):
     """node instantiates lib.wasm: TVM's web runtime (built from the wheel's sources and our own
     headers) must read back the VM executable and the WebGPU module that libtvm serialized."""
@@ -127,6 +128,7 @@ def _check_kernel(name: str, func: tvm.tirx.PrimFunc, seq_len: int) -> None:
     assert err <= tol * scale, f"{name} (seq_len={seq_len}): max abs err {err:.3e}, max |value| {scale:.3e}"
 
 
+@pytest.mark.lavapipe
 def test_dequantize_matmul_kernels_decode_and_prefill(unscheduled):
     quant, funcs = unscheduled
     matmuls = {n: f for n, f in funcs.items() if re.fullmatch(r"fused_dequantize\d*_NT_matmul\d*(_\w+)?", n)}
@@ -139,6 +141,7 @@ def test_dequantize_matmul_kernels_decode_and_prefill(unscheduled):
         _check_kernel(name, matmuls[name], 7)
 
 
+@pytest.mark.lavapipe
 @pytest.mark.parametrize("pattern", [r"rms_norm\d*", r"fused_split\d*_silu\d*_multiply\d*"])
 def test_norm_and_swiglu_kernels(unscheduled, pattern):
     quant, funcs = unscheduled
@@ -180,6 +183,7 @@ def _one_block_per_element(a: T.handle, c: T.handle):
                 C[bx] = A[bx] + T.float16(1)
 
 
+@pytest.mark.lavapipe
 def test_several_kernels_launch_in_host_order():
     target = load_target("webgpu").tvm_target()
     a = np.random.default_rng(0).standard_normal(1000).astype(np.float32)
@@ -190,6 +194,7 @@ def test_several_kernels_launch_in_host_order():
     np.testing.assert_allclose(got[1], a[::-1] * 2 + 1, rtol=1e-6)
 
 
+@pytest.mark.lavapipe
 def test_grid_over_65535_is_packed_and_tvm_bound_check_is_patched(monkeypatch):
     """x extents >= 2^16 fold into blockIdx.z (as tvmjs does). TVM's WGSL returns only when the
     packed index is `> packGridDimX`, so with the padding of an odd fold one workgroup writes one
@@ -207,6 +212,7 @@ def test_grid_over_65535_is_packed_and_tvm_bound_check_is_patched(monkeypatch):
     assert unpatched[n] != -5, "TVM's `> packGridDimX` check no longer overruns: drop the runner's patch"
 
 
+@pytest.mark.lavapipe
 def test_runner_rejects_wrong_arguments():
     target = load_target("webgpu").tvm_target()
     with pytest.raises(ValueError, match="float32 of rank 1"):
@@ -235,6 +241,8 @@ def test_link_failure_is_a_one_line_error(tmp_path):
     assert message.startswith("emcc failed to link lib.wasm") and "setup-debian.sh" in message and "\n" not in message
 
 
+@pytest.mark.dawn
+@pytest.mark.lavapipe  # f16 kernels, where no Dawn adapter has shader-f16
 def test_mlcpipe_check_passes_every_kernel(artifact):
     """Kernel conformance of the whole tiny artifact: every kernel of lib.wasm executed in Dawn
     (f32), or on lavapipe through wgpu where no Dawn adapter here has shader-f16 (f16)."""

@@ -226,6 +226,7 @@ def _webgpu_check(config, tmp_path):
     return {r.kernel for r in report.results}
 
 
+@pytest.mark.dawn
 def test_webgpu_sampler_kernels_pass_check(tiny_config, tmp_path):
     ran = _webgpu_check(tiny_config, tmp_path)
     assert ran == {"sampler_softmax_chunk_stats", "sampler_softmax_merge", "sampler_softmax_normalize",
@@ -233,6 +234,7 @@ def test_webgpu_sampler_kernels_pass_check(tiny_config, tmp_path):
                    "sampler_apply_logit_bias", "sampler_apply_bitmask"}
 
 
+@pytest.mark.dawn
 def test_webgpu_sort_across_tiles_passes_check(tiny_config, tmp_path):
     """Vocabulary 5000: padded to 8192 = 4 tiles, so the sort's cross-tile steps and in-tile
     merges run too; a partial bitmask word and partial softmax / top-p chunks."""
@@ -240,6 +242,7 @@ def test_webgpu_sort_across_tiles_passes_check(tiny_config, tmp_path):
     assert {"sampler_argsort_global", "sampler_argsort_merge", "sampler_argsort_merge_final"} <= ran
 
 
+@pytest.mark.dawn
 @pytest.mark.long
 def test_webgpu_sampler_kernels_at_llama3_vocab(tiny_config, tmp_path):
     _webgpu_check(dataclasses.replace(tiny_config, vocab_size=128256), tmp_path)

@@ -81,6 +81,8 @@ def source(tmp_path_factory):
     SNAPSHOT = None
 
 
+# The tests of these runs are marked dawn and lavapipe: `conformance` runs the matrix's webgpu cells
+# in Dawn (f32) and on lavapipe (f16 kernels, where no Dawn adapter here has shader-f16).
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, source):
     root = tmp_path_factory.mktemp("nightly")
@@ -142,6 +144,8 @@ def expected_status(record: dict) -> str:
     return "failed" if repro and not repro["identical"] else "passed"
 
 
+@pytest.mark.dawn
+@pytest.mark.lavapipe
 def test_interrupted_run_leaves_nothing_trusted(runs):
     """Everything A left under a trusted name is complete; what it was building is rebuilt by B."""
     from pipeline.nightly.verify import verify_artifact
@@ -160,6 +164,8 @@ def test_interrupted_run_leaves_nothing_trusted(runs):
     assert not temp_dirs(runs["n1"]) and not temp_dirs(runs["cache"])
 
 
+@pytest.mark.dawn
+@pytest.mark.lavapipe
 def test_matrix_end_to_end_with_a_failing_cell(runs):
     b, n1 = runs["b"], runs["n1"]
     assert b.returncode == 1, b.stderr[-3000:]
@@ -190,6 +196,8 @@ def test_matrix_end_to_end_with_a_failing_cell(runs):
     assert "static-only" in summary
 
 
+@pytest.mark.dawn
+@pytest.mark.lavapipe
 def test_second_run_hits_the_cache_for_every_cell(runs):
     c, n2 = runs["c"], runs["n2"]
     assert c.returncode == 1  # the bad cells fail again; nothing else
@@ -200,6 +208,8 @@ def test_second_run_hits_the_cache_for_every_cell(runs):
     assert "worker" not in "".join((n2 / "logs" / f"{cell}.log").read_text() for cell in GOOD)
 
 
+@pytest.mark.dawn
+@pytest.mark.lavapipe
 def test_regression_table_against_previous(runs):
     n2 = runs["n2"]
     reg = index(n2)["regressions"]
@@ -212,6 +222,8 @@ def test_regression_table_against_previous(runs):
     assert "## Regressions against" in (n2 / "SUMMARY.md").read_text()
 
 
+@pytest.mark.dawn
+@pytest.mark.lavapipe
 def test_report_only_flags_a_slower_kernel_and_kernel_changes(runs, tmp_path):
     """Merging (CI's last job) with a doctored profile: a 3x slower decode kernel is a regression;
     a kernel only the previous nightly had is listed as removed."""
@@ -241,6 +253,8 @@ def test_report_only_flags_a_slower_kernel_and_kernel_changes(runs, tmp_path):
     mlcpipe("verify", cur, check_rc=0)
 
 
+@pytest.mark.dawn
+@pytest.mark.lavapipe
 def test_verify_catches_a_flipped_byte_and_a_missing_file(runs, tmp_path):
     nightly = tmp_path / "n"
     shutil.copytree(runs["n2"], nightly)
@@ -262,6 +276,8 @@ def test_verify_catches_a_flipped_byte_and_a_missing_file(runs, tmp_path):
     assert "neither a nightly directory" in proc.stderr
 
 
+@pytest.mark.dawn
+@pytest.mark.lavapipe
 def test_reproducible_builds(runs, tmp_path):
     """llvm cells were built twice in fresh processes: identical. Metal: the dylib is a function of
     its objects (re-linking lib.tar's objects elsewhere gives the same bytes), lib.tar is normalised."""
@@ -294,6 +310,8 @@ def test_reproducible_builds(runs, tmp_path):
     assert outputs[0] == outputs[1] == (artifact / "lib.dylib").read_bytes()
 
 
+@pytest.mark.dawn
+@pytest.mark.lavapipe
 def test_explain_names_what_differs(runs, tmp_path):
     from pipeline.backends.binfmt import MachO
     from pipeline.nightly.reproduce import explain

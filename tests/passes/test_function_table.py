@@ -228,6 +228,7 @@ def test_batch_verify_matches_per_token_decode(engine, sequences):
 # ---- webgpu: the function table is in lib.wasm -------------------------------------------------
 
 
+@pytest.mark.dawn
 def test_webgpu_library_exports_the_function_table(tmp_path):
     node = shutil.which("node") or shutil.which("nodejs")
     assert node, "node is needed: install with scripts/setup-debian.sh"

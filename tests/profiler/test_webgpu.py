@@ -42,6 +42,7 @@ def measured(f32_artifacts):
         return profile(engine, prompt_len=PROMPT, gen_len=GEN, runs=RUNS, warmup=1)
 
 
+@pytest.mark.dawn
 def test_every_kernel_call_of_the_real_run_is_timed(measured, f32_artifacts, tiny_config):
     layers = tiny_config.num_hidden_layers
     counts = Counter((s["kernel"], s["phase"]) for s in measured["samples"] if not s["warmup"])
@@ -72,12 +73,14 @@ def test_every_kernel_call_of_the_real_run_is_timed(measured, f32_artifacts, tin
     assert measured["metrics"]["ttft_ms"] == pytest.approx(float(np.median([s["first_token_ms"] for s in low])))
 
 
+@pytest.mark.dawn
 def test_profiled_run_generates_the_llvm_tokens(measured, f32_artifacts):
     """The profile's run is the real computation: its greedy tokens are the llvm build's."""
     prompt = [int(t) for t in np.random.default_rng(0).integers(0, 512, size=PROMPT)]  # profile()'s prompt for seed 0
     assert measured["generated_tokens"] == Engine(f32_artifacts[1], "synthetic").generate(prompt, GEN)
 
 
+@pytest.mark.dawn
 def test_reports_render_and_add_up(measured):
     check_kernel_statistics_arithmetic(measured, "md")
     check_run_summary(measured)
@@ -88,6 +91,7 @@ def test_reports_render_and_add_up(measured):
     assert "[Profile] Prefill (prefill):" in phase and "GPU Profile Report" in phase
 
 
+@pytest.mark.dawn
 def test_cli_profile_webgpu_and_its_errors(f32_artifacts, tmp_path):
     webgpu, _ = f32_artifacts
     out = tmp_path / "p.json"

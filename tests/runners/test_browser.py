@@ -21,9 +21,7 @@ import yaml
 
 from pipeline.build import build
 from pipeline.config import MODELS_DIR, load_model_config
-from pipeline.runners.browser import chromium_path
 from pipeline.errors import RunnerError
-from pipeline.runners import node_modules
 from pipeline.runners.dawn import WebGPUEngine
 from pipeline.targets import load_target
 
@@ -31,18 +29,7 @@ CHUNK = 16
 PROMPT = [int(t) for t in np.random.default_rng(11).integers(0, 512, size=CHUNK)]  # one prefill chunk
 
 
-def _missing() -> str | None:
-    if shutil.which("node") is None:
-        return "node not found"
-    if not chromium_path().is_file():
-        return f"no Chromium at {chromium_path()}"
-    for package in ("puppeteer-core", "@mlc-ai/web-runtime", "webgpu"):
-        if not (node_modules() / package).is_dir():
-            return f"npm package {package} missing (npm ci)"
-    return None
-
-
-pytestmark = pytest.mark.skipif(_missing() is not None, reason=f"browser runner: {_missing()}")
+pytestmark = pytest.mark.browser(skip_if_missing=True)
 
 
 @pytest.fixture(scope="module")

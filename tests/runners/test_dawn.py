@@ -52,6 +52,7 @@ def model(request, gqa_config, tmp_path_factory):
     return quant, artifact, params, lambda: ReferenceLlama(hf_config(gqa_config), seen)  # a fresh KV state per use
 
 
+@pytest.mark.dawn
 @pytest.mark.parametrize("adapter", ADAPTERS)
 def test_webgpu_artifact_matches_numpy_past_the_prefill_chunk(model, adapter):
     quant, artifact, params, make_ref = model
@@ -67,6 +68,7 @@ def test_webgpu_artifact_matches_numpy_past_the_prefill_chunk(model, adapter):
         assert np.abs(got_turn - ref_turn).max() / np.abs(ref_turn).max() < TOLERANCE[adapter]
 
 
+@pytest.mark.dawn
 def test_cli_run_webgpu_save_logits(model, tmp_path):
     quant, artifact, params, make_ref = model
     ref = make_ref()
@@ -85,6 +87,7 @@ def test_cli_run_webgpu_save_logits(model, tmp_path):
         want = ref.forward([token])[-1]
 
 
+@pytest.mark.dawn
 def test_runner_errors_are_one_line(model, monkeypatch, tmp_path):
     _, artifact, params, _ = model
     with pytest.raises(RunnerError, match="--adapter 'metal'"):
@@ -108,6 +111,7 @@ def test_runner_errors_are_one_line(model, monkeypatch, tmp_path):
     assert result.output.strip().splitlines()[-1].startswith("error: node (Node.js) not found")
 
 
+@pytest.mark.dawn
 def test_check_webgpu_on_swiftshader(model):
     """`mlcpipe check --adapter swiftshader`: every kernel of lib.wasm in Dawn's Vulkan backend."""
     from pipeline.backends import RunOptions
@@ -119,6 +123,7 @@ def test_check_webgpu_on_swiftshader(model):
     assert report.summary.startswith("webgpu on swiftshader") and "0 failed" in report.summary
 
 
+@pytest.mark.nvcc
 def test_cuda_artifact_without_a_gpu_is_one_line(gqa_config, tmp_path):
     """A cuda artifact where no CUDA device is: `run` says so in one line; `check` falls back to
     nvcc/ptxas and says NOT EXECUTED."""

@@ -15,7 +15,7 @@ from pipeline.runners.dawn import WebGPUEngine
 from pipeline.runtime import Engine
 from pipeline.targets import load_target
 
-pytestmark = pytest.mark.long
+pytestmark = [pytest.mark.long, pytest.mark.dawn]
 
 PROMPT = [int(t) for t in np.random.default_rng(0).integers(0, 128256, size=40)]
 STEPS = 4

@@ -19,9 +19,7 @@ import pytest
 
 from pipeline.build import build
 from pipeline.mlc_contract import MLCContractError
-from pipeline.runners.browser import chromium_path
 from pipeline.errors import RunnerError
-from pipeline.runners import node_modules
 from pipeline.runners.webllm import webllm_complete
 from pipeline.targets import load_target
 from pipeline.weights import convert_weights
@@ -38,18 +36,7 @@ TOLERANCE = 5e-4  # SwiftShader's f32 (see tests/runners/test_dawn.py)
 QUIET = {"log": lambda *_: None}
 
 
-def _missing() -> str | None:
-    if shutil.which("node") is None:
-        return "node not found"
-    if not chromium_path().is_file():
-        return f"no Chromium at {chromium_path()}"
-    for package in ("puppeteer-core", "@mlc-ai/web-llm"):
-        if not (node_modules() / package).is_dir():
-            return f"npm package {package} missing (npm ci)"
-    return None
-
-
-pytestmark = pytest.mark.skipif(_missing() is not None, reason=f"WebLLM in Chromium: {_missing()}")
+pytestmark = pytest.mark.browser(skip_if_missing=True)
 
 
 @pytest.fixture(scope="module")

@@ -60,6 +60,7 @@ GEMV_KNOBS = [
 ]
 
 
+@pytest.mark.lavapipe
 @pytest.mark.parametrize("quant", ["q4f16_1", "q4f32_1", "q0f16"])
 def test_gemv_dequant_tiny_model_on_lavapipe(quant):
     kernels = decode_gemvs(fused_kernels("llama-tiny", quant))
@@ -91,6 +92,7 @@ def full_size_kernels():
     return get
 
 
+@pytest.mark.lavapipe
 @pytest.mark.parametrize("quant, name", FULL_SIZE)
 def test_gemv_dequant_full_size_on_lavapipe(full_size_kernels, quant, name):
     func = full_size_kernels(quant)[name]
@@ -159,6 +161,7 @@ def compiled():
             proc.wait()
 
 
+@pytest.mark.nvcc
 def test_gemv_dequant_cuda_compiles_without_spills(compiled):
     result = compiled("cuda")
     assert len(result["launches"]) == 4 * 5

@@ -35,9 +35,7 @@ def _adapter() -> tuple[str | None, tuple[int, int] | None]:
 
 
 MISSING, SIZES = _adapter()
-needs_adapter = pytest.mark.skipif(
-    MISSING is not None, reason=f"needs wgpu + lavapipe: {MISSING}"
-)
+needs_adapter = pytest.mark.lavapipe(skip_if_missing=True)
 needs_subgroups = pytest.mark.skipif(
     SIZES is None,
     reason=f"the WebGPU adapter has no subgroups feature ({MISSING or 'wgpu'})",
@@ -239,6 +237,7 @@ def test_generated_wgsl_reduces_through_subgroup_shuffles():
 # ---- on lavapipe -------------------------------------------------------------------------------
 
 
+@needs_adapter
 @needs_subgroups
 @pytest.mark.parametrize("kind", ["q4f16_1", "f16"])
 def test_gemv_with_subgroups_matches_numpy_and_llvm(kind):
@@ -253,6 +252,7 @@ def test_gemv_with_subgroups_matches_numpy_and_llvm(kind):
     assert rel_err(got, unscheduled) < 1e-2
 
 
+@needs_adapter
 @needs_subgroups
 def test_tiny_model_decode_gemvs_with_subgroups():
     """Every one-token GEMV of the tiny q4f16_1 model (qkv, o_proj + add, gate_up, down + add,
@@ -288,6 +288,7 @@ def test_subgroup_kernel_without_the_feature_is_a_one_line_error():
     assert "\n" not in str(info.value)
 
 
+@needs_adapter
 @needs_subgroups
 @pytest.mark.skipif(bool(SIZES and SIZES[0] >= 32), reason="subgroups of 32+ lanes")
 def test_kernel_wider_than_the_adapter_subgroups_is_refused():
@@ -301,6 +302,7 @@ def test_kernel_wider_than_the_adapter_subgroups_is_refused():
     assert "\n" not in str(info.value)
 
 
+@needs_adapter
 @needs_subgroups
 def test_naga_still_rejects_enable_subgroups(monkeypatch):
     """Pins why the runner drops `enable subgroups;` (PATCH_SUBGROUPS_ENABLE): once this fails,
