@@ -3,7 +3,7 @@
 
 A rule module imports only this module, `schedules.analysis` (what a kernel is) and its family's
 shared micro-kernels (`schedules/llvm/microkernels.py`); never another rule
-(tests/test_schedule_layout.py checks it).
+(tests/schedules/test_layout.py checks it).
 
 Every rule follows dlight's contract: `apply(func, target, tunable) -> Schedule | None`, None
 meaning "not mine". Rules are dataclasses whose fields are their tuning knobs;

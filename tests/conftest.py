@@ -2,6 +2,8 @@ import os
 
 import pytest
 
+from tests.helpers import hardware
+
 # Tests share the two cores; TVM's thread pool would otherwise oversubscribe.
 os.environ.setdefault("TVM_NUM_THREADS", "2")
 
@@ -11,3 +13,28 @@ def tiny_config():
     from pipeline.config import load_model_config
 
     return load_model_config("llama-tiny")
+
+
+# ---- hardware markers (tests/helpers/hardware.py, docs/tests.md) --------------------------------
+
+
+def pytest_collection_modifyitems(config, items):
+    """A hardware marker takes no argument but `skip_if_missing=True`."""
+    for item in items:
+        for name in hardware.PROBES:
+            for marker in item.iter_markers(name):
+                if marker.args or set(marker.kwargs) - {"skip_if_missing"}:
+                    raise pytest.UsageError(f"{item.nodeid}: @pytest.mark.{name} takes only skip_if_missing=True")
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Skip, in one line, a test whose marker asks for it where this machine lacks what it needs."""
+    for name, probe in hardware.PROBES.items():
+        marker = item.get_closest_marker(name)
+        if marker is None:
+            continue
+        if name in hardware.ALWAYS_SKIPPED_WHERE_MISSING or any(m.kwargs.get("skip_if_missing") for m in item.iter_markers(name)):
+            missing = probe()
+            if missing is not None:
+                pytest.skip(f"needs {name}: {missing}")

@@ -3,40 +3,17 @@ no half-written artifact."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import numpy as np
 import pytest
-import yaml
 
 from pipeline.artifact import atomic_directory
-from pipeline.config import MODELS_DIR, load_model_config
+from pipeline.config import load_model_config
 from pipeline.errors import ArtifactError, ConfigError
 from pipeline.targets import detect_host_cpu, load_target
 from pipeline.weights import convert_weights
 
-from .checkpoints import random_hf_weights, write_hf_checkpoint
-
-TINY = yaml.safe_load((MODELS_DIR / "llama-tiny.yaml").read_text())
-
-
-def mlcpipe(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", *args], capture_output=True, text=True, cwd=cwd,
-        env={**os.environ, "TVM_NUM_THREADS": "2"},
-    )
-
-
-def write_yaml(tmp_path: Path, **changes) -> Path:
-    raw = {**TINY, **changes}
-    for key in [k for k, v in changes.items() if v is None]:
-        raw.pop(key)
-    path = tmp_path / "model.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return path
+from tests.helpers.checkpoints import random_hf_weights, write_hf_checkpoint
+from tests.helpers.cli import mlcpipe, write_yaml
 
 
 @pytest.mark.parametrize(

@@ -24,8 +24,8 @@ from safetensors.numpy import save_file
 
 from pipeline.config import MODELS_DIR
 
-from .checkpoints import random_hf_weights, write_hf_checkpoint, write_tiny_tokenizer
-from .fs import snapshot
+from tests.helpers.checkpoints import random_hf_weights, write_hf_checkpoint, write_tiny_tokenizer
+from tests.helpers.fs import snapshot
 
 QUANT = "q4f32_1"  # the shared artifact's quantization
 CASES: dict[str, tuple] = {}

@@ -5,11 +5,16 @@ inside a function, is an edge of the graph (those under `if TYPE_CHECKING:` neve
 edges). Importing a.b.c also runs the packages a and a.b, unless the importer is inside them. A name starting with one underscore is private to its
 module: another module may not import it (`from m import _x`) nor reach it (`m._x`); tests use
 the public API too. A module whose own name starts with an underscore is private to its package.
+
+And the tests' own layout (docs/tests.md): each test module sits where it mirrors what it tests,
+no test module imports another (tests/helpers/ holds what they share), and a test that calls into
+lavapipe, Dawn, Chromium or nvcc carries that hardware marker.
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -269,3 +274,264 @@ def test_every_backend_has_the_whole_interface():
     for kind in ("llvm", "cuda", "metal", "webgpu"):
         missing = [name for name in backends.INTERFACE if not hasattr(backends.backend(kind), name)]
         assert not missing, f"backends/{kind}.py lacks {missing}"
+
+
+# ---- the tests' own layout (docs/tests.md) ------------------------------------------------------
+
+TESTS = ROOT / "tests"
+# the only test modules flat in tests/ besides tests/test_<module>.py for a pipeline/<module>.py
+CROSS_CUTTING = {"test_layout", "test_end_to_end", "test_hostile_inputs", "test_outputs", "test_benchmarks"}
+NO_TESTS = ("helpers", "data")  # tests/helpers/: what tests share; tests/data/: their files
+HARDWARE_MARKERS = {"lavapipe", "dawn", "browser", "nvcc", "gpu"}
+# Calls (by the name called) that use what a hardware marker stands for; any one marker of the set
+# covers the call. `shutil.which(tool)` probes for the tools in WHICH.
+HARDWARE_CALLS = {
+    "get_device": {"lavapipe"}, "run_primfunc": {"lavapipe"}, "subgroup_sizes": {"lavapipe"},
+    "WebGPUEngine": {"dawn", "browser"}, "KernelRunner": {"dawn", "browser"}, "DawnRunner": {"dawn", "browser"},
+    "webllm_complete": {"browser"}, "chromium_path": {"browser"},
+    "find_nvcc": {"nvcc"}, "compile_fatbin": {"nvcc"}, "ptxas_report": {"nvcc"},
+}  # fmt: skip
+WHICH = {"node": {"dawn", "browser"}, "nodejs": {"dawn", "browser"}, "chromium": {"browser"}, "nvcc": {"nvcc"}, "ptxas": {"nvcc"}}
+_IMPORT_IN_TEXT = re.compile(r"^\s*(?:from|import)\s+([\w.]+)", re.M)
+
+
+def _misplaced(root: Path = ROOT) -> list[str]:
+    """Test modules that do not sit where the package part they test is mirrored, and directories of
+    tests without an __init__.py (the tests are packages: `from tests.helpers... import`)."""
+    found = []
+    for path in sorted((root / "tests").rglob("*.py")):
+        rel = path.relative_to(root / "tests")
+        parts = rel.parts[:-1]
+        if not (path.parent / "__init__.py").is_file():
+            found.append(f"tests/{rel}: tests/{'/'.join(parts)}/ has no __init__.py")
+        if not path.name.startswith("test_"):
+            continue
+        if not parts:
+            module = path.stem[len("test_"):]
+            if path.stem not in CROSS_CUTTING and not (root / "pipeline" / f"{module}.py").is_file():
+                found.append(f"tests/{rel}: flat in tests/, but neither cross-cutting {sorted(CROSS_CUTTING)} "
+                             f"nor the tests of a pipeline/{module}.py: move it to the directory of what it tests")
+        elif parts[0] in NO_TESTS:
+            found.append(f"tests/{rel}: tests/{parts[0]}/ holds no tests")
+        else:
+            mirrored = root.joinpath("schedules", *parts[1:]) if parts[0] == "schedules" else root.joinpath("pipeline", *parts)
+            if not (mirrored.is_dir() or mirrored.with_suffix(".py").is_file()):
+                found.append(f"tests/{rel}: tests/{'/'.join(parts)}/ mirrors no package part "
+                             f"({mirrored.relative_to(root)}/ or .py does not exist)")
+    return found
+
+
+def _imports_of_test_modules(name: str, source: str) -> list[str]:
+    """Imports of a test module (`test_*`, by any path: tests.x.test_y, .test_y, `from . import
+    test_y`, or a `test_y` put on sys.path) by `name`, also inside code written out as text (a
+    subprocess's script)."""
+    found: list[tuple[int, str]] = []
+
+    def check(targets: list[str], lineno: int, how: str) -> None:
+        hit = next((t for t in targets if any(part.startswith("test_") for part in t.split("."))), None)
+        if hit is not None:
+            found.append((lineno, f"{name}:{lineno} {how} {hit}"))
+
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            check([alias.name for alias in node.names], node.lineno, "imports")
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve(name, node.module, node.level)
+            check([base] + [f"{base}.{alias.name}" for alias in node.names], node.lineno, "imports")
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            check([m.group(1) for m in _IMPORT_IN_TEXT.finditer(node.value)], node.lineno, "writes code importing")
+    return [line for _, line in sorted(found)]
+
+
+# -- what a test uses of the hardware, against its markers --
+
+
+def _mark_names(node: ast.AST, aliases: dict[str, set[str]]) -> set[str]:
+    """Hardware markers named anywhere in `node`: pytest.mark.X, pytest.mark.X(...), an alias of
+    those, pytest.param(..., marks=...) inside a parametrize."""
+    names: set[str] = set()
+    for sub in ast.walk(node):
+        if (isinstance(sub, ast.Attribute) and sub.attr in HARDWARE_MARKERS and isinstance(sub.value, ast.Attribute)
+                and sub.value.attr == "mark"):
+            names.add(sub.attr)
+        elif isinstance(sub, ast.Name) and sub.id in aliases:
+            names |= aliases[sub.id]
+    return names
+
+
+def _is_fixture(func: ast.FunctionDef) -> bool:
+    for deco in func.decorator_list:
+        target = deco.func if isinstance(deco, ast.Call) else deco
+        if (isinstance(target, ast.Attribute) and target.attr == "fixture") or (isinstance(target, ast.Name) and target.id == "fixture"):
+            return True
+    return False
+
+
+class _TestModule:
+    """One module's functions, fixtures, markers and imported helper functions, from its source."""
+
+    def __init__(self, name: str, source: str):
+        self.name = name
+        self.tree = ast.parse(source)
+        self.functions: dict[str, ast.FunctionDef] = {}
+        self.fixtures: set[str] = set()
+        self.imported: dict[str, tuple[str, str]] = {}  # local name -> (helper module, function)
+        aliases: dict[str, set[str]] = {}
+        self.module_marks: set[str] = set()
+        for node in self.tree.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                self.functions[node.name] = node
+                if _is_fixture(node):
+                    self.fixtures.add(node.name)
+            elif isinstance(node, ast.ImportFrom):
+                base = _resolve(name, node.module, node.level)
+                for alias in node.names:
+                    self.imported[alias.asname or alias.name] = (base, alias.name)
+            elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                marks = _mark_names(node.value, aliases)
+                if node.targets[0].id == "pytestmark":
+                    self.module_marks |= marks
+                elif marks:
+                    aliases[node.targets[0].id] = marks
+        self.aliases = aliases
+
+    def marks(self, test: str) -> set[str]:
+        func = self.functions[test]
+        return self.module_marks | set().union(*(_mark_names(d, self.aliases) for d in func.decorator_list))
+
+
+class _HardwareUse:
+    """What tests use of the hardware: their own calls, those of the module's functions they call
+    and fixtures they request (conftest's too), and those of the tests.helpers functions they import."""
+
+    def __init__(self, sources: dict[str, str]):
+        self.modules = {name: _TestModule(name, source) for name, source in sources.items()}
+        self._memo: dict[tuple[str, str], list[tuple[str, frozenset[str]]]] = {}
+
+    def _fixture_owner(self, module: str, name: str) -> str | None:
+        """Where pytest finds fixture `name` for `module`: the module itself, else the nearest conftest.py."""
+        package = module.split(".")[:-1]
+        for owner in [module] + [".".join(package[:i] + ["conftest"]) for i in range(len(package), 0, -1)]:
+            if owner in self.modules and name in self.modules[owner].fixtures:
+                return owner
+        return None
+
+    def of(self, module: str, function: str, seen: frozenset = frozenset()) -> list[tuple[str, frozenset[str]]]:
+        """[(what is called, the markers that cover it)] of `function` in `module`, transitively."""
+        key = (module, function)
+        if key in self._memo:
+            return self._memo[key]
+        if key in seen or module not in self.modules or function not in self.modules[module].functions:
+            return []
+        mod, seen = self.modules[module], seen | {key}
+        func = mod.functions[function]
+        uses: list[tuple[str, frozenset[str]]] = []
+        for arg in func.args.args:  # the fixtures it requests
+            owner = self._fixture_owner(module, arg.arg)
+            if owner is not None:
+                uses += self.of(owner, arg.arg, seen)
+        for node in ast.walk(func):
+            if not isinstance(node, ast.Call):
+                continue
+            called = node.func.id if isinstance(node.func, ast.Name) else node.func.attr if isinstance(node.func, ast.Attribute) else ""
+            if called in HARDWARE_CALLS:
+                uses.append((f"{called}()", frozenset(HARDWARE_CALLS[called])))
+            elif called == "which" and node.args and isinstance(node.args[0], ast.Constant) and node.args[0].value in WHICH:
+                uses.append((f"shutil.which({node.args[0].value!r})", frozenset(WHICH[node.args[0].value])))
+            elif isinstance(node.func, ast.Name) and called in mod.functions and called not in mod.fixtures:
+                uses += [(f"{called}() -> {what}", need) for what, need in self.of(module, called, seen)]
+            elif isinstance(node.func, ast.Name) and called in mod.imported:
+                helper, name = mod.imported[called]
+                uses += [(f"{called}() -> {what}", need) for what, need in self.of(helper, name, seen)]
+        self._memo[key] = uses
+        return uses
+
+    def unmarked(self) -> list[str]:
+        found = []
+        for name, mod in self.modules.items():
+            if not name.rpartition(".")[2].startswith("test_"):
+                continue
+            for test in (f for f in mod.functions if f.startswith("test_")):
+                marks = mod.marks(test)
+                for what, need in self.of(name, test):
+                    if not marks & need:
+                        found.append(f"{name}::{test} calls {what} without @pytest.mark.{' or '.join(sorted(need))}")
+        return sorted(set(found))
+
+
+def _test_sources() -> dict[str, str]:
+    return {name: path.read_text() for name, path in MODULES.items() if name.split(".")[0] == "tests"}
+
+
+def test_the_test_layout_checks_find_what_they_look_for(tmp_path):
+    # a test module importing another, directly, relatively, as a module, or in a subprocess's script
+    found = _imports_of_test_modules("tests.profiler.test_a", (
+        "from tests.test_errors import mlcpipe\n"
+        "from .test_reports import sample_groups\n"
+        "from . import test_reports as checks\n"
+        "from tests.helpers.cli import mlcpipe\n"
+        "SCRIPT = '''\nimport sys\nfrom test_gpu_rules import fused_kernels\n'''\n"
+    ))
+    assert [line.split(" ", 1)[1] for line in found] == [
+        "imports tests.test_errors", "imports tests.profiler.test_reports", "imports tests.profiler.test_reports",
+        "writes code importing test_gpu_rules"]
+    # a module flat in tests/, one in a directory that mirrors nothing, a test among the helpers, no __init__.py
+    (tmp_path / "pipeline" / "profiler").mkdir(parents=True)
+    (tmp_path / "pipeline" / "threads.py").write_text("")
+    (tmp_path / "schedules" / "llvm").mkdir(parents=True)
+    for rel in ("test_threads.py", "test_layout.py", "test_gpu_rules.py", "profiler/test_compare.py", "schedules/llvm/test_rules.py",
+                "schedules/cpu/test_rules.py", "helpers/test_cli.py", "nightly/test_nightly.py"):
+        (tmp_path / "tests" / rel).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / "tests" / rel).write_text("")
+    for rel in ("", "profiler", "schedules", "schedules/llvm", "schedules/cpu", "helpers"):
+        (tmp_path / "tests" / rel / "__init__.py").write_text("")
+    assert [line.split(":")[0] for line in _misplaced(tmp_path)] == [
+        "tests/helpers/test_cli.py", "tests/nightly/test_nightly.py", "tests/nightly/test_nightly.py",
+        "tests/schedules/cpu/test_rules.py", "tests/test_gpu_rules.py"]
+    # hardware used without its marker: directly, through a fixture, a local helper, a tests.helpers function
+    hardware = _HardwareUse({
+        "tests.helpers.runs": "def run_it(f):\n    return runner.run_primfunc(f, t, [])\n",
+        "tests.conftest": "import pytest\n@pytest.fixture\ndef engine():\n    return WebGPUEngine('a')\n",
+        "tests.x.test_y": (
+            "import shutil, pytest\nfrom tests.helpers.runs import run_it\n"
+            "needs_lavapipe = pytest.mark.lavapipe(skip_if_missing=True)\n"
+            "@pytest.fixture(scope='module')\ndef cuda_built():\n    return shutil.which('nvcc')\n"
+            "def probe():\n    return shutil.which('node') or shutil.which('nodejs')\n"
+            "def test_fixture(cuda_built): pass\n"
+            "@pytest.mark.nvcc\ndef test_fixture_marked(cuda_built): pass\n"
+            "def test_local_helper(): probe()\n"
+            "@pytest.mark.browser(skip_if_missing=True)\ndef test_local_helper_marked(): probe()\n"
+            "def test_imported_helper(): run_it(1)\n"
+            "@needs_lavapipe\ndef test_imported_helper_marked(): run_it(1)\n"
+            "def test_conftest_fixture(engine): pass\n"
+            "@pytest.mark.parametrize('k', [pytest.param(1, marks=pytest.mark.dawn)])\ndef test_param_marked(engine, k): pass\n"
+            "def test_nothing(tmp_path): shutil.which('gcc')\n"
+        ),
+    })
+    assert [line.split(" without ")[0] for line in hardware.unmarked()] == [
+        "tests.x.test_y::test_conftest_fixture calls WebGPUEngine()",
+        "tests.x.test_y::test_fixture calls shutil.which('nvcc')",
+        "tests.x.test_y::test_imported_helper calls run_it() -> run_primfunc()",
+        "tests.x.test_y::test_local_helper calls probe() -> shutil.which('node')",
+        "tests.x.test_y::test_local_helper calls probe() -> shutil.which('nodejs')",
+    ]
+
+
+def test_tests_mirror_the_package():
+    misplaced = _misplaced()
+    assert not misplaced, "test modules out of place (docs/tests.md):\n" + "\n".join(misplaced)
+
+
+def test_no_test_module_imports_another():
+    """What tests share lives in tests/helpers/ (or a conftest.py fixture), not in a test module."""
+    found = [line for name, source in _test_sources().items() for line in _imports_of_test_modules(name, source)
+             if not line.startswith(f"{__name__}:") or " imports " in line]  # the examples above are text
+    assert not found, "test modules imported (move what they share to tests/helpers/):\n" + "\n".join(found)
+
+
+def test_tests_that_use_hardware_carry_its_marker():
+    """A test that calls into lavapipe, Dawn, Chromium or nvcc itself (or through the fixtures and
+    helpers it uses) carries the marker, so `-m 'not nvcc'` leaves it out and conftest can skip it.
+    Only direct calls are seen: a test driving them through the CLI is marked by hand."""
+    unmarked = _HardwareUse(_test_sources()).unmarked()
+    assert not unmarked, "tests using hardware without its marker (docs/tests.md):\n" + "\n".join(unmarked)

@@ -24,8 +24,8 @@ from pipeline.artifact import atomic_directory
 from pipeline.config import MODELS_DIR, ConfigError, load_model_config
 from pipeline.nightly.verify import verify_artifact
 
-from .checkpoints import random_hf_weights, write_hf_checkpoint
-from .fs import snapshot
+from tests.helpers.checkpoints import random_hf_weights, write_hf_checkpoint
+from tests.helpers.fs import snapshot
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = yaml.safe_load((MODELS_DIR / "llama-tiny.yaml").read_text())

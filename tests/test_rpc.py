@@ -27,8 +27,8 @@ from pipeline.runtime import Engine
 from pipeline.targets import load_target
 from pipeline.weights import convert_weights
 
-from .checkpoints import random_hf_weights, write_hf_checkpoint
-from .test_errors import mlcpipe
+from tests.helpers.checkpoints import random_hf_weights, write_hf_checkpoint
+from tests.helpers.cli import mlcpipe
 
 SERVER_LIFETIME_S = 900  # an RPC server outlives no test session by more than this
 PROMPT = [int(t) for t in np.random.default_rng(11).integers(0, 512, size=40)]  # > prefill_chunk_size 16

@@ -20,9 +20,9 @@ from pipeline.tuning import TuningDB
 from pipeline.weights import convert_weights
 from schedules.signature import kernel_signature
 
-from .checkpoints import hf_config, random_hf_weights, write_hf_checkpoint
-from .reference_llama import ReferenceLlama
-from .test_end_to_end import PROMPT, as_model_sees_it, check_against_reference
+from tests.helpers.checkpoints import hf_config, random_hf_weights, write_hf_checkpoint
+from tests.helpers.reference_checks import PROMPT, as_model_sees_it, check_against_reference
+from tests.helpers.reference_llama import ReferenceLlama
 
 
 def test_tune_writes_winners_that_build_applies(tiny_config, tmp_path):

@@ -1,6 +1,6 @@
 """Byte-reproducible outputs: what the toolchains leave varying between two builds, removed.
 
-Found by building the same cell twice (tests/test_nightly.py) and comparing every file:
+Found by building the same cell twice (tests/nightly/test_nightly.py) and comparing every file:
   * `export_library("lib.tar")` (TVM runs `tar` on a temp dir) stores each member's mtime: the
     tarball is rewritten with sorted members, mtime = $SOURCE_DATE_EPOCH (default 0), owner 0/0.
   * Debian's ld64.lld-14 writes a different LC_UUID on every link, even of the same objects at the

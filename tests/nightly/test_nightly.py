@@ -1,0 +1,418 @@
+"""`mlcpipe nightly` / `mlcpipe verify` end to end on a small matrix (llama-tiny x 2 quants x llvm,
+webgpu, metal, plus a target with a bad option), run as users run it (the CLI, in subprocesses):
+
+  A  killed (SIGKILL to the whole process group) while a build is in progress;
+  B  the same command again: finishes the matrix, reuses what A completed, rebuilds what A was
+     building, reports the bad cells with their log while the others pass (exit status 1);
+  C  into a new directory with --previous B: every good cell comes from the cache; regression table.
+Then verify (a flipped byte, a missing file), report-only merging, reproducibility.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import time
+from pathlib import Path
+
+import pytest
+
+from pipeline.nightly.matrix import load_matrix
+
+from tests.helpers import REPO
+
+MLCPIPE = [sys.executable, "-m", "pipeline.cli"]
+SNAPSHOT: Path | None = None  # a frozen copy of the source the nightly runs from (see `source`)
+
+MATRIX = """\
+models: [llama-tiny]
+quantizations: [q4f16_1, q4f32_1]
+targets:
+  - llvm
+  - webgpu
+  - metal
+  - {name: llvm-badopt, preset: llvm, options: {mcpu: native}}   # refused at build time: a failing cell
+checks:
+  conformance: {targets: [llvm, webgpu, metal], sizes: [1], kernels: "^fused_dequantize_NT_matmul"}
+  profile: {targets: [llvm], prompt_len: 8, gen_len: 4, runs: 3, warmup: 1}
+  reproducibility: {targets: [llvm]}
+"""
+GOOD = [f"llama-tiny-{q}-{t}" for t in ("llvm", "webgpu", "metal") for q in ("q4f16_1", "q4f32_1")]
+BAD = [f"llama-tiny-{q}-llvm-badopt" for q in ("q4f16_1", "q4f32_1")]
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    if SNAPSHOT is not None:
+        env["PYTHONPATH"] = os.pathsep.join([str(SNAPSHOT), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    return env
+
+
+def mlcpipe(*args, check_rc: int | None = None, **kwargs) -> subprocess.CompletedProcess:
+    proc = subprocess.run([*MLCPIPE, *map(str, args)], capture_output=True, text=True, cwd=SNAPSHOT or REPO,
+                          env=_env(), **kwargs)
+    if check_rc is not None:
+        assert proc.returncode == check_rc, f"exit {proc.returncode}\n{proc.stdout}\n{proc.stderr[-4000:]}"
+    return proc
+
+
+def temp_dirs(directory: Path) -> list[Path]:
+    return [p for p in directory.iterdir() if ".tmp-" in p.name] if directory.is_dir() else []
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    """The cache key hashes every file under pipeline/ and schedules/: the runs below use a frozen
+    copy of the source, so that an edit in the working tree while they run (other work on this
+    checkout) cannot turn the second run's cache hits into rebuilds."""
+    global SNAPSHOT
+    snap = tmp_path_factory.mktemp("src")
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in ("pipeline", "schedules", "configs"):
+        shutil.copytree(REPO / name, snap / name, ignore=ignore)
+    (snap / "node_modules").symlink_to(REPO / "node_modules")  # the checkout's npm packages (WebGPU runner)
+    SNAPSHOT = snap
+    yield snap
+    SNAPSHOT = None
+
+
+# The tests of these runs are marked dawn and lavapipe: `conformance` runs the matrix's webgpu cells
+# in Dawn (f32) and on lavapipe (f16 kernels, where no Dawn adapter here has shader-f16).
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, source):
+    root = tmp_path_factory.mktemp("nightly")
+    matrix = root / "matrix.yaml"
+    matrix.write_text(MATRIX)
+    cache, n1, n2 = root / ".cache", root / "n1", root / "n2"
+    timings = {}
+
+    # A: killed while a build is in progress (a cache temp dir exists) and at least one cell is done
+    started = time.perf_counter()
+    proc = subprocess.Popen([*MLCPIPE, "nightly", "--matrix", matrix, "--out", n1, "--jobs", "2"], cwd=source, env=_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    killed_keys: set[str] = set()
+    try:
+        deadline = time.time() + 400
+        while time.time() < deadline and proc.poll() is None:
+            done = [c for c in GOOD if (n1 / c / "result.json").is_file()]
+            building = [p for p in temp_dirs(cache) if p.name.startswith(".") and len(p.name.split(".tmp-")[0]) == 65]
+            if done and building:
+                killed_keys = {p.name[1:].split(".tmp-")[0] for p in building}
+                os.killpg(proc.pid, signal.SIGKILL)
+                break
+            time.sleep(0.2)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    timings["A (killed)"] = time.perf_counter() - started
+    assert killed_keys, "run A finished or timed out before it could be killed mid-build"
+    after_kill = {
+        "cache_entries": sorted(p.name for p in cache.iterdir() if not p.name.startswith(".")),
+        "cells": sorted(p.name for p in n1.iterdir() if (p / "result.json").is_file()),
+        "temp_dirs": [p.name for p in temp_dirs(cache) + temp_dirs(n1)],
+    }
+
+    started = time.perf_counter()
+    b = mlcpipe("nightly", "--matrix", matrix, "--out", n1, "--jobs", "2")
+    timings["B (resume)"] = time.perf_counter() - started
+    started = time.perf_counter()
+    c = mlcpipe("nightly", "--matrix", matrix, "--out", n2, "--jobs", "2", "--previous", n1)
+    timings["C (cached)"] = time.perf_counter() - started
+    print("nightly timings:", {k: f"{v:.1f} s" for k, v in timings.items()})
+    return {"root": root, "matrix": matrix, "cache": cache, "n1": n1, "n2": n2, "b": b, "c": c,
+            "killed_keys": killed_keys, "after_kill": after_kill}
+
+
+def index(path: Path) -> dict:
+    return json.loads((path / "index.json").read_text())
+
+
+def cells(path: Path) -> dict[str, dict]:
+    return {r["cell"]: r for r in index(path)["cells"]}
+
+
+def expected_status(record: dict) -> str:
+    """A good cell passes unless its second build differed: the llvm lib.so often does (TVM's
+    VMShapeLower, see test_reproducible_builds), and the reproducibility check fails it."""
+    repro = record.get("reproducibility")
+    return "failed" if repro and not repro["identical"] else "passed"
+
+
+@pytest.mark.dawn
+@pytest.mark.lavapipe
+def test_interrupted_run_leaves_nothing_trusted(runs):
+    """Everything A left under a trusted name is complete; what it was building is rebuilt by B."""
+    from pipeline.nightly.verify import verify_artifact
+
+    state = runs["after_kill"]
+    assert state["temp_dirs"], "A was not killed mid-way"
+    for key in state["cache_entries"]:
+        assert verify_artifact(runs["cache"] / key / "artifact") == []
+    for key in runs["killed_keys"]:
+        assert key not in state["cache_entries"]
+    by_key = {r.get("cache_key"): r for r in cells(runs["n1"]).values()}
+    for key in runs["killed_keys"]:
+        assert by_key[key]["cached"] is False, f"{by_key[key]['cell']} was trusted after the kill"
+    resumed = [r for r in cells(runs["n1"]).values() if r["cell"] in state["cells"] and r["cell"] in GOOD]
+    assert resumed and all(r["cached"] for r in resumed), "cells finished by A are not reused by B"
+    assert not temp_dirs(runs["n1"]) and not temp_dirs(runs["cache"])
+
+
+@pytest.mark.dawn
+@pytest.mark.lavapipe
+def test_matrix_end_to_end_with_a_failing_cell(runs):
+    b, n1 = runs["b"], runs["n1"]
+    assert b.returncode == 1, b.stderr[-3000:]
+    got = cells(n1)
+    assert sorted(got) == sorted(GOOD + BAD)
+    for cell in GOOD:
+        r = got[cell]
+        assert r["status"] == expected_status(r), (cell, r.get("error"), (n1 / r["log"]).read_text()[-2000:])
+        if r["status"] == "failed":
+            assert r["error"].startswith("reproducibility (lib.so differ") and r["target"] == "llvm"
+        manifest = json.loads((n1 / cell / "artifact" / "manifest.json").read_text())
+        assert manifest["cache_key"] == r["cache_key"] and manifest["files"]
+        assert r["kernels"] == len(manifest["kernels"]) > 0 and r["sizes"]["library"] > 0
+        expected = {"llvm": "passed", "webgpu": "passed", "metal": "static-only"}[r["target"]]
+        assert r["conformance"]["status"] == expected
+    for cell in (c for c in GOOD if c.endswith("-llvm")):
+        headline = got[cell]["profile"]["headline"]
+        assert headline["decode_ms_per_token_p50"] > 0 and headline["prefill_tok_s"] > 0
+        assert (n1 / cell / "profile.json").is_file()
+    for cell in BAD:
+        r = got[cell]
+        assert r["status"] == "failed" and "native" in r["error"] and r["log_tail"]
+        assert (n1 / r["log"]).is_file() and not (n1 / cell / "artifact").exists()
+        assert f"FAIL {cell}" in b.stderr
+    summary = (n1 / "SUMMARY.md").read_text()
+    passed = sum(got[c]["status"] == "passed" for c in GOOD)
+    assert f"{passed}/8 cells passed" in summary and "## Failures" in summary and "'native'" in summary
+    assert "static-only" in summary
+
+
+@pytest.mark.dawn
+@pytest.mark.lavapipe
+def test_second_run_hits_the_cache_for_every_cell(runs):
+    c, n2 = runs["c"], runs["n2"]
+    assert c.returncode == 1  # the bad cells fail again; nothing else
+    got = cells(n2)
+    for cell in GOOD:
+        assert got[cell]["status"] == expected_status(got[cell]) and got[cell]["cached"] and got[cell]["checks_cached"], cell
+        assert got[cell]["cache_key"] == cells(runs["n1"])[cell]["cache_key"]
+    assert "worker" not in "".join((n2 / "logs" / f"{cell}.log").read_text() for cell in GOOD)
+
+
+@pytest.mark.dawn
+@pytest.mark.lavapipe
+def test_regression_table_against_previous(runs):
+    n2 = runs["n2"]
+    reg = index(n2)["regressions"]
+    assert reg and reg["previous"] == str(runs["n1"])
+    by_cell = {c["cell"]: c for c in reg["cells"]}
+    assert sorted(by_cell) == sorted(GOOD)  # a cell that failed only its reproducibility check too
+    llvm = by_cell["llama-tiny-q4f16_1-llvm"]
+    assert llvm["sizes"]["library"]["change_pct"] == 0.0 and llvm["new_kernels"] == [] == llvm["removed_kernels"]
+    assert llvm["kernel_times"]["verdicts"]["regression"] == 0 and (n2 / llvm["report"]).is_file()
+    assert "## Regressions against" in (n2 / "SUMMARY.md").read_text()
+
+
+@pytest.mark.dawn
+@pytest.mark.lavapipe
+def test_report_only_flags_a_slower_kernel_and_kernel_changes(runs, tmp_path):
+    """Merging (CI's last job) with a doctored profile: a 3x slower decode kernel is a regression;
+    a kernel only the previous nightly had is listed as removed."""
+    cur, prev = tmp_path / "cur", tmp_path / "prev"
+    shutil.copytree(runs["n2"], cur)
+    shutil.copytree(runs["n1"], prev)
+    cell = "llama-tiny-q4f16_1-llvm"
+    profile = json.loads((cur / cell / "profile.json").read_text())
+    decode = [s for s in profile["samples"] if s["phase"] == "decode"]
+    slow = max({s["kernel"] for s in decode}, key=lambda k: sum(s["ms"] for s in decode if s["kernel"] == k))
+    for s in profile["samples"]:
+        if s["kernel"] == slow and s["phase"] == "decode":
+            s["ms"] *= 3
+    (cur / cell / "profile.json").write_text(json.dumps(profile))
+    manifest = json.loads((prev / cell / "artifact" / "manifest.json").read_text())
+    manifest["kernels"].append({"name": "retired_kernel", "args": [], "role": "other"})
+    (prev / cell / "artifact" / "manifest.json").write_text(json.dumps(manifest))
+    proc = mlcpipe("nightly", "--matrix", runs["matrix"], "--out", cur, "--report-only", "--previous", prev)
+    assert proc.returncode == 1  # the bad cells
+    reg = {c["cell"]: c for c in index(cur)["regressions"]["cells"]}[cell]
+    flagged = [r for r in reg["kernel_times"]["rows"] if r["verdict"] == "regression"]
+    assert [(r["kernel"], r["phase"]) for r in flagged] == [(slow, "decode")]
+    assert flagged[0]["p"] < 0.05 and flagged[0]["change_pct"] > 150
+    assert reg["removed_kernels"] == ["retired_kernel"]
+    summary = (cur / "SUMMARY.md").read_text()
+    assert slow in summary and "regression" in summary and "retired_kernel" in summary
+    mlcpipe("verify", cur, check_rc=0)
+
+
+@pytest.mark.dawn
+@pytest.mark.lavapipe
+def test_verify_catches_a_flipped_byte_and_a_missing_file(runs, tmp_path):
+    nightly = tmp_path / "n"
+    shutil.copytree(runs["n2"], nightly)
+    proc = mlcpipe("verify", nightly, check_rc=0)
+    assert proc.stdout.startswith("ok:")
+    artifact = nightly / "llama-tiny-q4f32_1-webgpu" / "artifact"
+    mlcpipe("verify", artifact, check_rc=0)
+    lib = artifact / "lib.wasm"
+    data = bytearray(lib.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    lib.write_bytes(bytes(data))
+    for target in (nightly, artifact):
+        proc = mlcpipe("verify", target, check_rc=1)
+        assert "lib.wasm" in proc.stderr and "sha256" in proc.stderr
+    (nightly / "llama-tiny-q4f16_1-llvm" / "profile.md").unlink()
+    proc = mlcpipe("verify", nightly, check_rc=1)
+    assert "profile.md: missing" in proc.stderr
+    proc = mlcpipe("verify", tmp_path, check_rc=2)
+    assert "neither a nightly directory" in proc.stderr
+
+
+@pytest.mark.dawn
+@pytest.mark.lavapipe
+def test_reproducible_builds(runs, tmp_path):
+    """llvm cells were built twice in fresh processes: identical. Metal: the dylib is a function of
+    its objects (re-linking lib.tar's objects elsewhere gives the same bytes), lib.tar is normalised."""
+    from pipeline.backends.metal import extract_objects, link_dylib
+
+    got = cells(runs["n1"])
+    for cell in (c for c in GOOD if c.endswith("-llvm")):  # built (in run A or B) with the reproducibility check
+        repro = json.loads((runs["n1"] / cell / "artifact" / "manifest.json").read_text())["reproducibility"]
+        assert repro["rebuilt_in_fresh_process"] and repro["files"] >= 4
+        assert got[cell]["reproducibility"] == {"identical": repro["identical"], "differs": repro["differs"]}
+        # the kernels' TIR and the runtime config are always identical; the library is identical, or
+        # (seen now and then: LLVM code of a Relax shape function) the manifest names what differs
+        assert set(repro["differs"]) <= {"lib.so"}, repro["differs"]
+        if not repro["identical"]:
+            print(f"{cell}: lib.so not reproducible: {repro['differs']['lib.so']}")
+            assert "code differs in" in repro["differs"]["lib.so"]
+            assert (runs["n1"] / cell / "rebuild-differs" / "lib.so").is_file()
+    artifact = runs["n1"] / "llama-tiny-q4f16_1-metal" / "artifact"
+    with tarfile.open(artifact / "lib.tar") as tar:
+        assert all(m.mtime == 0 and m.uid == 0 for m in tar.getmembers())
+    outputs = []
+    for i in range(2):
+        (tmp_path / f"objs{i}").mkdir()
+        objects = extract_objects(artifact / "lib.tar", (tmp_path / f"objs{i}").resolve())
+        if i:
+            os.utime(objects[0], (1, 1))
+        (tmp_path / f"out{i}").mkdir()
+        link_dylib(objects, tmp_path / f"out{i}" / "lib.dylib")
+        outputs.append((tmp_path / f"out{i}" / "lib.dylib").read_bytes())
+    assert outputs[0] == outputs[1] == (artifact / "lib.dylib").read_bytes()
+
+
+@pytest.mark.dawn
+@pytest.mark.lavapipe
+def test_explain_names_what_differs(runs, tmp_path):
+    from pipeline.backends.binfmt import MachO
+    from pipeline.nightly.reproduce import explain
+
+    # a Mach-O whose UUID differs (as ld64.lld-14 writes a new one on every link)
+    dylib = runs["n1"] / "llama-tiny-q4f16_1-metal" / "artifact" / "lib.dylib"
+    other = tmp_path / "lib.dylib"
+    data = bytearray(dylib.read_bytes())
+    start, end = MachO(bytes(data)).uuid_span()
+    data[start:end] = bytes(range(16))
+    other.write_bytes(bytes(data))
+    assert "LC_UUID differs" in explain(dylib, other)
+    # tarballs whose members differ only in mtime
+    a, b = tmp_path / "a.tar", tmp_path / "b.tar"
+    (tmp_path / "x.o").write_bytes(b"object")
+    for path, mtime in ((a, 1), (b, 2)):
+        os.utime(tmp_path / "x.o", (mtime, mtime))
+        with tarfile.open(path, "w") as tar:
+            tar.add(tmp_path / "x.o", arcname="x.o")
+    assert "mtime" in explain(a, b)
+
+
+def test_matrix_errors_are_one_line_before_anything_builds(tmp_path):
+    base = "models: [llama-tiny]\nquantizations: [q4f16_1]\ntargets: [llvm]\n"
+    cases = {
+        base.replace("[llvm]", "[llvm, vulkan]"): "field 'targets[1]': got 'vulkan'; allowed:",
+        base.replace("[q4f16_1]", "[q4f16_1, q3f16]"): "field 'quantizations[1]': got 'q3f16'; allowed:",
+        base.replace("[llama-tiny]", "[llama-9b]"): "field 'models[0]': got 'llama-9b'; allowed:",
+        base + "checks: {profile: {targets: [llvm], runs: 0}}\n": "field 'checks.profile.runs': got 0;",
+        base + "checks: {lint: {}}\n": "field 'checks.lint'",
+    }
+    from pipeline.errors import ConfigError
+
+    path = tmp_path / "m.yaml"
+    for text, message in cases.items():
+        path.write_text(text)
+        with pytest.raises(ConfigError) as err:
+            load_matrix(path)
+        assert message in str(err.value) and str(path) in str(err.value) and "\n" not in str(err.value)
+    proc = mlcpipe("nightly", "--matrix", path, "--out", tmp_path / "out", check_rc=2)  # the CLI: one line, exit 2
+    assert proc.stderr.startswith("error: ") and "checks.lint" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out").exists()
+
+
+def test_default_matrix_and_workflow(source):
+    import yaml
+
+    ids = [c.id for c in load_matrix().cells]
+    assert len(ids) == 12 and "llama-3.2-1b-q4f16_1-webgpu" in ids and "llama-3.2-1b-q0f16-metal" in ids
+    proc = mlcpipe("nightly", "--list-cells", check_rc=0)
+    assert json.loads(proc.stdout) == ids
+    flow = yaml.safe_load((REPO / ".github" / "workflows" / "nightly.yml").read_text())
+    assert flow[True]["schedule"][0]["cron"]
+    build = flow["jobs"]["build"]
+    assert "fromJSON" in build["strategy"]["matrix"]["cell"]
+    steps = " ".join(str(s.get("run", "")) + str(s.get("uses", "")) for job in flow["jobs"].values() for s in job["steps"])
+    for command in ("mlcpipe nightly --matrix", "--list-cells", "--cell", "--report-only", "mlcpipe verify",
+                    "actions/upload-artifact"):
+        assert command in steps
+
+
+def test_explain_names_functions_when_elf_sizes_differ(tmp_path):
+    """Two shared objects whose one function differs in length (as a Relax shape function compiled
+    twice sometimes does): the explanation names that function, not only the sizes."""
+    import shutil
+    import subprocess
+
+    from pipeline.nightly.reproduce import explain
+
+    if shutil.which("gcc") is None:
+        pytest.skip("gcc not found")
+    libs = []
+    longer = "volatile int y = x; " + " ".join(f"y = y * 3 + {k};" for k in range(800)) + " return y;"
+    for i, body in enumerate(("return x + 1;", longer)):
+        src = tmp_path / f"f{i}.c"
+        src.write_text(f"int same(int x) {{ return x - 1; }}\nint shape_func(int x) {{ {body} }}\n")
+        lib = tmp_path / f"lib{i}.so"
+        subprocess.run(["gcc", "-O0", "-shared", "-fPIC", "-o", str(lib), str(src)], check=True)
+        libs.append(lib)
+    assert libs[0].stat().st_size != libs[1].stat().st_size
+    why = explain(*libs)
+    assert why.startswith("sizes ") and "code differs in shape_func (" in why and "same (" not in why, why
+
+
+def test_a_build_that_is_not_reproducible_fails_its_cell(tmp_path, monkeypatch):
+    """The reproducibility check can fail a cell: here the comparison of the two builds says lib.so
+    differs (as the llvm shape function now and then does); the cell fails and says why."""
+    from pipeline.nightly import runner as nightly_runner
+
+    matrix = tmp_path / "m.yaml"
+    matrix.write_text("models: [llama-tiny]\nquantizations: [q4f32_1]\ntargets: [llvm]\n"
+                      "checks: {reproducibility: {targets: [llvm]}}\n")
+    [cell] = load_matrix(matrix).cells
+    compared = []
+
+    def differs(first, second):
+        compared.append((first, second))
+        return {"identical": False, "files": 4, "excluded": {}, "differs": {"lib.so": "code differs in shape_func"}}
+
+    monkeypatch.setattr(nightly_runner, "compare", differs)
+    record = nightly_runner.Runner([cell], tmp_path / "out", tmp_path / "cache").run()[0]
+    assert compared and record["status"] == "failed", record
+    assert "reproducibility (lib.so differ" in record["error"]
+    assert record["reproducibility"] == {"identical": False, "differs": {"lib.so": "code differs in shape_func"}}
