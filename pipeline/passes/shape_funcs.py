@@ -37,7 +37,7 @@ def _reads(expr, heap) -> set[int] | None:
     return None
 
 
-def _ordered(func: tirx.PrimFunc) -> tirx.PrimFunc:
+def order_stores(func: tirx.PrimFunc) -> tirx.PrimFunc:
     """The function with its heap stores in a fixed order (unchanged if its body is anything else)."""
     body = func.body
     stores = list(body.seq) if isinstance(body, tirx.SeqStmt) else [body]
@@ -86,7 +86,7 @@ def _uses(mod: tvm.IRModule, shape_vars: set[str]) -> list[str]:
 
 @tvm.transform.module_pass(opt_level=0, name="mlcpipe.CanonicalShapeFuncs")
 def CanonicalShapeFuncs(mod: tvm.IRModule, _ctx) -> tvm.IRModule:  # noqa: N802 (a pass)
-    shape = {gv.name_hint: _ordered(f) for gv, f in mod.functions_items()
+    shape = {gv.name_hint: order_stores(f) for gv, f in mod.functions_items()
              if isinstance(f, tirx.PrimFunc) and gv.name_hint.startswith(PREFIX) and f.attrs and f.attrs.get("tirx.is_host_func")}
     if not shape:
         return mod
