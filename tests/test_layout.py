@@ -269,3 +269,45 @@ def test_every_backend_has_the_whole_interface():
     for kind in ("llvm", "cuda", "metal", "webgpu"):
         missing = [name for name in backends.INTERFACE if not hasattr(backends.backend(kind), name)]
         assert not missing, f"backends/{kind}.py lacks {missing}"
+
+
+# ---- the CLI parses arguments only (MLC-LLM's cli/ + interface/ split) ----------------------------
+
+# what a module of pipeline/cli/ may import: the standard library, click, its own package, the
+# user-facing errors and pipeline/interface/ (where the work is); anything else is work done in the CLI
+CLI_MAY_IMPORT = ("pipeline.cli", "pipeline.errors", "pipeline.interface")
+
+
+def _imported_modules(name: str, source: str) -> list[tuple[int, str]]:
+    """(line, absolute module name) of every import in a module's source, relative ones resolved."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve(name, node.module, node.level)
+            found += [(node.lineno, f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base) for alias in node.names]
+    return found
+
+
+def _cli_work_imports(name: str, source: str) -> list[str]:
+    import sys
+
+    return [f"{name}:{line} imports {module}" for line, module in sorted(set(_imported_modules(name, source)))
+            if module.split(".")[0] not in (*sys.stdlib_module_names, "click")
+            and not any(module == allowed or module.startswith(allowed + ".") for allowed in CLI_MAY_IMPORT)]
+
+
+def test_the_cli_imports_nothing_that_works():
+    """pipeline/cli/ declares options, checks their syntax and calls pipeline/interface/; a module
+    that imports the pipeline's working modules (or tvm, numpy) is doing work in the CLI."""
+    assert _cli_work_imports("pipeline.cli.run", "from ..targets import load_target\nimport numpy\n") == [
+        "pipeline.cli.run:1 imports pipeline.targets", "pipeline.cli.run:2 imports numpy"]
+    assert not _cli_work_imports("pipeline.cli.run", "import sys\nimport click\nfrom ..interface.run import run\nfrom . import common\n")
+    cli = [name for name in MODULES if name == "pipeline.cli" or name.startswith("pipeline.cli.")]
+    assert "pipeline.cli.run" in cli
+    offenders = [line for name in cli for line in _cli_work_imports(name, MODULES[name].read_text())]
+    assert not offenders, "pipeline/cli/ may import only the stdlib, click, pipeline.errors and pipeline.interface:\n" + "\n".join(offenders)
+    users = sorted(name for name, scan in SCANS.items() if name.startswith("pipeline.") and not name.startswith("pipeline.cli")
+                   and any(t == "pipeline.cli" or t.startswith("pipeline.cli.") for t in scan.edges))
+    assert not users, f"the pipeline does not call its CLI: {users}"
