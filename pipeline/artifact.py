@@ -24,6 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from .backends import KINDS as TARGET_KINDS
 from .config import short_repr, short_text
 from .errors import ArtifactError
 
@@ -403,8 +404,8 @@ _HEX64 = re.compile(r"[0-9a-f]{64}")
 _MANIFEST_FIELDS = {
     "model": (lambda v: isinstance(v, str) and bool(v), "a model name"),
     "quantization": (lambda v: isinstance(v, str) and bool(v), "a quantization name"),
-    "target": (lambda v: isinstance(v, dict) and v.get("kind") in ("llvm", "cuda", "metal", "webgpu"),
-               "a TVM target object whose kind is llvm, cuda, metal or webgpu"),
+    "target": (lambda v: isinstance(v, dict) and v.get("kind") in TARGET_KINDS,
+               f"a TVM target object whose kind is {', '.join(TARGET_KINDS[:-1])} or {TARGET_KINDS[-1]}"),
     "library": (lambda v: isinstance(v, str) and bool(v), "the library's file name"),
     "parameters": (lambda v: isinstance(v, list) and all(
         isinstance(p, dict) and isinstance(p.get("name"), str) and isinstance(p.get("dtype"), str)

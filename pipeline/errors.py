@@ -21,3 +21,16 @@ class ProfileError(ValueError):
 
 class RunnerError(ValueError):
     """The WebGPU runner cannot start or was refused (one line for the user)."""
+
+
+class OptionError(ValueError):
+    """Command-line options that do not go together: the CLI shows the command's usage line."""
+
+
+class OptionValueError(OptionError):
+    """One option's value is refused: `Invalid value for <option>: <message>` (no option:
+    `Invalid value: <message>`), below the command's usage line."""
+
+    def __init__(self, message: str, option: str | None = None):
+        super().__init__(message)
+        self.option = option

@@ -22,9 +22,6 @@ TIMEOUT_S = 30.0  # TCP connect, RPC handshake, tracker request ($MLCPIPE_RPC_TI
 _HINTS = {"RPC server": "is `python -m tvm.exec.rpc_server` running there?",
           "RPC tracker": "is `python -m tvm.exec.rpc_tracker` running there?"}
 
-# artifact target kind -> RPCSession method giving the remote device
-_DEVICES = {"llvm": "cpu", "cuda": "cuda", "metal": "metal", "vulkan": "vulkan", "opencl": "cl", "rocm": "rocm"}
-
 
 class RemoteError(ValueError):
     """A user-facing error about the remote machine or the connection to it."""
@@ -159,17 +156,19 @@ def describe(session) -> str:
 
 def remote_device(session: tvm.rpc.RPCSession, target_kind: str, where: str = "the RPC server"):
     """The remote device an artifact of `target_kind` runs on; RemoteError if the remote lacks it."""
-    method = _DEVICES.get(target_kind)
+    from .backends import KINDS, backend, kinds_with
+
+    kind_backend = backend(target_kind) if target_kind in KINDS else None
+    method = kind_backend.RPC_DEVICE if kind_backend is not None else None  # the RPCSession method giving the device
     if method is None:
-        raise RemoteError(f"artifact target '{target_kind}' cannot run over TVM RPC (supported: {', '.join(sorted(_DEVICES))})")
+        raise RemoteError(f"artifact target '{target_kind}' cannot run over TVM RPC (supported: {', '.join(sorted(kinds_with('RPC_DEVICE')))})")
     device = getattr(session, method)(0)
     try:
         present = bool(device.exist)
     except Exception as exc:  # noqa: BLE001 - a runtime built without that device API
         raise RemoteError(f"{where} has no {target_kind} device ({_first_line(exc)})") from None
     if not present:
-        hint = " (serve from a Mac whose TVM is built with USE_METAL)" if target_kind == "metal" else ""
-        raise RemoteError(f"{where} has no {target_kind} device; this is a {target_kind} artifact{hint}")
+        raise RemoteError(f"{where} has no {target_kind} device; this is a {target_kind} artifact{kind_backend.RPC_DEVICE_HINT}")
     return device
 
 

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import platform
-import re
 from pathlib import Path
 from typing import Any
 
-from .config import CONFIG_DIR, load_yaml, short_repr
+from .backends import KINDS, backend
+from .config import CONFIG_DIR, load_yaml
 from .errors import ConfigError
 
 TARGETS_DIR = CONFIG_DIR / "targets"
@@ -111,14 +110,6 @@ def available_targets() -> list[str]:
     return sorted(p.stem for p in TARGETS_DIR.glob("*.yaml"))
 
 
-# Keys of a preset that are mlcpipe's, not TVM's: (kind, key) -> validator description.
-_OPTIONS = {
-    ("cuda", "fatbin_archs"): "a list of sm_XY archs, e.g. [sm_80, sm_90]",
-    ("metal", "macos_min_version"): "a macOS version string, e.g. '13.0'",
-}
-KINDS = ("llvm", "cuda", "metal", "webgpu")
-
-
 def load_target(name: str, overrides: dict[str, Any] | None = None) -> TargetSpec:
     """Preset `name`, with `overrides` (e.g. {"mcpu": "skylake-avx512"}) applied on top."""
     path = TARGETS_DIR / f"{name}.yaml"
@@ -133,62 +124,17 @@ def load_target(name: str, overrides: dict[str, Any] | None = None) -> TargetSpe
     kind = raw.get("kind")
     if kind not in KINDS:
         raise ConfigError(f"{path}: field 'kind': got {kind!r}; allowed: {list(KINDS)}")
-    options = {key: raw.pop(key) for (k, key) in list(_OPTIONS) if k == kind and key in raw}
-    if kind == "llvm":
+    kind_backend = backend(kind)
+    # keys of the preset that are mlcpipe's, not TVM's (e.g. cuda's fatbin_archs)
+    options = {key: raw.pop(key) for key in kind_backend.PRESET_OPTIONS if key in raw}
+    if kind_backend.HOST_CPU:
         raw = _resolve_cpu(path, raw, "mcpu")
     elif isinstance(raw.get("host"), dict) and "mtriple" not in raw["host"]:
         raw["host"] = _resolve_cpu(path, dict(raw["host"]), "host.mcpu")
-    if kind == "webgpu":
-        _check_webgpu_subgroups(path, raw)
-    if kind == "cuda":
-        archs = options.setdefault("fatbin_archs", [raw.get("arch", "sm_80")])
-        if not isinstance(archs, list) or not archs or not all(isinstance(a, str) and a.startswith("sm_") for a in archs):
-            raise ConfigError(f"{path}: field 'fatbin_archs': got {short_repr(archs)}; expected {_OPTIONS[('cuda', 'fatbin_archs')]}")
-        for field, values in (("arch", [raw.get("arch", "sm_80")]), ("fatbin_archs", archs)):
-            _check_cuda_archs(f"--{field.replace('_', '-')}" if field in given else f"{path}: field '{field}'", values)
-        if raw.get("arch") not in archs:
-            options["fatbin_archs"] = [*archs, raw.get("arch")]
+    kind_backend.check_preset(path, raw, options, given)
     target = dict(raw)
     _validate_with_tvm(path, target)
     return TargetSpec(name=name, target=target, peak_gbps=float(peak), options=options)
-
-
-# The archs nvcc 12.x-13.x compile for (nvcc --list-gpu-code), used when nvcc is not installed.
-KNOWN_CUDA_ARCHS = ("sm_50", "sm_52", "sm_53", "sm_60", "sm_61", "sm_62", "sm_70", "sm_72", "sm_75", "sm_80", "sm_86",
-                    "sm_87", "sm_88", "sm_89", "sm_90", "sm_100", "sm_101", "sm_103", "sm_110", "sm_120", "sm_121")
-
-
-@functools.lru_cache(maxsize=1)
-def cuda_archs() -> tuple[tuple[str, ...], str]:
-    """(sm_XY archs nvcc compiles for, where the list came from): `nvcc --list-gpu-code` when
-    nvcc is installed (a few ms), else KNOWN_CUDA_ARCHS."""
-    import subprocess
-
-    from .backends.cuda import find_nvcc
-
-    try:
-        nvcc = find_nvcc()
-        out = subprocess.run([nvcc, "--list-gpu-code"], capture_output=True, text=True, timeout=60)
-    except (RuntimeError, OSError, subprocess.TimeoutExpired):
-        return KNOWN_CUDA_ARCHS, "known list; nvcc not found"
-    listed = tuple(a for a in out.stdout.split() if re.fullmatch(r"sm_\d+", a))
-    if out.returncode != 0 or not listed:
-        return KNOWN_CUDA_ARCHS, "known list"
-    return tuple(sorted(listed, key=lambda a: int(a[3:]))), "nvcc --list-gpu-code"
-
-
-def _check_cuda_archs(where: str, archs: list) -> None:
-    """Each arch is one nvcc compiles for: sm_XY it lists, sm_XYa for XY >= 90, sm_XYf for
-    XY >= 100 (the arch-specific and family variants it does not list)."""
-    allowed, source = cuda_archs()
-    for arch in archs:
-        m = re.fullmatch(r"sm_(\d+)([af]?)", arch) if isinstance(arch, str) else None
-        ok = bool(m) and f"sm_{m.group(1)}" in allowed and (
-            not m.group(2) or int(m.group(1)) >= (90 if m.group(2) == "a" else 100))
-        if not ok:
-            head = f"{where} {short_repr(arch)}:" if where.startswith("--") else f"{where}: got {short_repr(arch)};"
-            raise ConfigError(f"{head} not an arch nvcc compiles for; allowed: {', '.join(allowed)} "
-                              f"(and sm_XYa for XY >= 90, sm_XYf for XY >= 100; {source})")
 
 
 def preset_peak_gbps(name: str) -> float | None:
@@ -199,22 +145,6 @@ def preset_peak_gbps(name: str) -> float | None:
     except ConfigError:
         return None
     return peak or None
-
-
-def _check_webgpu_subgroups(path: Path, raw: dict[str, Any]) -> None:
-    """`supports_subgroups: true` (TVM's webgpu attribute) opts in to WebGPU subgroups: kernels
-    then need an adapter with the "subgroups" feature. TVM 0.27 sets thread_warp_size to 32
-    with it, whatever the preset says, and refuses any other thread_warp_size without it."""
-    subgroups = raw.get("supports_subgroups", False)
-    if not isinstance(subgroups, bool):
-        got = f"got {subgroups!r}; expected true or false"
-        raise ConfigError(f"{path}: field 'supports_subgroups': {got}")
-    warp = raw.get("thread_warp_size")
-    if subgroups and warp not in (None, 32):
-        raise ConfigError(
-            f"{path}: field 'thread_warp_size': got {warp!r}; TVM 0.27 fixes it to 32 on webgpu "
-            "with supports_subgroups (leave it out)"
-        )
 
 
 def _resolve_cpu(path: Path, raw: dict[str, Any], field: str) -> dict[str, Any]:

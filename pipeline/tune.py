@@ -76,10 +76,9 @@ def _candidates(space: dict[str, list], default: dict, budget: int, seed: int) -
 def compile_kernel(func: tvm.tirx.PrimFunc, target: tvm.target.Target):
     """One scheduled PrimFunc built on its own, callable as lib["main"] (with the lowerings the
     build uses: it is timed as the model will run it)."""
-    if target.kind.name == "llvm":
-        from .backends import backend
+    from .backends import backend
 
-        backend("llvm").install_lowerings()
+    backend(target.kind.name).install_lowerings()
     with target:
         return tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=target)
 

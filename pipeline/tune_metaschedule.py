@@ -20,14 +20,13 @@ from pathlib import Path
 
 import tvm
 
+from .backends import backend, kinds_with
 from .config import ModelConfig
 from .kernel_inputs import random_args, symbolic_dims
 from .targets import TargetSpec
 from .threads import configure as configure_threads
 from .tune import TuneError, compile_kernel, output_mismatch, run_kernel, time_kernel_ms, timing_device, unscheduled_kernels
 from .tuning import TuningDB
-
-MS_KINDS = ("llvm", "cuda")
 
 
 @dataclass
@@ -45,7 +44,7 @@ class SearchResult:
 
 def _search_target(target: tvm.target.Target) -> tvm.target.Target:
     """MetaSchedule's CPU rules need the core count in the target (the build does not)."""
-    if target.kind.name != "llvm":
+    if not backend(target.kind.name).HOST_CPU:
         return target
     return tvm.target.Target({**target.export(), "num-cores": configure_threads()})
 
@@ -86,9 +85,10 @@ def tune_metaschedule(
     from schedules.signature import kernel_signature
     from schedules.trace_replay import RULE_NAME, replay
 
-    if target.kind not in MS_KINDS:
+    allowed = kinds_with("METASCHEDULE")
+    if target.kind not in allowed:
         raise TuneError(f"tune --tuner metaschedule --target {target.kind}: MetaSchedule cannot tune {target.kind} here "
-                        f"(allowed: {', '.join(MS_KINDS)})")
+                        f"(allowed: {', '.join(allowed)})")
     missing = [m for m in ("psutil", "cloudpickle") if importlib.util.find_spec(m) is None]
     if missing:
         raise TuneError(f"tune --tuner metaschedule needs {' and '.join(missing)}: pip install 'mlcpipe[metaschedule]'")

@@ -535,3 +535,105 @@ def test_tests_that_use_hardware_carry_its_marker():
     Only direct calls are seen: a test driving them through the CLI is marked by hand."""
     unmarked = _HardwareUse(_test_sources()).unmarked()
     assert not unmarked, "tests using hardware without its marker (docs/tests.md):\n" + "\n".join(unmarked)
+
+
+# what a module of pipeline/cli/ may import: the standard library, click, its own package, the
+# user-facing errors and pipeline/interface/ (where the work is); anything else is work done in the CLI
+CLI_MAY_IMPORT = ("pipeline.cli", "pipeline.errors", "pipeline.interface")
+
+
+def _imported_modules(name: str, source: str) -> list[tuple[int, str]]:
+    """(line, absolute module name) of every import in a module's source, relative ones resolved."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = _resolve(name, node.module, node.level)
+            found += [(node.lineno, f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base) for alias in node.names]
+    return found
+
+
+def _cli_work_imports(name: str, source: str) -> list[str]:
+    import sys
+
+    return [f"{name}:{line} imports {module}" for line, module in sorted(set(_imported_modules(name, source)))
+            if module.split(".")[0] not in (*sys.stdlib_module_names, "click")
+            and not any(module == allowed or module.startswith(allowed + ".") for allowed in CLI_MAY_IMPORT)]
+
+
+def test_the_cli_imports_nothing_that_works():
+    """pipeline/cli/ declares options, checks their syntax and calls pipeline/interface/; a module
+    that imports the pipeline's working modules (or tvm, numpy) is doing work in the CLI."""
+    assert _cli_work_imports("pipeline.cli.run", "from ..targets import load_target\nimport numpy\n") == [
+        "pipeline.cli.run:1 imports pipeline.targets", "pipeline.cli.run:2 imports numpy"]
+    assert not _cli_work_imports("pipeline.cli.run", "import sys\nimport click\nfrom ..interface.run import run\nfrom . import common\n")
+    cli = [name for name in MODULES if name == "pipeline.cli" or name.startswith("pipeline.cli.")]
+    assert "pipeline.cli.run" in cli
+    offenders = [line for name in cli for line in _cli_work_imports(name, MODULES[name].read_text())]
+    assert not offenders, "pipeline/cli/ may import only the stdlib, click, pipeline.errors and pipeline.interface:\n" + "\n".join(offenders)
+    users = sorted(name for name, scan in SCANS.items() if name.startswith("pipeline.") and not name.startswith("pipeline.cli")
+                   and any(t == "pipeline.cli" or t.startswith("pipeline.cli.") for t in scan.edges))
+    assert not users, f"the pipeline does not call its CLI: {users}"
+
+
+# ---- decisions on the target kind live in pipeline/backends/ -------------------------------------
+
+TARGET_KIND_NAMES = {"llvm", "cuda", "webgpu", "metal", "vulkan", "rocm"}
+
+
+def _kind_literals(node: ast.AST) -> bool:
+    """A target kind's name as a string literal, or a tuple / list / set display holding one."""
+    elts = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
+    return any(isinstance(e, ast.Constant) and e.value in TARGET_KIND_NAMES for e in elts)
+
+
+def _names_a_kind(node: ast.AST) -> bool:
+    """The expression reads a kind: `kind`, `target_kind`, `target.kind.name`, `m["kind"]`, `m.get("kind")`."""
+    for n in ast.walk(node):
+        if (isinstance(n, ast.Name) and "kind" in n.id.lower() or isinstance(n, ast.Attribute) and "kind" in n.attr.lower()
+                or isinstance(n, ast.Constant) and n.value == "kind"):
+            return True
+    return False
+
+
+def _kind_switches(source: str, where: str) -> list[str]:
+    """Comparisons of a target kind with a kind's name (==, !=, in, not in, is), `match` cases on
+    one, and tables keyed by kind names: what a backend attribute or function should answer."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Compare):
+            operands = [node.left, *node.comparators]
+            if any(_kind_literals(a) and _names_a_kind(b) or _kind_literals(b) and _names_a_kind(a)
+                   for a, b in zip(operands, operands[1:])):
+                found.append(f"{where}:{node.lineno}: {ast.get_source_segment(source, node)}")
+        elif isinstance(node, ast.Match) and _names_a_kind(node.subject):
+            if any(isinstance(p, ast.MatchValue) and _kind_literals(p.value) for case in node.cases for p in ast.walk(case.pattern)):
+                found.append(f"{where}:{node.lineno}: match on a target kind")
+        elif isinstance(node, ast.Dict) and any(k is not None and _kind_literals(k) for k in node.keys):
+            found.append(f"{where}:{node.lineno}: a table keyed by target kind")
+    return found
+
+
+def test_the_kind_switch_scanner_is_precise():
+    assert len(_kind_switches(
+        'if target.kind.name == "llvm": pass\n'
+        'if manifest["target"]["kind"] != "webgpu": pass\n'
+        'ok = spec.get("kind") in ("cuda", "metal")\n'
+        '_DEVICES = {"llvm": "cpu", "rocm": "rocm"}\n'
+        'match target_kind:\n    case "vulkan": pass\n', "x")) == 5
+    assert _kind_switches(  # sampler kernel kinds, numpy dtype kinds, kinds compared with a backend's answer
+        'if kind == "argsort_global": pass\n'
+        'if array.dtype.kind == "f": pass\n'
+        'if kind not in kinds_with("METASCHEDULE"): pass\n'
+        'target = Target({"kind": "llvm"})\n'
+        'if name == "cuda": pass\n', "x") == []
+
+
+def test_no_target_kind_switch_outside_the_backends():
+    """What a target kind decides is a backend's attribute or function (pipeline/backends/,
+    docs/backends.md); schedules/ rules test the target as dlight rules do and are not scanned."""
+    offenders = [line for name, path in MODULES.items()
+                 if name.startswith("pipeline.") and not name.startswith("pipeline.backends")
+                 for line in _kind_switches(path.read_text(), str(path.relative_to(ROOT)))]
+    assert not offenders, "target-kind switches outside pipeline/backends/:\n" + "\n".join(offenders)

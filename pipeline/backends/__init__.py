@@ -1,10 +1,9 @@
 """One backend module per target kind (llvm, cuda, metal, webgpu), small and flat: `backend(kind)`.
 
-Every backend defines INTERFACE: on the build side the library / kernel source names, the
-PassContext config, the device kernel suffix, `export`, `kernel_source`, `compile_context`; on
-the run side (`run`, `check`, `profile`, `tune`) `open_engine`, `kernel_runner`,
-`static_checks` (where kernels cannot run here), `not_executed`, `profile`, `local_device`,
-`timing_device`. Signatures and meaning: docs/backends.md.
+Every backend defines INTERFACE: what its presets accept, the build (library / kernel source
+names, PassContext config, device kernel suffix, `export`, ...), and how `run`, `check`,
+`profile`, `tune` and the nightly run it. Every decision on a target kind lives here: the rest of
+pipeline/ asks these names (tests/test_layout.py). Signatures and meaning: docs/backends.md.
 """
 
 from __future__ import annotations
@@ -12,10 +11,13 @@ from __future__ import annotations
 import dataclasses
 import importlib
 
+KINDS = ("llvm", "cuda", "metal", "webgpu")
 INTERFACE = (
+    "HOST_CPU", "PRESET_OPTIONS", "check_preset",  # target presets
     "LIBRARY", "SOURCE_FILE", "PASS_CONFIG", "KERNEL_SUFFIX", "export", "kernel_source", "compile_context",  # build
+    "install_lowerings",
     "open_engine", "kernel_runner", "static_checks", "not_executed", "PROFILE_DEFAULTS", "profile",  # run
-    "local_device", "timing_device",
+    "local_device", "timing_device", "RPC_DEVICE", "RPC_DEVICE_HINT", "WEBGPU_RUNTIME", "METASCHEDULE", "NIGHTLY_PROFILE",
 )
 
 
@@ -34,9 +36,14 @@ class RunOptions:
 
 def backend(kind: str):
     """The backend module for a target kind (llvm, cuda, metal, webgpu)."""
-    if kind not in ("llvm", "cuda", "metal", "webgpu"):
+    if kind not in KINDS:
         raise ValueError(f"no backend for target kind {kind!r}; allowed: llvm, cuda, metal, webgpu")
     return importlib.import_module(f"{__name__}.{kind}")
+
+
+def kinds_with(attribute: str) -> tuple[str, ...]:
+    """The target kinds whose backend's `attribute` is true (e.g. "METASCHEDULE"), in KINDS order."""
+    return tuple(kind for kind in KINDS if getattr(backend(kind), attribute))
 
 
 def not_runnable_here(kind: str) -> Exception:
@@ -57,6 +64,11 @@ def host_side_kernels(manifest: dict) -> set[str]:
 
 def device_modules(executable):
     """The device-code modules imported by an executable's host module (empty for llvm)."""
+    return imported_device_modules(executable.mod)
+
+
+def imported_device_modules(module):
+    """The device-code modules a runtime module imports, at any depth (not host code)."""
     found = []
 
     def walk(mod, depth):
@@ -65,5 +77,5 @@ def device_modules(executable):
         for sub in mod.imports:
             walk(sub, depth + 1)
 
-    walk(executable.mod, 0)
+    walk(module, 0)
     return found

@@ -10,6 +10,7 @@ over: docs/backends.md.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import re
@@ -32,6 +33,13 @@ SOURCE_FILE = "kernels.cu"
 # their own CSE, so it is off for them.
 PASS_CONFIG = {"tirx.disable_cse_tir": True}
 KERNEL_SUFFIX = "_kernel"  # TVM names a PrimFunc's device kernel <name>_kernel
+HOST_CPU = False
+PRESET_OPTIONS = {"fatbin_archs": "a list of sm_XY archs, e.g. [sm_80, sm_90]"}
+RPC_DEVICE = "cuda"
+RPC_DEVICE_HINT = ""
+WEBGPU_RUNTIME = False
+METASCHEDULE = True
+NIGHTLY_PROFILE = True  # where a GPU is present
 
 CALLBACK = "tvm_callback_cuda_compile"
 FATBIN_MAGIC = 0xBA55ED50
@@ -89,6 +97,61 @@ def _gencode(archs: list[str]) -> list[str]:
         suffix = arch[3:]
         out += ["-gencode", f"arch=compute_{suffix},code=sm_{suffix}"]
     return out
+
+
+# --------------------------------------------------------------------------------------------
+# target presets
+
+# The archs nvcc 12.x-13.x compile for (nvcc --list-gpu-code), used when nvcc is not installed.
+KNOWN_CUDA_ARCHS = ("sm_50", "sm_52", "sm_53", "sm_60", "sm_61", "sm_62", "sm_70", "sm_72", "sm_75", "sm_80", "sm_86",
+                    "sm_87", "sm_88", "sm_89", "sm_90", "sm_100", "sm_101", "sm_103", "sm_110", "sm_120", "sm_121")
+
+
+@functools.lru_cache(maxsize=1)
+def cuda_archs() -> tuple[tuple[str, ...], str]:
+    """(sm_XY archs nvcc compiles for, where the list came from): `nvcc --list-gpu-code` when
+    nvcc is installed (a few ms), else KNOWN_CUDA_ARCHS."""
+    try:
+        nvcc = find_nvcc()
+        out = subprocess.run([nvcc, "--list-gpu-code"], capture_output=True, text=True, timeout=60)
+    except (RuntimeError, OSError, subprocess.TimeoutExpired):
+        return KNOWN_CUDA_ARCHS, "known list; nvcc not found"
+    listed = tuple(a for a in out.stdout.split() if re.fullmatch(r"sm_\d+", a))
+    if out.returncode != 0 or not listed:
+        return KNOWN_CUDA_ARCHS, "known list"
+    return tuple(sorted(listed, key=lambda a: int(a[3:]))), "nvcc --list-gpu-code"
+
+
+def _check_nvcc_archs(where: str, archs: list) -> None:
+    """Each arch is one nvcc compiles for: sm_XY it lists, sm_XYa for XY >= 90, sm_XYf for
+    XY >= 100 (the arch-specific and family variants it does not list)."""
+    from ..config import short_repr
+    from ..errors import ConfigError
+
+    allowed, source = cuda_archs()
+    for arch in archs:
+        m = re.fullmatch(r"sm_(\d+)([af]?)", arch) if isinstance(arch, str) else None
+        ok = bool(m) and f"sm_{m.group(1)}" in allowed and (
+            not m.group(2) or int(m.group(1)) >= (90 if m.group(2) == "a" else 100))
+        if not ok:
+            head = f"{where} {short_repr(arch)}:" if where.startswith("--") else f"{where}: got {short_repr(arch)};"
+            raise ConfigError(f"{head} not an arch nvcc compiles for; allowed: {', '.join(allowed)} "
+                              f"(and sm_XYa for XY >= 90, sm_XYf for XY >= 100; {source})")
+
+
+def check_preset(path, raw, options, given) -> None:
+    """`arch` and `fatbin_archs` (default [arch], and always holding arch) are archs nvcc
+    compiles for; `given`: the keys the command line set (named as --options in errors)."""
+    from ..config import short_repr
+    from ..errors import ConfigError
+
+    archs = options.setdefault("fatbin_archs", [raw.get("arch", "sm_80")])
+    if not isinstance(archs, list) or not archs or not all(isinstance(a, str) and a.startswith("sm_") for a in archs):
+        raise ConfigError(f"{path}: field 'fatbin_archs': got {short_repr(archs)}; expected {PRESET_OPTIONS['fatbin_archs']}")
+    for field, values in (("arch", [raw.get("arch", "sm_80")]), ("fatbin_archs", archs)):
+        _check_nvcc_archs(f"--{field.replace('_', '-')}" if field in given else f"{path}: field '{field}'", values)
+    if raw.get("arch") not in archs:
+        options["fatbin_archs"] = [*archs, raw.get("arch")]
 
 
 def _first_errors(output: str, limit: int = 6) -> str:
@@ -225,6 +288,10 @@ def compile_context(target_spec):
             tvm_ffi.register_global_func(CALLBACK, previous, override=True)
         else:
             tvm_ffi.remove_global_func(CALLBACK)
+
+
+def install_lowerings() -> None:
+    """No intrinsic lowerings of our own for this target (llvm has some)."""
 
 
 def _archs_of(target_spec) -> list[str]:

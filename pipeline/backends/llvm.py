@@ -11,6 +11,20 @@ LIBRARY = "lib.so"
 SOURCE_FILE = None
 PASS_CONFIG: dict = {}
 KERNEL_SUFFIX = ""  # host code: the kernel is the PrimFunc itself
+# Kernels run on this machine's CPU: the preset's mcpu is resolved for this host, profiles name the
+# CPU and its threads, `check` needs no llvm reference kernels, MetaSchedule gets the core count.
+HOST_CPU = True
+PRESET_OPTIONS: dict = {}  # mlcpipe's own preset keys (not TVM's): key -> what is allowed
+RPC_DEVICE = "cpu"  # the RPCSession method giving the remote device
+RPC_DEVICE_HINT = ""
+WEBGPU_RUNTIME = False  # runs in TVM's runtime, not a WebGPU one
+METASCHEDULE = True  # `tune --tuner metaschedule` can search its kernels here
+NIGHTLY_PROFILE = True  # the nightly's profile check can run it
+
+
+def check_preset(path, raw, options, given) -> None:
+    """Nothing to check beyond what TVM checks."""
+    del path, raw, options, given
 
 
 def compile_context(target_spec):

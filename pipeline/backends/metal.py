@@ -30,6 +30,13 @@ SOURCE_FILE = "kernels.metal"
 # their own CSE, so it is off for them.
 PASS_CONFIG = {"tirx.disable_cse_tir": True}
 KERNEL_SUFFIX = "_kernel"  # TVM names a PrimFunc's device kernel <name>_kernel
+HOST_CPU = False
+PRESET_OPTIONS = {"macos_min_version": "a macOS version string, e.g. '13.0'"}
+RPC_DEVICE = "metal"
+RPC_DEVICE_HINT = " (serve from a Mac whose TVM is built with USE_METAL)"
+WEBGPU_RUNTIME = False
+METASCHEDULE = False
+NIGHTLY_PROFILE = False
 RUN_HINT = "metal artifacts run on a Mac: serve `python -m tvm.exec.rpc_server` there and pass --rpc HOST:PORT"
 TARBALL = "lib.tar"
 
@@ -41,6 +48,15 @@ FUNCTION_PREFIX = "__tvm_ffi_"
 def compile_context(target_spec):
     del target_spec
     return contextlib.nullcontext()
+
+
+def install_lowerings() -> None:
+    """No intrinsic lowerings of our own for this target (llvm has some)."""
+
+
+def check_preset(path, raw, options, given) -> None:
+    """Nothing to check beyond what TVM checks."""
+    del path, raw, options, given
 
 
 # --------------------------------------------------------------------------------------------

@@ -26,6 +26,13 @@ SOURCE_FILE = "kernels.wgsl"
 # their own CSE, so it is off for them.
 PASS_CONFIG = {"tirx.disable_cse_tir": True}
 KERNEL_SUFFIX = "_kernel"  # TVM names a PrimFunc's device kernel <name>_kernel
+HOST_CPU = False
+PRESET_OPTIONS: dict = {}
+RPC_DEVICE = None  # not TVM's runtime: no RPC
+RPC_DEVICE_HINT = ""
+WEBGPU_RUNTIME = True  # runs in a WebGPU runtime (Dawn in node, Chromium, WebLLM): WGSL kernels
+METASCHEDULE = False
+NIGHTLY_PROFILE = False
 PROFILE_DEFAULTS = (32, 8, 2)  # prompt tokens, generated tokens, measured runs (software adapters are slow)
 
 _SETUP_HINT = "install with scripts/setup-debian.sh"
@@ -47,9 +54,32 @@ _LINK_FLAGS = (
 )  # fmt: skip
 
 
+def check_preset(path, raw, options, given) -> None:
+    """`supports_subgroups: true` (TVM's webgpu attribute) opts in to WebGPU subgroups: kernels
+    then need an adapter with the "subgroups" feature. TVM 0.27 sets thread_warp_size to 32
+    with it, whatever the preset says, and refuses any other thread_warp_size without it."""
+    from ..errors import ConfigError
+
+    del options, given
+    subgroups = raw.get("supports_subgroups", False)
+    if not isinstance(subgroups, bool):
+        got = f"got {subgroups!r}; expected true or false"
+        raise ConfigError(f"{path}: field 'supports_subgroups': {got}")
+    warp = raw.get("thread_warp_size")
+    if subgroups and warp not in (None, 32):
+        raise ConfigError(
+            f"{path}: field 'thread_warp_size': got {warp!r}; TVM 0.27 fixes it to 32 on webgpu "
+            "with supports_subgroups (leave it out)"
+        )
+
+
 def compile_context(target_spec):
     del target_spec
     return contextlib.nullcontext()
+
+
+def install_lowerings() -> None:
+    """No intrinsic lowerings of our own for this target (llvm has some)."""
 
 
 def export(executable, target, out_dir: Path, library: str = LIBRARY) -> list[str]:

@@ -1,1 +1,11 @@
-"""The work behind the commands (MLC-LLM's `interface/`): the CLI parses arguments and calls these."""
+"""The work behind the commands (MLC-LLM's `interface/`): `pipeline/cli/` parses arguments and
+calls one function here per command."""
+
+from __future__ import annotations
+
+
+def configure_process(threads: int | None) -> None:
+    """What every command needs first: TVM's thread count (`--threads`, pipeline/threads.py)."""
+    from ..threads import configure
+
+    configure(threads)

@@ -8,13 +8,13 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+from ..backends import kinds_with
 from ..config import CONFIG_DIR, MODELS_DIR, check_path_name, check_quantization, load_model_config, load_yaml, short_repr, short_text
 from ..errors import ConfigError
 from ..quantization import QUANTIZATIONS
 
 DEFAULT_MATRIX = CONFIG_DIR / "nightly.yaml"
 CHECKS = ("conformance", "profile", "reproducibility")
-PROFILE_KINDS = ("llvm", "cuda")  # what the profiler runs (cuda: where a GPU is present)
 _TOP = ("models", "quantizations", "targets", "checks")
 _CHECK_FIELDS = {
     "conformance": {"targets": list, "sizes": list, "kernels": (str, type(None))},
@@ -163,10 +163,11 @@ def load_matrix(path: str | Path | None = None) -> Matrix:
     quants = _name_list(path, raw, "quantizations")
     targets = _targets(path, _name_list(path, raw, "targets"))
     checks = _checks(path, raw.get("checks"), targets)
+    profiled = kinds_with("NIGHTLY_PROFILE")  # what the profiler runs (cuda: where a GPU is present)
     for i, name in enumerate(checks.get("profile", {}).get("targets", [])):
         kinds = {_preset_kind(t.preset) for t in targets if name in (t.name, t.preset)}
-        if not kinds <= set(PROFILE_KINDS):
-            raise _err(path, f"checks.profile.targets[{i}]", name, f"the profiler runs targets of kind {list(PROFILE_KINDS)}")
+        if not kinds <= set(profiled):
+            raise _err(path, f"checks.profile.targets[{i}]", name, f"the profiler runs targets of kind {list(profiled)}")
     configs = []
     for i, model in enumerate(models):
         if not isinstance(model, str) or not (MODELS_DIR / f"{model}.yaml").is_file() and not model.endswith((".yaml", ".yml")):

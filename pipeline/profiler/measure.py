@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import tvm
 
+from ..backends import backend
 from ..kernel_info import KV_CACHE_CREATE
 from ..runtime import Engine
 
@@ -28,7 +29,7 @@ from .schema import overhead_metrics, profile_header, run_records
 
 
 def device_description(target_kind: str) -> str:
-    if target_kind == "llvm":
+    if backend(target_kind).HOST_CPU:
         name = platform.processor() or platform.machine()
         cpuinfo = Path("/proc/cpuinfo")
         if cpuinfo.exists():
@@ -318,7 +319,7 @@ def profile(
         "device": device_description(manifest["target"]["kind"]),
         "num_layers": engine.config["model_config"]["num_hidden_layers"],
         "config": {"prompt_len": prompt_len, "gen_len": gen_len, "runs": runs, "warmup_runs": warmup, "seed": seed,
-                   "threads": int(tvm.get_global_func("runtime.NumThreads")()) if manifest["target"]["kind"] == "llvm" else None},
+                   "threads": int(tvm.get_global_func("runtime.NumThreads")()) if backend(manifest["target"]["kind"]).HOST_CPU else None},
         "metrics": {
             "load_ms": engine.load_seconds * 1e3,
             "ttft_ms": ttft_ms(low_steps, warmup),

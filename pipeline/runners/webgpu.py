@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import tvm
 
+from ..backends import imported_device_modules, kinds_with
 from ..backends.binfmt import BlobReader, ModuleBlob
 
 # Workaround for TVM's `> packGridDimX` (see the module docstring).
@@ -193,7 +194,7 @@ def _compile(func: tvm.tirx.PrimFunc, target: tvm.target.Target) -> _Compiled:
     key = hashlib.sha256((func.script() + "\0" + json.dumps(target.export(), sort_keys=True, default=str)).encode()).hexdigest()
     if key in _COMPILED:
         return _COMPILED[key]
-    if target.kind.name != "webgpu":
+    if target.kind.name not in kinds_with("WEBGPU_RUNTIME"):
         raise ValueError(f"run_primfunc needs a webgpu target, got {target.kind.name!r}")
     captured: dict[str, tvm.IRModule] = {}
 
@@ -206,7 +207,7 @@ def _compile(func: tvm.tirx.PrimFunc, target: tvm.target.Target) -> _Compiled:
     mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
     with tvm.transform.PassContext(config=_PASS_CONFIG, instruments=[_CaptureHost()]):
         runtime_module = tvm.tirx.build(mod, target=target)
-    devices = [m for m in runtime_module.imports if m.kind == "webgpu"]
+    devices = imported_device_modules(runtime_module)
     if not devices or "mod" not in captured:
         raise RuntimeError("no WebGPU kernel was generated: the PrimFunc must be scheduled (thread-bound) for webgpu")
     host = captured["mod"]["main"]

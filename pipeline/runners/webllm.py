@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..backends import kinds_with
 from ..errors import RunnerError
 from ..mlc_contract import check_library, check_model_dir
 from . import node_modules
@@ -33,7 +34,7 @@ def webllm_complete(artifact: str | Path, model_dir: str | Path, prompt: str, ma
                     ignore_eos: bool = False, adapter: str | None = "swiftshader", console=None) -> Completion:
     """One `engine.completions.create` of WebLLM on `artifact` (a webgpu build) + `model_dir`."""
     manifest = check_library(artifact)
-    if manifest.get("target", {}).get("kind") != "webgpu":
+    if manifest.get("target", {}).get("kind") not in kinds_with("WEBGPU_RUNTIME"):
         raise RunnerError(f"{artifact}: WebLLM runs webgpu builds (lib.wasm); this one is {manifest.get('target', {}).get('kind')!r}")
     check_model_dir(model_dir)
     if not (node_modules() / "@mlc-ai" / "web-llm").is_dir():

@@ -1,0 +1,5 @@
+"""`python -m pipeline.cli`: the `mlcpipe` command."""
+
+from . import main
+
+main()

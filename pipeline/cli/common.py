@@ -1,0 +1,84 @@
+"""What every command shares: the default model, stderr logging, the one-line error report
+(exit 2), usage errors raised by `pipeline.interface`, and the device options."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from ..errors import ArtifactError, ConfigError, OptionError, OptionValueError, ProfileError
+
+DEFAULT_MODEL = "llama-3.2-1b"
+MAX_ERROR_CHARS = 2000
+
+
+def log(message: str) -> None:
+    click.echo(message, err=True)
+
+
+def fail(exc: Exception) -> None:
+    """`error: <message>` on one line (cut at MAX_ERROR_CHARS) and exit status 2."""
+    message = " ".join(str(exc).split("\n"))  # one line, whatever raised it
+    if len(message) > MAX_ERROR_CHARS:
+        message = message[: MAX_ERROR_CHARS - 8] + "...(cut)"
+    click.echo(f"error: {message}", err=True)
+    sys.exit(2)
+
+
+def _usage_error(exc: OptionError, ctx: click.Context) -> click.UsageError:
+    if isinstance(exc, OptionValueError):
+        return click.BadParameter(str(exc), ctx=ctx, param_hint=exc.option)
+    return click.UsageError(str(exc), ctx=ctx)
+
+
+class Command(click.Command):
+    """A command whose OptionError (from the interface) is click's usage error: usage line, exit 2."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except OptionError as exc:
+            raise _usage_error(exc, ctx) from None
+
+
+class Group(click.Group):
+    """A command group with the same usage errors as Command."""
+
+    command_class = Command
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except OptionError as exc:
+            raise _usage_error(exc, ctx) from None
+
+
+class UserErrors(click.Group):
+    """Turn known user-facing errors into a one-line message and exit status 2."""
+
+    command_class = Command
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except (ConfigError, ArtifactError, ProfileError, ValueError) as exc:
+            fail(exc)
+
+
+def device_options(command):
+    """Where the artifact runs: --rpc / --rpc-tracker / --rpc-key (TVM's runtime on another machine:
+    llvm, cuda, metal) or --adapter / --browser (a WebGPU runtime for webgpu artifacts)."""
+    options = [
+        click.option("--rpc", default=None, metavar="HOST:PORT",
+                     help="Upload the library to this TVM RPC server and run it there (e.g. a Mac for metal artifacts)."),
+        click.option("--rpc-tracker", default=None, metavar="HOST:PORT", help="Get an RPC server from this TVM tracker (with --rpc-key)."),
+        click.option("--rpc-key", default=None, help="Key of the RPC server (rpc_server --key) or of the tracker's device."),
+        click.option("--adapter", type=click.Choice(["auto", "gles", "swiftshader", "gpu"]), default=None,
+                     help="webgpu: Dawn adapter (gles: OpenGL ES on llvmpipe; swiftshader: Vulkan on SwiftShader; gpu: a real GPU; "
+                          "default auto: gpu, else swiftshader, else gles)."),
+        click.option("--browser", is_flag=True, help="webgpu: run in headless Chromium (page on 127.0.0.1) instead of node."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command

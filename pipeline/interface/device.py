@@ -1,0 +1,27 @@
+"""Where an artifact runs, from the device options of `run`, `check` and `profile`: TVM's runtime
+here or over RPC (--rpc / --rpc-tracker / --rpc-key), or a WebGPU runtime (--adapter / --browser)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import OptionError
+
+
+def run_options(rpc: str | None, rpc_tracker: str | None, rpc_key: str | None, adapter: str | None, browser: bool,
+                prefill_chunk: int | None = None):
+    """backends.RunOptions for the options (connects to the RPC server or tracker when given)."""
+    from ..backends import RunOptions
+    from ..rpc import open_session
+
+    if (rpc or rpc_tracker) and (adapter or browser):
+        raise OptionError("--rpc/--rpc-tracker run TVM's runtime elsewhere; --adapter/--browser choose a WebGPU runtime here: give one kind")
+    return RunOptions(remote=open_session(rpc, rpc_tracker, rpc_key), adapter=adapter, browser=browser, prefill_chunk=prefill_chunk)
+
+
+def backend_of(artifact: Path):
+    """The backend module of the artifact's target kind (its manifest checked first)."""
+    from ..artifact import RUN_FIELDS, read_manifest
+    from ..backends import backend
+
+    return backend(read_manifest(artifact, RUN_FIELDS)["target"]["kind"])
