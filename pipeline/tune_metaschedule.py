@@ -93,6 +93,7 @@ def tune_metaschedule(
     if missing:
         raise TuneError(f"tune --tuner metaschedule needs {' and '.join(missing)}: pip install 'mlcpipe[metaschedule]'")
     device = timing_device(target.kind)
+    cold_bytes = backend(target.kind).timing_cold_bytes()  # the same timer as the knob tuner
     tvm_target = target.tvm_target()
     regex = re.compile(pattern) if pattern else None
     table = db.table(target.target)
@@ -112,7 +113,7 @@ def tune_metaschedule(
         args = random_args(func, {}, seed=seed)
         lib = compile_kernel(ours, tvm_target)
         want = run_kernel(lib, args, device)
-        result = SearchResult(name, record["rule"], time_kernel_ms(lib, args, device, repeat), None, trials, 0.0, False)
+        result = SearchResult(name, record["rule"], time_kernel_ms(lib, args, device, repeat, cold_bytes), None, trials, 0.0, False)
         started = time.perf_counter()
         with tempfile.TemporaryDirectory(prefix="mlcpipe-ms-") as work_dir:
             try:
@@ -129,7 +130,7 @@ def tune_metaschedule(
             if mismatch:
                 result.error = f"output differs from our schedule ({mismatch})"
             else:
-                result.search_ms = time_kernel_ms(found, args, device, repeat)
+                result.search_ms = time_kernel_ms(found, args, device, repeat, cold_bytes)
                 result.kept = result.search_ms < result.ours_ms
         if result.kept:
             db.put(target.target, kernel_signature(func), {

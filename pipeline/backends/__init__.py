@@ -17,7 +17,7 @@ INTERFACE = (
     "LIBRARY", "SOURCE_FILE", "PASS_CONFIG", "KERNEL_SUFFIX", "export", "kernel_source", "compile_context",  # build
     "install_lowerings",
     "open_engine", "kernel_runner", "static_checks", "not_executed", "PROFILE_DEFAULTS", "profile",  # run
-    "local_device", "timing_device", "RPC_DEVICE", "RPC_DEVICE_HINT", "WEBGPU_RUNTIME", "METASCHEDULE", "NIGHTLY_PROFILE",
+    "local_device", "timing_device", "timing_cold_bytes", "RPC_DEVICE", "RPC_DEVICE_HINT", "WEBGPU_RUNTIME", "METASCHEDULE", "NIGHTLY_PROFILE",
 )
 
 

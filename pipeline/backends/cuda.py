@@ -529,3 +529,9 @@ def timing_device():
     if not tvm.cuda().exist:
         raise ValueError("tune --target cuda: no CUDA device on this machine (run it where a GPU is, e.g. the lent H100)")
     return tvm.cuda()
+
+
+
+def timing_cold_bytes() -> int:
+    """0: one input set per timing (not yet: GPU timings use one input set (inputs beyond the 50 MB L2 of an H100 are untested))."""
+    return 0

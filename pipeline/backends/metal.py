@@ -244,3 +244,9 @@ def local_device():
 def timing_device():
     raise ValueError("tune --target metal: Metal kernels cannot be timed here (allowed: llvm, cuda); "
                      "`mlcpipe check --rpc` runs them on a Mac")
+
+
+
+def timing_cold_bytes() -> int:
+    """0: one input set per timing (not timed here)."""
+    return 0

@@ -373,3 +373,9 @@ def local_device():
 def timing_device():
     raise ValueError("tune --target webgpu: cannot time webgpu kernels here (allowed: llvm, cuda); the software "
                      "adapters run WebGPU on the CPU, so their timings do not rank GPU schedules: use `mlcpipe check` for numerics")
+
+
+
+def timing_cold_bytes() -> int:
+    """0: one input set per timing (not timed here)."""
+    return 0

@@ -150,7 +150,7 @@ def test_registry_order_and_knob_spaces(tiny_kernels):
         assert all(values for values in space.values())
         assert space
         for knob, default in record["knobs"].items():
-            if knob in space:  # knobs `tune` does not search (VNNI/float GEMV `prefetch`) are absent
+            if knob in space:  # knobs `tune` does not search (e.g. VNNI GEMV `planes`, a precision choice) are absent
                 assert default is None or default in space[knob], f"{name}: default {knob}={default} not among its candidates"
     assert isinstance(MatmulNT().apply(next(iter(_matmuls(tiny_kernels["q0f16"]).values())), TARGET, False), tvm.s_tir.Schedule)
 
