@@ -2,7 +2,8 @@
 
 SamplerCPU; the decode GEMVs DecodeGEMVQ4VNNI (q4, int8 dot products), DecodeGEMVQ4 (q4, f32) and
 DecodeGEMVFloat (unquantized); the prefill GEMMs PrefillGEMMAMX (AMX bf16 tiles), PrefillGEMMQ4VNNI
-(q4, int8 dot products), PrefillGEMMBF16 (bf16 dot products) and PrefillGEMM (f32 FMAs); MatmulNT
+(q4, int8 dot products), PrefillGEMMBF16 (bf16 dot products), PrefillGEMMF32 (f32 FMA register tiles,
+AVX-512) and PrefillGEMM (f32, portable); MatmulNT
 (any other NT matmul), RowNorm (rms_norm), RopeTable (RoPE), Elementwise (injective kernels).
 Rules import only schedules.base, schedules.analysis and microkernels.py, never each other; the
 vectorizable exp (fast_exp.py) is installed by the build (pipeline/backends/llvm.py), not by
@@ -13,6 +14,7 @@ from .elementwise import Elementwise
 from .gemm_amx import PrefillGEMMAMX
 from .gemm_bf16 import PrefillGEMMBF16
 from .gemm_dequant import PrefillGEMM
+from .gemm_f32 import PrefillGEMMF32
 from .gemm_q4_vnni import PrefillGEMMQ4VNNI
 from .gemv_float import DecodeGEMVFloat
 from .gemv_q4 import DecodeGEMVQ4
@@ -22,4 +24,4 @@ from .rope import RopeTable
 from .row_norm import RowNorm
 from .sampler import SamplerCPU
 
-LLVM_RULES = [SamplerCPU(), DecodeGEMVQ4VNNI(), DecodeGEMVQ4(), DecodeGEMVFloat(), PrefillGEMMAMX(), PrefillGEMMQ4VNNI(), PrefillGEMMBF16(), PrefillGEMM(), MatmulNT(), RowNorm(), RopeTable(), Elementwise()]
+LLVM_RULES = [SamplerCPU(), DecodeGEMVQ4VNNI(), DecodeGEMVQ4(), DecodeGEMVFloat(), PrefillGEMMAMX(), PrefillGEMMQ4VNNI(), PrefillGEMMBF16(), PrefillGEMMF32(), PrefillGEMM(), MatmulNT(), RowNorm(), RopeTable(), Elementwise()]

@@ -18,7 +18,7 @@ from tvm.target import Target, codegen
 
 from ..analysis import match_on_cpu
 from ..base import CPUScheduleRule
-from .microkernels import LANES, activation_f32, activation_f32_at, few_token_rows, float_chunk, rebuild, schedule_extern_epilogue
+from .microkernels import LANES, activation_f32, activation_f32_at, few_token_rows, float_chunk, q4_chunk_values, q4_words_fit, rebuild, schedule_extern_epilogue
 
 CVT_BF16 = "llvm.x86.avx512bf16.cvtneps2bf16.512"
 DPBF16 = "mlcpipe_dpbf16ps"  # (f32x16 acc, i32x16 a, i32x16 b): acc[i] += a.bf16[2i] b.bf16[2i] + a.bf16[2i+1] b.bf16[2i+1]
@@ -108,7 +108,7 @@ def _applicable(func, target):
     info = match_on_cpu(func, target, decode=False)
     if info is None or str(info.x.dtype) != "float16" or len(info.rows_shape) != 2 or info.k % 32:
         return None
-    if info.quantized and (info.bits != 4 or info.k % 128 or info.group_size % 8 or (LANES % (info.group_size // 8) and (info.group_size // 8) % LANES)):
+    if info.quantized and not q4_words_fit(info):
         return None
     if not info.quantized and str(info.weight.dtype) != "float16":
         return None
@@ -198,22 +198,9 @@ def _kernel(info, padded, block_n, token_vecs, isa, xb, weight, *rest):
             hi = T.Cast("float32x16", T.reinterpret("float16x16", T.Cast("uint16x16", word >> vb(16))))
             T.buffer_store(wb, pairs_of(lo, hi), [T.ramp(r * pitch + c * LANES, 1, LANES)])
             return
-        words = wf[T.ramp(n * (k // 8) + c * LANES, 1, LANES)]
-        wpg = info.group_size // 8
-        gpc = max(LANES // wpg, 1)
-        groups = k // info.group_size
-        if gpc > 1:
-            scales = T.Shuffle([T.Cast(f"float32x{gpc}", sf[T.ramp(n * groups + c * gpc, 1, gpc)])] * (LANES // gpc),
-                               [lane // wpg for lane in range(LANES)])
-        else:
-            scales = T.broadcast(T.Cast("float32", sf[n * groups + (c * LANES) // wpg]), LANES)
-
-        def value(j):
-            nib = T.Cast("float32x16", (words >> vb(4 * j)) & vb(15))
-            return (nib - T.broadcast(T.float32(7.0), LANES)) * scales
-
+        values = q4_chunk_values(info, wf, sf, n, c)
         for j in range(4):
-            T.buffer_store(wb, pairs_of(value(2 * j), value(2 * j + 1)), [T.ramp(r * pitch + c * 64 + j * LANES, 1, LANES)])
+            T.buffer_store(wb, pairs_of(values[2 * j], values[2 * j + 1]), [T.ramp(r * pitch + c * 64 + j * LANES, 1, LANES)])
 
     def zero(acc):
         for a in range(block_n * token_vecs):

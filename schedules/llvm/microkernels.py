@@ -249,6 +249,39 @@ def float_chunk(x32, weight):
     return chunk, streams
 
 
+# ---- q4 weights to f32 ------------------------------------------------------------------------
+def q4_words_fit(info) -> bool:
+    """q4 rows that q4_chunk_values decodes: K % 128 == 0, a group's words dividing 16 or a multiple of 16."""
+    wpg = info.group_size // 8
+    return info.bits == 4 and info.k % 128 == 0 and info.group_size % 8 == 0 and (LANES % wpg == 0 or wpg % LANES == 0)
+
+
+def q4_chunk_values(info, words_buf, scales_buf, n, c) -> list:
+    """Row n's 16 packed words 16 c .. 16 c + 15 as 8 f32x16 vectors, vector j = nibble j of each
+    word ((q - 7) * s: k = 128 c + 8 l + j in lane l). Flat buffers: words [N * K/8], scales [N * K/G]."""
+    wpg = info.group_size // 8
+    gpc = max(LANES // wpg, 1)
+    groups = info.k // info.group_size
+    words = words_buf[T.ramp(n * (info.k // 8) + c * LANES, 1, LANES)]
+    if gpc > 1:
+        scales = T.Shuffle([T.Cast(f"float32x{gpc}", scales_buf[T.ramp(n * groups + c * gpc, 1, gpc)])] * (LANES // gpc),
+                           [lane // wpg for lane in range(LANES)])
+    else:
+        scales = T.broadcast(T.Cast("float32", scales_buf[n * groups + (c * LANES) // wpg]), LANES)
+
+    def value(j):
+        nib = T.Cast("float32x16", (words >> T.broadcast(T.uint32(4 * j), LANES)) & T.broadcast(T.uint32(15), LANES))
+        return (nib - T.broadcast(T.float32(7.0), LANES)) * scales
+
+    return [value(j) for j in range(8)]
+
+
+def q4_position_order(p):
+    """Natural k of position p when rows are stored as q4_chunk_values writes them (128-blocks of
+    8 vectors): position 16 j + l of a block holds k = 8 l + j."""
+    return (p // 128) * 128 + (p % 16) * 8 + (p % 128) // 16
+
+
 # ---- q4 weights x int8 activations on AVX512-VNNI ------------------------------------------
 def quantize_activation(x: te.Tensor, k: int, group: int, planes: int = 2, tokens=1):
     """The activation planes the kernel reads, for the first `tokens` rows of x (static or

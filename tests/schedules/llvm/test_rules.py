@@ -126,17 +126,18 @@ def test_rules_decline_what_they_do_not_handle(tiny_kernels):
 
 def test_registry_order_and_knob_spaces(tiny_kernels):
     assert [type(r).__name__ for r in RULES["llvm"]] == [
-        "SamplerCPU", "DecodeGEMVQ4VNNI", "DecodeGEMVQ4", "DecodeGEMVFloat", "PrefillGEMMAMX", "PrefillGEMMQ4VNNI", "PrefillGEMMBF16", "PrefillGEMM", "MatmulNT", "RowNorm", "RopeTable", "Elementwise"]
+        "SamplerCPU", "DecodeGEMVQ4VNNI", "DecodeGEMVQ4", "DecodeGEMVFloat", "PrefillGEMMAMX", "PrefillGEMMQ4VNNI", "PrefillGEMMBF16", "PrefillGEMMF32", "PrefillGEMM", "MatmulNT", "RowNorm", "RopeTable", "Elementwise"]
     has = tvm.target.codegen.target_has_features
-    amx = "PrefillGEMMAMX" if has("amx-bf16", TARGET) else "PrefillGEMM"
+    f32 = "PrefillGEMMF32" if has("avx512f", TARGET) else "PrefillGEMM"  # f32 register tiles, else the portable GEMM
+    amx = "PrefillGEMMAMX" if has("amx-bf16", TARGET) else f32
     vnni = "DecodeGEMVQ4VNNI" if has("avx512vnni", TARGET) else "DecodeGEMVQ4"
     # q4 prefill of f16 models: AMX where the CPU has it, else VNNI int8 dot products, else f32
-    bf16 = "PrefillGEMMBF16" if has("avx512bf16", TARGET) else "PrefillGEMM"
-    q4_prefill = amx if amx != "PrefillGEMM" else ("PrefillGEMMQ4VNNI" if has("avx512vnni", TARGET) else bf16)
-    q0_prefill = amx if amx != "PrefillGEMM" else bf16  # f16 models: AMX, else AVX512-BF16, else f32
+    bf16 = "PrefillGEMMBF16" if has("avx512bf16", TARGET) else f32
+    q4_prefill = amx if amx != f32 else ("PrefillGEMMQ4VNNI" if has("avx512vnni", TARGET) else bf16)
+    q0_prefill = amx if amx != f32 else bf16  # f16 models: AMX, else AVX512-BF16, else f32
     expected_rules = {  # f32-activation models keep f32 math
-        "q4f16_1": (q4_prefill, vnni), "q4f32_1": ("PrefillGEMM", "DecodeGEMVQ4"),
-        "q0f16": (q0_prefill, "DecodeGEMVFloat"), "q0f32": ("PrefillGEMM", "DecodeGEMVFloat"),
+        "q4f16_1": (q4_prefill, vnni), "q4f32_1": (f32, "DecodeGEMVQ4"),
+        "q0f16": (q0_prefill, "DecodeGEMVFloat"), "q0f32": (f32, "DecodeGEMVFloat"),
     }
     for quant, (prefill_rule, decode_rule) in expected_rules.items():
         for name, func in _matmuls(tiny_kernels[quant]).items():

@@ -247,7 +247,7 @@ def test_vector_rules_decline_what_they_do_not_handle(kernels):
 
     assert schedule_func(q4_decode, NO_VNNI)[1]["rule"] == "DecodeGEMVQ4"
     assert schedule_func(q4_prefill, NO_AMX)[1]["rule"] == "PrefillGEMMQ4VNNI"  # VNNI int8 GEMM
-    assert schedule_func(q4_prefill, NO_VNNI)[1]["rule"] == "PrefillGEMM"
+    assert schedule_func(q4_prefill, NO_VNNI)[1]["rule"] == "PrefillGEMMF32"  # f32 register tiles (AVX-512, no VNNI)
     # shapes and kinds that are not theirs
     assert DecodeGEMVQ4VNNI().apply(q4_prefill, TARGET, False) is None
     assert DecodeGEMVQ4VNNI().apply(q0_decode, TARGET, False) is None

@@ -1,0 +1,146 @@
+"""CPU prefill GEMM on f32 FMAs in register tiles (AVX-512), for f32 models and CPUs without a
+faster dot product.
+
+Computed as C^T: each task converts its `block_n` weight rows to f32 (q4: (q - 7) * s, stored in
+the nibble order q4_chunk_values gives, the activation permuted to match); the activation becomes
+16-token vectors along K; the micro-kernel holds block_n x `token_vecs` vectors of 16 tokens' sums
+and does one FMA per row, k and vector. Up to 16 tokens a one-vector tile runs instead.
+Handles: llvm with avx512f; many-token NT matmul, f16/f32 activations, f16/f32 or q4 weights,
+K % 16 == 0 (q4: % 128). Knobs: block_n, token_vecs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from tvm import s_tir, te, tirx
+from tvm.script import tirx as T
+from tvm.target import Target, codegen
+
+from ..analysis import match_on_cpu
+from ..base import CPUScheduleRule
+from .microkernels import LANES, activation_f32_at, q4_chunk_values, q4_position_order, q4_words_fit, rebuild, schedule_extern_epilogue
+
+MAX_ACCUMULATORS = 24  # of 32 zmm registers: the rest hold the token vectors and a weight
+FEW_TOKENS_BLOCK_N = 16  # rows of the one-vector tile (up to 16 tokens)
+
+
+@dataclasses.dataclass
+class PrefillGEMMF32(CPUScheduleRule):
+    block_n: int = 8  # weight rows per task and micro-kernel
+    token_vecs: int = 3  # 16-token vectors per micro-kernel
+
+    def knob_space(self, func: tirx.PrimFunc, target: Target) -> dict[str, list]:
+        info = _applicable(func, target)
+        if info is None:
+            return {}
+        return {"block_n": [v for v in (4, 6, 8) if info.n % v == 0], "token_vecs": [2, 3, 4]}  # pairs over 24 are declined
+
+    def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
+        del tunable
+        info = _applicable(func, target)
+        if info is None or self.block_n < 1 or self.token_vecs < 1 or info.n % self.block_n:
+            return None
+        if self.block_n * self.token_vecs > MAX_ACCUMULATORS or info.n % FEW_TOKENS_BLOCK_N:
+            return None
+        sch = s_tir.Schedule(_build(info, self.block_n, self.token_vecs))
+        sch.parallel(sch.get_loops(sch.get_sblock("x_vecs"))[0])
+        return schedule_extern_epilogue(sch, "gemm_f32", LANES)
+
+
+def _applicable(func, target):
+    if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm" or not codegen.target_has_features("avx512f", target):
+        return None
+    info = match_on_cpu(func, target, decode=False)
+    if info is None or len(info.rows_shape) != 2 or info.k % LANES or str(info.x.dtype) not in ("float16", "float32"):
+        return None
+    if info.quantized and not q4_words_fit(info):
+        return None
+    if not info.quantized and str(info.weight.dtype) not in ("float16", "float32"):
+        return None
+    return info
+
+
+def _build(info, block_n: int, token_vecs: int) -> tirx.PrimFunc:
+    inputs = info.placeholders()
+    x = inputs[info.param_index(info.x)]
+    tokens = x.shape[-2]
+    per_block = LANES * token_vecs
+    padded = (tokens + per_block - 1) // per_block * per_block
+    order = q4_position_order if info.quantized else (lambda p: p)
+
+    def element(v, p, lane):
+        t = v * LANES + lane
+        return te.if_then_else(t < tokens, activation_f32_at(x, te.min(t, tokens - 1), order(p)), tirx.const(0.0, "float32"))
+
+    # [16-token vector, k position, 16 tokens]: a vector's tokens at one k are adjacent
+    xv = te.compute((padded // LANES, info.k, LANES), element, name="x_vecs")
+    ins = [xv, inputs[info.param_index(info.weight)]] + ([inputs[info.param_index(info.scale)]] if info.quantized else [])
+
+    def body(i, o):
+        many = _kernel(info, padded, block_n, token_vecs, padded // per_block, *i, o[0])
+        few = _kernel(info, padded, FEW_TOKENS_BLOCK_N, 1, 1, *i, o[0])
+        return tirx.IfThenElse(tokens <= LANES, few, many)
+
+    c = te.extern(
+        (padded * info.n,), ins, body, name="gemm_f32", dtype="float32",
+        in_buffers=[tirx.decl_buffer(t.shape, t.dtype, name=f"{t.op.name}_buf") for t in ins],
+        out_buffers=[tirx.decl_buffer((padded * info.n,), "float32", name="c_buf")],
+    )
+    mm = te.compute((*x.shape[:-1], info.n), lambda b, m, n: c[m * info.n + n], name="matmul")
+    return rebuild(info, inputs, mm)
+
+
+def _kernel(info, padded, block_n, token_vecs, blocks, xv, weight, *rest):
+    """C^T blocks: per task `block_n` weight rows as f32 (L1/L2), per block (of `blocks`) of
+    token_vecs 16-token vectors block_n x token_vecs accumulators."""
+    scale, out = (rest[0], rest[1]) if info.quantized else (None, rest[0])
+    n_total, k = info.n, info.k
+    pitch = k + LANES  # row pitch of the converted rows: not a multiple of 4 KiB (L1 sets)
+    chunk = 128 if info.quantized else LANES  # k positions converted per step
+
+    def convert(wb, wf, sf, task, r, c):
+        n = task * block_n + r
+        if not info.quantized:
+            T.buffer_store(wb, T.Cast("float32x16", wf[T.ramp(n * k + c * LANES, 1, LANES)]), [T.ramp(r * pitch + c * LANES, 1, LANES)])
+            return
+        for j, value in enumerate(q4_chunk_values(info, wf, sf, n, c)):
+            T.buffer_store(wb, value, [T.ramp(r * pitch + c * 128 + j * LANES, 1, LANES)])
+
+    def step(acc, wb, xf, mb, p):
+        xs = [xf[T.ramp(((mb * token_vecs + v) * k + p) * LANES, 1, LANES)] for v in range(token_vecs)]
+        for r in range(block_n):
+            w = T.broadcast(wb[r * pitch + p], LANES)
+            for v in range(token_vecs):
+                lanes = T.ramp((r * token_vecs + v) * LANES, 1, LANES)
+                T.buffer_store(acc, T.call_llvm_pure_intrin("float32x16", "llvm.fma.v16f32", w, xs[v], acc[lanes]), [lanes])
+
+    def store(acc, task, mb):
+        for v in range(token_vecs):
+            for r in range(block_n):
+                t0 = (mb * token_vecs + v) * LANES
+                T.buffer_store(out, acc[T.ramp((r * token_vecs + v) * LANES, 1, LANES)],
+                               [T.ramp(t0 * n_total + task * block_n + r, n_total, LANES)])
+
+    weight_dtype = "uint32" if info.quantized else str(weight.dtype)
+
+    @T.prim_func(private=True, check_well_formed=False)
+    def body():
+        xf = T.decl_buffer((padded * k,), "float32", data=xv.data)
+        wf = T.decl_buffer((n_total * (k // 8 if info.quantized else k),), weight_dtype, data=weight.data)
+        sf = T.decl_buffer((n_total * (k // max(info.group_size, 1)),), str(scale.dtype) if info.quantized else "float32",
+                           data=scale.data if info.quantized else weight.data)
+        for task in T.parallel(n_total // block_n):
+            wb = T.alloc_buffer((block_n * pitch,), "float32")
+            for r in range(block_n):
+                for c in range(k // chunk):
+                    convert(wb, wf, sf, task, r, c)
+            for mb in range(blocks):
+                acc = T.alloc_buffer((block_n * token_vecs * LANES,), "float32", scope="local")
+                for a in range(block_n * token_vecs):
+                    T.buffer_store(acc, T.broadcast(T.float32(0.0), LANES), [T.ramp(a * LANES, 1, LANES)])
+                for p in range(k):
+                    step(acc, wb, xf, mb, p)
+                store(acc, task, mb)
+
+    return body.body

@@ -1,0 +1,105 @@
+"""PrefillGEMMF32 (schedules/llvm/gemm_f32.py): the prefill GEMM on f32 FMAs in register tiles.
+Against the exact kernel and a float64 NumPy reference for f32 (q4f32_1, q0f32) and f16 (q0f16)
+models at token counts on both sides of the one-vector branch, at several tiles and at full size."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import tvm
+
+from pipeline.config import load_model_config
+from pipeline.kernel_inputs import random_args
+from pipeline.targets import load_target
+from pipeline.tune import unscheduled_kernels
+from schedules import schedule_func
+from schedules.analysis import match_nt_matmul as match
+from schedules.llvm.gemm_f32 import PrefillGEMMF32
+
+HOST = load_target("llvm").tvm_target()
+ZEN4 = tvm.target.Target({"kind": "llvm", "mcpu": "znver4"})
+SPR = tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids"})
+SKYLAKE = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512"})  # AVX-512, no VNNI / BF16
+HASWELL = tvm.target.Target({"kind": "llvm", "mcpu": "haswell"})  # AVX2 only
+needs_avx512 = pytest.mark.skipif(not tvm.target.codegen.target_has_features("avx512f", HOST), reason="this CPU has no AVX-512")
+
+
+def _prefill(kernels):
+    return {n: f for n, f in kernels.items() if "NT_matmul" in n and "seq_len" in f.script()}
+
+
+def _outputs(func, args):
+    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=HOST)
+    tensors = [tvm.runtime.tensor(a.copy()) for a in args]
+    lib["main"](*tensors)
+    return tensors[-1].numpy().astype(np.float64)
+
+
+def reference(func, args, tokens: int) -> np.ndarray:
+    """x @ W^T in float64 (W dequantized as MLC: (q - 7) * s)."""
+    info = match(func)
+    params = list(func.params)
+    x = args[params.index(info.x)].astype(np.float64).reshape(tokens, info.k)
+    w = args[params.index(info.weight)]
+    if info.quantized:
+        scale = args[params.index(info.scale)].astype(np.float64)
+        q = np.stack([(w >> (4 * j)) & 15 for j in range(8)], axis=-1).reshape(info.n, info.k).astype(np.float64)
+        w = ((q - 7).reshape(info.n, -1, info.group_size) * scale[:, :, None]).reshape(info.n, info.k)
+    return x @ w.astype(np.float64).T
+
+
+@pytest.fixture(scope="module", params=["q4f32_1", "q0f32", "q0f16"])
+def kernels(request, tiny_config):
+    return request.param, _prefill(unscheduled_kernels(tiny_config, request.param, HOST))
+
+
+def test_rule_choice_per_cpu(kernels):
+    """f32 models take it on every AVX-512 CPU (the AMX, VNNI and BF16 rules need f16
+    activations); f16 models only where no faster dot product exists; never without AVX-512."""
+    quant, funcs = kernels
+    func = next(iter(funcs.values()))
+    if quant.endswith("f32") or quant.endswith("f32_1"):
+        for target in (ZEN4, SPR, SKYLAKE):
+            assert schedule_func(func, target)[1]["rule"] == "PrefillGEMMF32", str(target)
+    else:
+        assert schedule_func(func, ZEN4)[1]["rule"] == "PrefillGEMMBF16"
+        assert schedule_func(func, SKYLAKE)[1]["rule"] == "PrefillGEMMF32"
+    assert PrefillGEMMF32().apply(func, HASWELL, False) is None
+    assert schedule_func(func, HASWELL)[1]["rule"] == "PrefillGEMM"
+
+
+@needs_avx512
+@pytest.mark.parametrize("knobs", [{}, {"block_n": 4, "token_vecs": 4}, {"block_n": 8, "token_vecs": 2}])
+def test_f32_tiles_keep_the_kernels_numerics(knobs, kernels):
+    quant, funcs = kernels
+    rule = PrefillGEMMF32(**knobs)
+    taken = referenced = 0
+    for name, func in funcs.items():
+        info = match(func)
+        sch = rule.apply(func, HOST, False)
+        assert sch is not None, name
+        for tokens in (1, 3, 16, 17, 40, 130):  # the one-vector branch, its edge, partial blocks, past 128
+            args = random_args(func, {"seq_len": tokens}, seed=tokens)
+            exact = _outputs(func, args)
+            got = _outputs(sch.mod["main"], args)
+            # f32 sums in another order; f16 outputs round to f16
+            tol = 2e-3 if str(func.params[-1].dtype) == "float16" else 1e-5
+            np.testing.assert_allclose(got, exact, atol=tol * np.abs(exact).max(), err_msg=f"{name} {tokens}")
+            if not info.epilogue:
+                want = reference(func, args, tokens)
+                np.testing.assert_allclose(got.reshape(tokens, -1), want, atol=tol * np.abs(want).max(), err_msg=f"{name} {tokens}")
+                referenced += 1
+        taken += 1
+    assert taken == len(funcs) >= 4 and referenced >= 6  # qkv, o_proj, gate_up, down (+ lm_head); bare ones against NumPy
+
+
+@needs_avx512
+def test_f32_tiles_full_size_gate_up_and_down():
+    funcs = _prefill(unscheduled_kernels(load_model_config("llama-3.2-1b"), "q4f32_1", HOST))
+    for shape in ((16384, 2048), (2048, 8192)):
+        name, func = next((n, f) for n, f in funcs.items() if (match(f).n, match(f).k) == shape)
+        for tokens in (7, 70):
+            args = random_args(func, {"seq_len": tokens}, seed=2)
+            want = _outputs(func, args)
+            got = _outputs(PrefillGEMMF32().apply(func, HOST, False).mod["main"], args)
+            np.testing.assert_allclose(got, want, atol=1e-5 * np.abs(want).max(), err_msg=f"{name} {tokens}")
