@@ -140,7 +140,7 @@ def checklist(run: dict) -> list[str]:
     # llama.cpp's best 4-bit type of the run (Q4_0 with its repacked kernels, or Q4_K_M)
     ll_q4s = [r for r in (find(run, "llama.cpp", "Q4_0"), find(run, "llama.cpp", "Q4_K_M")) if r and _p50(r)]
     ll_q4 = min(ll_q4s, key=_p50) if ll_q4s else None
-    pt_int4, pt_bf16 = find(run, "pytorch", "int4"), find(run, "pytorch", "bf16")
+    pt_int4, pt_bf16, pt_fp32 = find(run, "pytorch", "int4"), find(run, "pytorch", "bf16"), find(run, "pytorch", "fp32")
     if q4:
         pct = pct_of_bound(q4, bound)
         line(None if pct is None else pct >= TARGET_BOUND_PCT,
@@ -158,10 +158,11 @@ def checklist(run: dict) -> list[str]:
         line(_p50(q0) <= _p50(pt_bf16), f"mlcpipe q0f16 decode ≥ PyTorch bf16: {_p50(q0):.1f} vs {_p50(pt_bf16):.1f} ms/token")
     else:
         line(None, "mlcpipe q0f16 decode ≥ PyTorch bf16 (row missing)")
-    for row in run["rows"]:
-        if row["engine"] == "mlcpipe" and row.get("prefill_s") and pt_bf16 and pt_bf16.get("prefill_s"):
-            ours, theirs = row["prefill_tokens"] / row["prefill_s"], pt_bf16["prefill_tokens"] / pt_bf16["prefill_s"]
-            line(ours >= theirs, f"mlcpipe {row['dtype']} prefill ≥ PyTorch bf16 (same threads): {ours:.1f} vs {theirs:.1f} tok/s")
+    for row in run["rows"]:  # f32-activation models against PyTorch fp32, the others against bf16 (issue 16)
+        peer, name = (pt_fp32, "fp32") if row["dtype"].endswith(("f32", "f32_1")) else (pt_bf16, "bf16")
+        if row["engine"] == "mlcpipe" and row.get("prefill_s") and peer and peer.get("prefill_s"):
+            ours, theirs = row["prefill_tokens"] / row["prefill_s"], peer["prefill_tokens"] / peer["prefill_s"]
+            line(ours >= theirs, f"mlcpipe {row['dtype']} prefill ≥ PyTorch {name} (same threads): {ours:.1f} vs {theirs:.1f} tok/s")
     for row in run["rows"]:
         build_s = row.get("extra", {}).get("build_s") if row["engine"] == "mlcpipe" else None
         if build_s is not None:
