@@ -6,6 +6,7 @@ nothing on disk changes."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -445,19 +446,21 @@ def nightlies(tmp_path_factory):
     assert good.returncode == 0, good.stderr[-3000:]
     got["kept"] = _cell_state(out)
 
-    def rerun_stopped_mid_build() -> subprocess.Popen:
-        proc = start("nightly", "--matrix", root / "m.yaml", "--out", out, "--cache", root / "c2")
+    def rerun_stopped_mid_build(cache: Path) -> subprocess.Popen:
+        """A rerun into an empty cache (so it rebuilds), stopped once its cache build has begun."""
+        proc = start("nightly", "--matrix", root / "m.yaml", "--out", out, "--cache", cache)
         try:
-            wait_for(lambda: bool(_leftovers(root / "c2")) or proc.poll() is not None, 120, "the rerun's cache build")
-            assert proc.poll() is None, proc.communicate()[1][-3000:]
+            wait_for(lambda: bool(_leftovers(cache)) or proc.poll() is not None, 120, "the rerun's cache build")
+            assert proc.poll() is None, f"the rerun ended before its cache build was seen: {proc.communicate()[1][-3000:]}"
             os.killpg(proc.pid, signal.SIGSTOP)
         except BaseException:
-            os.killpg(proc.pid, signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):  # it may have ended: keep the first error
+                os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
             raise
         return proc
 
-    rerun = rerun_stopped_mid_build()
+    rerun = rerun_stopped_mid_build(root / "c2")
     os.killpg(rerun.pid, signal.SIGCONT)
     time.sleep(1.0)
     os.killpg(rerun.pid, signal.SIGINT)  # Ctrl-C in a terminal: the whole foreground group
@@ -467,7 +470,7 @@ def nightlies(tmp_path_factory):
                      "verify": mlcpipe("verify", out), "partial_log": (out / "logs" / f"{CELL}.interrupted.log").is_file(),
                      "leftovers": _leftovers(root, out, out / "logs", root / "c2")}
 
-    first = rerun_stopped_mid_build()
+    first = rerun_stopped_mid_build(root / "c4")  # a fresh cache: the Ctrl-C'd rerun may have finished its entry in c2
     try:
         before = snapshot(root)
         got["second"] = mlcpipe("nightly", "--matrix", root / "m.yaml", "--out", out, "--cache", root / "c3")
