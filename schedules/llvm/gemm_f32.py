@@ -28,7 +28,7 @@ FEW_TOKENS_BLOCK_N = 16  # rows of the one-vector tile (up to 16 tokens)
 @dataclasses.dataclass
 class PrefillGEMMF32(CPUScheduleRule):
     block_n: int = 8  # weight rows per task and micro-kernel
-    token_vecs: int = 3  # 16-token vectors per micro-kernel
+    token_vecs: int = 2  # 16-token vectors per micro-kernel
 
     def knob_space(self, func: tirx.PrimFunc, target: Target) -> dict[str, list]:
         info = _applicable(func, target)
