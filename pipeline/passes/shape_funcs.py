@@ -3,7 +3,7 @@
 VMShapeLower emits a shape function's stores in an order that changes between processes, so
 two equal functions are sometimes not merged and their names shift: two builds of the same
 model gave different libraries. After it, this pass orders each function's stores (dependencies
-first, then by heap slot), merges equal functions and renames them shape_func0.. in order of
+first, then by heap slot), merges equal functions and names them shape_func, shape_func1, .. in order of
 first use (Relax functions by name). Run it before AttachGlobalSymbol.
 """
 
