@@ -18,7 +18,7 @@ from tvm.target import Target, codegen
 
 from ..analysis import match_on_cpu
 from ..base import CPUScheduleRule
-from .microkernels import LANES, activation_f32, activation_f32_at, few_token_rows, float_chunk, q4_chunk_values, q4_words_fit, rebuild, schedule_extern_epilogue
+from .microkernels import LANES, activation_f32, activation_f32_at, few_token_rows, float_chunk, q4_chunk_values, q4_words_fit, rebuild, schedule_extern_epilogue, store_transposed
 
 CVT_BF16 = "llvm.x86.avx512bf16.cvtneps2bf16.512"
 DPBF16 = "mlcpipe_dpbf16ps"  # (f32x16 acc, i32x16 a, i32x16 b): acc[i] += a.bf16[2i] b.bf16[2i] + a.bf16[2i+1] b.bf16[2i+1]
@@ -214,12 +214,6 @@ def _kernel(info, padded, block_n, token_vecs, isa, xb, weight, *rest):
                 lanes = T.ramp((r * token_vecs + v) * LANES, 1, LANES)
                 T.buffer_store(acc, T.call_extern("float32x16", DPBF16, acc[lanes], wv, xv[v]), [lanes])
 
-    def store(acc, task, mb):
-        for v in range(token_vecs):
-            for r in range(block_n):
-                t0 = (mb * token_vecs + v) * LANES
-                T.buffer_store(out, acc[T.ramp((r * token_vecs + v) * LANES, 1, LANES)],
-                               [T.ramp(t0 * n_total + task * block_n + r, n_total, LANES)])
 
     chunk = LANES if not info.quantized else 64  # pairs converted per step
     pitch = pairs + LANES  # row pitch of the converted rows: not a multiple of 4 KiB (L1 sets)
@@ -241,6 +235,6 @@ def _kernel(info, padded, block_n, token_vecs, isa, xb, weight, *rest):
                     zero(acc)
                     for p in range(pairs):
                         pair_step(acc, wb, xf, mb, p)
-                    store(acc, task, mb)
+                    store_transposed(out, acc, n_total, task * block_n, block_n, token_vecs, mb)
 
     return body.body

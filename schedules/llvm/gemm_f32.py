@@ -19,7 +19,7 @@ from tvm.target import Target, codegen
 
 from ..analysis import match_on_cpu
 from ..base import CPUScheduleRule
-from .microkernels import LANES, activation_f32_at, q4_chunk_values, q4_position_order, q4_words_fit, rebuild, schedule_extern_epilogue
+from .microkernels import LANES, activation_f32_at, q4_chunk_values, q4_position_order, q4_words_fit, rebuild, schedule_extern_epilogue, store_transposed
 
 MAX_ACCUMULATORS = 24  # of 32 zmm registers: the rest hold the token vectors and a weight
 FEW_TOKENS_BLOCK_N = 16  # rows of the one-vector tile (up to 16 tokens)
@@ -115,12 +115,6 @@ def _kernel(info, padded, block_n, token_vecs, blocks, xv, weight, *rest):
                 lanes = T.ramp((r * token_vecs + v) * LANES, 1, LANES)
                 T.buffer_store(acc, T.call_llvm_pure_intrin("float32x16", "llvm.fma.v16f32", w, xs[v], acc[lanes]), [lanes])
 
-    def store(acc, task, mb):
-        for v in range(token_vecs):
-            for r in range(block_n):
-                t0 = (mb * token_vecs + v) * LANES
-                T.buffer_store(out, acc[T.ramp((r * token_vecs + v) * LANES, 1, LANES)],
-                               [T.ramp(t0 * n_total + task * block_n + r, n_total, LANES)])
 
     weight_dtype = "uint32" if info.quantized else str(weight.dtype)
 
@@ -141,6 +135,6 @@ def _kernel(info, padded, block_n, token_vecs, blocks, xv, weight, *rest):
                     T.buffer_store(acc, T.broadcast(T.float32(0.0), LANES), [T.ramp(a * LANES, 1, LANES)])
                 for p in range(k):
                     step(acc, wb, xf, mb, p)
-                store(acc, task, mb)
+                store_transposed(out, acc, n_total, task * block_n, block_n, token_vecs, mb)
 
     return body.body

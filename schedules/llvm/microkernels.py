@@ -276,6 +276,15 @@ def q4_chunk_values(info, words_buf, scales_buf, n, c) -> list:
     return [value(j) for j in range(8)]
 
 
+def store_transposed(out, acc, n_total: int, n0, block_n: int, token_vecs: int, mb) -> None:
+    """A C^T micro-kernel's accumulators (row r, 16-token vector v at (r * token_vecs + v) * 16)
+    into the flat C [tokens * N]: rows n0.. of token block mb."""
+    for v in range(token_vecs):
+        for r in range(block_n):
+            t0 = (mb * token_vecs + v) * LANES
+            T.buffer_store(out, acc[T.ramp((r * token_vecs + v) * LANES, 1, LANES)], [T.ramp(t0 * n_total + n0 + r, n_total, LANES)])
+
+
 def q4_position_order(p):
     """Natural k of position p when rows are stored as q4_chunk_values writes them (128-blocks of
     8 vectors): position 16 j + l of a block holds k = 8 l + j."""
