@@ -56,12 +56,15 @@ def test_every_kernel_call_of_the_real_run_is_timed(measured, f32_artifacts, tin
     assert counts[("batch_prefill_paged_kv", "prefill")] == layers * RUNS * (chunks - 1)
     assert counts[("tir_attention_merge_state", "prefill")] == layers * RUNS * (chunks - 1)
     assert {s["kernel"] for s in measured["samples"]} <= {k["name"] for k in read_manifest(f32_artifacts[0])["kernels"]}
-    # a tiny kernel may read 0 ns at the timestamps' resolution; every kernel adds up to real time
+    # SwiftShader's timestamps tick every 65.536 us: a tiny kernel (index, a few us) may read 0 on
+    # every call; the kernels that do the work add up to real time
     assert all(s["ms"] >= 0 for s in measured["samples"]) and all(s["ms"] > 0 for s in measured["steps"])
     totals = Counter()
     for s in measured["samples"]:
         totals[s["kernel"]] += s["ms"]
-    assert all(t > 0 for t in totals.values()), totals
+    heavy = [k for k in totals if "NT_matmul" in k or k.startswith("batch_")]
+    assert len(heavy) >= 4 and all(totals[k] > 0 for k in heavy), totals
+    assert sum(totals.values()) > 0.5 * sum(s["ms"] for s in measured["steps"] if s["mode"] == "per-kernel"), totals
     assert measured["method"]["kind"] == "real run" and measured["method"]["timer"] == "timestamp-query"
     assert "SwiftShader" in measured["device"]
     steps = Counter((s["mode"], s["phase"]) for s in measured["steps"] if not s["warmup"])
