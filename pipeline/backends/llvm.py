@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 from pathlib import Path
 
 from .native import PROFILE_DEFAULTS, open_engine, profile  # noqa: F401  (run side: TVM's own runtime)
@@ -28,10 +29,43 @@ def check_preset(path, raw, options, given) -> None:
 
 
 def compile_context(target_spec):
-    """Around `relax.build`: the llvm lowerings our kernels are built with installed first."""
+    """Around `relax.build`: the llvm lowerings our kernels are built with installed first, and the
+    host code generated in one LLVM module per aliasing kind (`separate_alias_kinds`)."""
     del target_spec
     install_lowerings()
-    return contextlib.nullcontext()
+    return separate_alias_kinds()
+
+
+@contextlib.contextmanager
+def separate_alias_kinds():
+    """TVM 0.27's LLVM codegen gives every function of a module the `tirx.noalias` setting of the
+    one declared last (by name): with a VM shape function last, no kernel's buffers get `noalias`
+    and its compute function is inlined into the packed wrapper, which vectorizes worse. Here the
+    functions with `tirx.noalias` and those without are generated as two LLVM modules, the second
+    imported into the first; `export_library` links both into the one shared library."""
+    import tvm
+
+    build_module = sys.modules["tvm.tirx.build"]
+    original = build_module.codegen_build
+
+    def codegen_build(mod, target):
+        restricted = {gv: f for gv, f in mod.functions_items() if _noalias(f)}
+        if target.kind.name != "llvm" or not restricted or len(restricted) == len(mod.functions):
+            return original(mod, target)
+        rest = {gv: f for gv, f in mod.functions_items() if gv not in restricted}
+        host = original(tvm.IRModule(restricted, attrs=mod.attrs), target)
+        host.import_module(original(tvm.IRModule(rest, attrs=mod.attrs), target))
+        return host
+
+    build_module.codegen_build = codegen_build
+    try:
+        yield
+    finally:
+        build_module.codegen_build = original
+
+
+def _noalias(func) -> bool:
+    return bool(func.attrs and func.attrs.get("tirx.noalias", False))
 
 
 def install_lowerings() -> None:

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from pipeline.backends.binfmt import Elf
 from pipeline.build import build
 from pipeline.config import load_model_config
 from pipeline.targets import load_target
@@ -30,6 +31,9 @@ def test_llama_3_2_1b_builds_for_llvm(quant, tmp_path):
     assert (art / "lib.so").stat().st_size > 100_000
     linear = [k for k in manifest["kernels"] if k["role"] in SHAPES]
     assert {k["role"] for k in linear} == set(SHAPES)
+    # each kernel's body is its own noalias compute function, as when it is compiled alone
+    functions = {s.name for s in Elf((art / "lib.so").read_bytes()).functions()}
+    assert all(f"{k['name']}_compute_" in functions for k in linear), sorted(f for f in functions if f.endswith("_compute_"))
     for kernel in linear:
         n, k = SHAPES[kernel["role"]]
         if quant.startswith("q4"):
