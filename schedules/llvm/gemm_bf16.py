@@ -21,6 +21,7 @@ from ..base import CPUScheduleRule
 from .microkernels import LANES, activation_f32, activation_f32_at, few_token_rows, float_chunk, q4_chunk_values, q4_words_fit, rebuild, schedule_extern_epilogue, store_transposed
 
 CVT_BF16 = "llvm.x86.avx512bf16.cvtneps2bf16.512"
+CVT2_BF16 = "mlcpipe_cvtne2ps2bf16"  # (f32x16 lo, f32x16 hi) -> the 32 values as bf16, in order: 16 u32 pairs
 DPBF16 = "mlcpipe_dpbf16ps"  # (f32x16 acc, i32x16 a, i32x16 b): acc[i] += a.bf16[2i] b.bf16[2i] + a.bf16[2i+1] b.bf16[2i+1]
 X86_IR = r"""
 declare <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(<16 x float>, <32 x bfloat>, <32 x bfloat>)
@@ -29,6 +30,12 @@ define linkonce_odr <16 x float> @mlcpipe_dpbf16ps(<16 x float> %acc, <16 x i32>
   %bb = bitcast <16 x i32> %b to <32 x bfloat>
   %r = call <16 x float> @llvm.x86.avx512bf16.dpbf16ps.512(<16 x float> %acc, <32 x bfloat> %ab, <32 x bfloat> %bb)
   ret <16 x float> %r
+}
+declare <32 x bfloat> @llvm.x86.avx512bf16.cvtne2ps2bf16.512(<16 x float>, <16 x float>)
+define linkonce_odr <16 x i32> @mlcpipe_cvtne2ps2bf16(<16 x float> %lo, <16 x float> %hi) #0 {
+  %r = call <32 x bfloat> @llvm.x86.avx512bf16.cvtne2ps2bf16.512(<16 x float> %hi, <16 x float> %lo)
+  %ri = bitcast <32 x bfloat> %r to <16 x i32>
+  ret <16 x i32> %ri
 }
 attributes #0 = { alwaysinline nounwind "target-features"="+avx512f,+avx512bf16" }
 """
@@ -189,9 +196,13 @@ def _kernel(info, padded, block_n, token_vecs, isa, xb, weight, *rest):
     def pairs_of(lo, hi):  # 16 + 16 bf16 -> 16 u32 pairs (lo in the low half)
         return T.reinterpret("uint32x16", T.Shuffle([bf16(lo), bf16(hi)], [i // 2 + (i % 2) * LANES for i in range(2 * LANES)]))
 
-    def convert(wb, wf, sf, task, r, c):
+    def convert(wb, wf, wh, sf, task, r, c):
         """Row r of the task, 16 pairs (f16) or 64 pairs (q4: 16 words) at chunk c."""
         n = task * block_n + r
+        if not info.quantized and isa == "x86":  # 32 f16 in order -> 16 pairs: two converts, one vcvtne2ps2bf16
+            lo, hi = (T.Cast("float32x16", wh[T.ramp(n * k + c * 2 * LANES + h * LANES, 1, LANES)]) for h in (0, 1))
+            T.buffer_store(wb, T.call_extern("uint32x16", CVT2_BF16, lo, hi), [T.ramp(r * pitch + c * LANES, 1, LANES)])
+            return
         if not info.quantized:
             word = wf[T.ramp(n * pairs + c * LANES, 1, LANES)]
             lo = T.Cast("float32x16", T.reinterpret("float16x16", T.Cast("uint16x16", word & vb(0xFFFF))))
@@ -222,6 +233,7 @@ def _kernel(info, padded, block_n, token_vecs, isa, xb, weight, *rest):
     def body():
         xf = T.decl_buffer((padded * pairs,), "uint32", data=xb.data)
         wf = T.decl_buffer((n_total * (k // 8 if info.quantized else pairs),), "uint32", data=weight.data)
+        wh = T.decl_buffer((n_total * k,), "float16", data=weight.data)
         sf = T.decl_buffer((n_total * (k // max(info.group_size, 1)),), str(scale.dtype) if info.quantized else "float16",
                            data=scale.data if info.quantized else weight.data)
         for task in T.parallel(n_total // block_n):
@@ -229,7 +241,7 @@ def _kernel(info, padded, block_n, token_vecs, isa, xb, weight, *rest):
             with T.attr(T.int32(0), "pragma_import_llvm", X86_IR if isa == "x86" else ARM_IR):
                 for r in range(block_n):
                     for c in range(pairs // chunk):
-                        convert(wb, wf, sf, task, r, c)
+                        convert(wb, wf, wh, sf, task, r, c)
                 for mb in range(padded // (LANES * token_vecs)):
                     acc = T.alloc_buffer((block_n * token_vecs * LANES,), "float32", scope="local")
                     zero(acc)
