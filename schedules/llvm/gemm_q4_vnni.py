@@ -25,12 +25,13 @@ from .microkernels import LANES, RESIDUAL, activation_f32_at, int8_dot, int8_isa
 # int32 accumulators (16 lanes each) fit the vector registers (AVX-VNNI 16 x 256 bits, NEON 32 x 128)
 DEFAULT_TILE = {"avx512": (4, 2), "avxvnni": (2, 1), "arm": (2, 1)}
 MAX_TILE = {"avx512": 64, "avxvnni": 2, "arm": 2}
+REPACKED_BLOCK = 128 * 1024  # default row_vecs: at most this many bytes of a task's repacked rows (K x 16 per row vector)
 
 
 @dataclasses.dataclass
 class PrefillGEMMQ4VNNI(CPUScheduleRule):
     block_m: int | None = None  # tokens per micro-kernel (None: the ISA's default, DEFAULT_TILE)
-    row_vecs: int | None = None  # 16-row vectors per micro-kernel and task (None: the ISA's default)
+    row_vecs: int | None = None  # 16-row vectors per micro-kernel and task (None: the ISA's default, fewer for long rows)
     planes: int = 1  # int8 activation planes: 1 = round(x / a) (llama.cpp's Q8), 2 = + residual (~16 bits)
     low_batch: int = 4  # up to this many tokens: two planes whatever `planes` says (the decode GEMV's precision)
 
@@ -49,6 +50,8 @@ class PrefillGEMMQ4VNNI(CPUScheduleRule):
             return None
         isa = int8_isa(target)
         block_m, row_vecs = (v if v is not None else d for v, d in zip((self.block_m, self.row_vecs), DEFAULT_TILE[isa]))
+        if self.row_vecs is None:  # long rows (down, K = 8192): fewer rows per task, the block stays in L2 beside the activation
+            row_vecs = max(1, min(row_vecs, REPACKED_BLOCK // (info.k * LANES)))
         if (block_m < 1 or row_vecs < 1 or info.n % (LANES * row_vecs) or self.planes not in (1, 2) or self.low_batch < 0
                 or block_m * row_vecs > MAX_TILE[isa]):
             return None

@@ -120,6 +120,25 @@ def test_q4_vnni_prefill_full_size_down_proj():
     np.testing.assert_allclose(got, want, atol=1e-2 * np.abs(want).max(), err_msg=name)
 
 
+def test_default_row_vectors_keep_a_tasks_repacked_rows_in_l2():
+    """Unset row_vecs on AVX512-VNNI: 2 vectors (32 rows x K bytes) up to 128 KiB per task, so 1 for
+    the 1B's down_proj (K = 8192); a given row_vecs is kept. Read from the parallel task count."""
+    import re
+
+    from pipeline.config import load_model_config
+
+    zen4 = tvm.target.Target({"kind": "llvm", "mcpu": "znver4"})
+    funcs = _prefill(unscheduled_kernels(load_model_config("llama-3.2-1b"), "q4f16_1", zen4))
+    by_shape = {(match(f).n, match(f).k): f for f in funcs.values()}
+
+    def tasks(func, **knobs):
+        script = PrefillGEMMQ4VNNI(**knobs).apply(func, zen4, False).mod["main"].script()
+        return max(int(v) for v in re.findall(r"in T.parallel\((\d+)\)", script))
+
+    assert tasks(by_shape[(16384, 2048)]) == 16384 // 32 and tasks(by_shape[(3072, 2048)]) == 3072 // 32
+    assert tasks(by_shape[(2048, 8192)]) == 2048 // 16 and tasks(by_shape[(2048, 8192)], row_vecs=2) == 2048 // 32
+
+
 @pytest.mark.parametrize("isa", ["avxvnni", "arm"])
 def test_int8_rules_on_avx_vnni_and_aarch64_dotprod(isa):
     """Intel client parts (AVX-VNNI, 256-bit VEX VPDPBUSD) and aarch64 with FEAT_DotProd (SDOT)
