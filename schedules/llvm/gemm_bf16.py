@@ -225,7 +225,6 @@ def _kernel(info, padded, block_n, token_vecs, isa, xb, weight, *rest):
                 lanes = T.ramp((r * token_vecs + v) * LANES, 1, LANES)
                 T.buffer_store(acc, T.call_extern("float32x16", DPBF16, acc[lanes], wv, xv[v]), [lanes])
 
-
     chunk = LANES if not info.quantized else 64  # pairs converted per step
     pitch = pairs + LANES  # row pitch of the converted rows: not a multiple of 4 KiB (L1 sets)
 
@@ -233,7 +232,7 @@ def _kernel(info, padded, block_n, token_vecs, isa, xb, weight, *rest):
     def body():
         xf = T.decl_buffer((padded * pairs,), "uint32", data=xb.data)
         wf = T.decl_buffer((n_total * (k // 8 if info.quantized else pairs),), "uint32", data=weight.data)
-        wh = T.decl_buffer((n_total * k,), "float16", data=weight.data)
+        wh = T.decl_buffer((n_total * (k // 4 if info.quantized else k),), "float16", data=weight.data)  # f16 view (read for f16 rows)
         sf = T.decl_buffer((n_total * (k // max(info.group_size, 1)),), str(scale.dtype) if info.quantized else "float16",
                            data=scale.data if info.quantized else weight.data)
         for task in T.parallel(n_total // block_n):

@@ -115,7 +115,6 @@ def _kernel(info, padded, block_n, token_vecs, blocks, xv, weight, *rest):
                 lanes = T.ramp((r * token_vecs + v) * LANES, 1, LANES)
                 T.buffer_store(acc, T.call_llvm_pure_intrin("float32x16", "llvm.fma.v16f32", w, xs[v], acc[lanes]), [lanes])
 
-
     weight_dtype = "uint32" if info.quantized else str(weight.dtype)
 
     @T.prim_func(private=True, check_well_formed=False)
