@@ -19,7 +19,7 @@ from tvm.target import Target, codegen
 
 from ..analysis import match_on_cpu
 from ..base import CPUScheduleRule
-from .microkernels import LANES, activation_f32_at, q4_chunk_values, q4_position_order, q4_words_fit, rebuild, schedule_extern_epilogue, store_transposed
+from .microkernels import LANES, activation_f32_at, q4_chunk_values, q4_position_order, q4_words_fit, rebuild, schedule_extern_epilogue, store_transposed, tile_rows, tile_vector
 
 MAX_ACCUMULATORS = 24  # of 32 zmm registers: the rest hold the token vectors and a weight
 FEW_TOKENS_BLOCK_N = 16  # rows of the one-vector tile (up to 16 tokens)
@@ -107,13 +107,19 @@ def _kernel(info, padded, block_n, token_vecs, blocks, xv, weight, *rest):
         for j, value in enumerate(q4_chunk_values(info, wf, sf, n, c)):
             T.buffer_store(wb, value, [T.ramp(r * pitch + c * 128 + j * LANES, 1, LANES)])
 
-    def step(acc, wb, xf, mb, p):
+    def step(accs, wb, xf, mb, p):
         xs = [xf[T.ramp(((mb * token_vecs + v) * k + p) * LANES, 1, LANES)] for v in range(token_vecs)]
         for r in range(block_n):
             w = T.broadcast(wb[r * pitch + p], LANES)
             for v in range(token_vecs):
-                lanes = T.ramp((r * token_vecs + v) * LANES, 1, LANES)
+                acc, lanes = tile_vector(accs, block_n, token_vecs, r, v)
                 T.buffer_store(acc, T.call_llvm_pure_intrin("float32x16", "llvm.fma.v16f32", w, xs[v], acc[lanes]), [lanes])
+
+    def zero(accs):
+        for r in range(block_n):
+            for v in range(token_vecs):
+                acc, lanes = tile_vector(accs, block_n, token_vecs, r, v)
+                T.buffer_store(acc, T.broadcast(T.float32(0.0), LANES), [lanes])
 
     weight_dtype = "uint32" if info.quantized else str(weight.dtype)
 
@@ -129,11 +135,11 @@ def _kernel(info, padded, block_n, token_vecs, blocks, xv, weight, *rest):
                 for c in range(k // chunk):
                     convert(wb, wf, sf, task, r, c)
             for mb in range(blocks):
-                acc = T.alloc_buffer((block_n * token_vecs * LANES,), "float32", scope="local")
-                for a in range(block_n * token_vecs):
-                    T.buffer_store(acc, T.broadcast(T.float32(0.0), LANES), [T.ramp(a * LANES, 1, LANES)])
+                acc0 = T.alloc_buffer((tile_rows(block_n) * token_vecs * LANES,), "float32")  # stack arrays (tile_rows)
+                acc1 = T.alloc_buffer((tile_rows(block_n) * token_vecs * LANES,), "float32")
+                zero((acc0, acc1))
                 for p in range(k):
-                    step(acc, wb, xf, mb, p)
-                store_transposed(out, acc, n_total, task * block_n, block_n, token_vecs, mb)
+                    step((acc0, acc1), wb, xf, mb, p)
+                store_transposed(out, (acc0, acc1), n_total, task * block_n, block_n, token_vecs, mb)
 
     return body.body

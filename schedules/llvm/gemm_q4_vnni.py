@@ -151,25 +151,28 @@ def _kernel(info, padded, block_m, row_vecs, planes, stored, isa, xq, amax, xsum
         for a in range(n):
             T.buffer_store(acc, T.broadcast(tirx.const(0, dtype), LANES), [T.ramp(a * LANES, 1, LANES)])
 
-    def quad_step(iacc, wpk, xq32, mb, q):
+    def zero_planes(iaccs):
+        for p in range(planes):
+            zero(iaccs[p], "int32", acc_n)
+
+    def quad_step(iaccs, wpk, xq32, mb, q):
         wv = [T.reinterpret("int8x64", wpk[T.ramp((q * row_vecs + v) * LANES, 1, LANES)]) for v in range(row_vecs)]
         for p in range(planes):
             for m in range(block_m):
                 xb = T.reinterpret("int8x64", T.broadcast(xq32[(p * padded + mb * block_m + m) * quads + q], LANES))
                 for v in range(row_vecs):
-                    lanes = T.ramp(((p * block_m + m) * row_vecs + v) * LANES, 1, LANES)
-                    T.buffer_store(iacc, int8_dot(isa, iacc[lanes], wv[v], xb), [lanes])
+                    lanes = T.ramp((m * row_vecs + v) * LANES, 1, LANES)
+                    T.buffer_store(iaccs[p], int8_dot(isa, iaccs[p][lanes], wv[v], xb), [lanes])
 
-    def fold(facc, iacc, sc, mb, g):
+    def fold(facc, iaccs, sc, mb, g):
         for m in range(block_m):
             t = mb * block_m + m
             a = T.broadcast(amax[t, g] * T.float32(1.0 / 127.0), LANES)
             for v in range(row_vecs):
                 lanes = T.ramp((m * row_vecs + v) * LANES, 1, LANES)
-                dots = T.Cast("float32x16", iacc[lanes]) - T.broadcast(T.Cast("float32", xsum[0, t, g] * 7), LANES)
+                dots = T.Cast("float32x16", iaccs[0][lanes]) - T.broadcast(T.Cast("float32", xsum[0, t, g] * 7), LANES)
                 if planes == 2:
-                    low = T.ramp(((block_m + m) * row_vecs + v) * LANES, 1, LANES)
-                    dots = dots + (T.Cast("float32x16", iacc[low]) - T.broadcast(T.Cast("float32", xsum[1, t, g] * 7), LANES)) * T.broadcast(
+                    dots = dots + (T.Cast("float32x16", iaccs[1][lanes]) - T.broadcast(T.Cast("float32", xsum[1, t, g] * 7), LANES)) * T.broadcast(
                         T.float32(1.0 / RESIDUAL), LANES)
                 T.buffer_store(facc, facc[lanes] + dots * (sc[T.ramp((g * row_vecs + v) * LANES, 1, LANES)] * a), [lanes])
 
@@ -194,14 +197,15 @@ def _kernel(info, padded, block_m, row_vecs, planes, stored, isa, xq, amax, xsum
             for g in range(groups):
                 scales_of(sc, sf, task, g)
             for mb in range(padded // block_m):
-                facc = T.alloc_buffer((acc_n * LANES,), "float32", scope="local")
-                iacc = T.alloc_buffer((planes * acc_n * LANES,), "int32", scope="local")
+                facc = T.alloc_buffer((acc_n * LANES,), "float32")  # stack arrays (< STACK_BYTES each)
+                iacc0 = T.alloc_buffer((acc_n * LANES,), "int32")
+                iacc1 = T.alloc_buffer((acc_n * LANES,), "int32")  # plane 1 (unused with one plane)
                 zero(facc, "float32", acc_n)
                 for g in range(groups):
-                    zero(iacc, "int32", planes * acc_n)
+                    zero_planes((iacc0, iacc1))
                     for qq in range(quads_per_group):
-                        quad_step(iacc, wpk, xq32, mb, g * quads_per_group + qq)
-                    fold(facc, iacc, sc, mb, g)
+                        quad_step((iacc0, iacc1), wpk, xq32, mb, g * quads_per_group + qq)
+                    fold(facc, (iacc0, iacc1), sc, mb, g)
                 store(facc, task, mb)
 
     return body.body

@@ -1,0 +1,107 @@
+"""The shared micro-kernel pieces (schedules/llvm/microkernels.py): where the per-task accumulators
+live, and the GEMVs' default prefetch distance. Compile-only (znver4 / Sapphire Rapids targets):
+holds on any x86 host."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import tvm
+
+from pipeline.config import load_model_config
+from pipeline.tune import compile_kernel, unscheduled_kernels
+from schedules.analysis import match_nt_matmul as match
+from schedules.llvm.gemm_bf16 import PrefillGEMMBF16
+from schedules.llvm.gemm_f32 import PrefillGEMMF32
+from schedules.llvm.gemm_q4_vnni import PrefillGEMMQ4VNNI
+from schedules.llvm.gemv_float import DecodeGEMVFloat
+from schedules.llvm.gemv_q4_vnni import DecodeGEMVQ4VNNI
+from schedules.llvm.microkernels import PREFETCH_AHEAD, default_prefetch
+
+ZEN4 = tvm.target.Target({"kind": "llvm", "mcpu": "znver4"})
+SMALL = 4096  # bytes: accumulator-sized (a GEMM task's weight block is larger)
+
+
+def _workspace_in_parallel(func, target) -> list[tuple[str, int]]:
+    """(buffer, bytes) of each runtime-workspace allocation inside a parallel loop, read from the
+    host TIR right after LowerTVMBuiltin (the pass that picks stack or workspace)."""
+    lowered = []
+
+    @tvm.instrument.pass_instrument
+    class Grab:
+        def run_after_pass(self, mod, info):
+            if info.name == "tirx.LowerTVMBuiltin":
+                lowered.append(mod.script())
+
+    with tvm.transform.PassContext(instruments=[Grab()]):
+        compile_kernel(func, target)
+    found, parallel_at = [], []
+    for line in "\n".join(lowered).splitlines():
+        indent = len(line) - len(line.lstrip())
+        parallel_at = [i for i in parallel_at if i < indent]
+        if "T.parallel(" in line:
+            parallel_at.append(indent)
+        alloc = re.search(r"(\w+) = T\.decl_buffer\(.*TVMBackendAllocWorkspace\(\d+, \w+, T\.uint64\((\d+)\)", line)
+        if alloc and parallel_at:
+            found.append((alloc.group(1), int(alloc.group(2))))
+    return found
+
+
+@pytest.fixture(scope="module")
+def full_size():
+    config = load_model_config("llama-3.2-1b")
+    return {q: unscheduled_kernels(config, q, ZEN4) for q in ("q4f16_1", "q0f16", "q4f32_1")}
+
+
+def _kernel(kernels, decode: bool, n: int, k: int):
+    for name, func in kernels.items():
+        info = match(func) if "NT_matmul" in name else None
+        if info is not None and info.n == n and info.k == k and ("seq_len" not in func.script()) == decode:
+            return func
+    raise AssertionError(f"no {'decode' if decode else 'prefill'} matmul {n}x{k}")
+
+
+@pytest.mark.parametrize(
+    "rule, quant, decode",
+    [(DecodeGEMVQ4VNNI(), "q4f16_1", True), (DecodeGEMVFloat(), "q0f16", True), (PrefillGEMMQ4VNNI(), "q4f16_1", False),
+     (PrefillGEMMBF16(), "q0f16", False), (PrefillGEMMF32(), "q4f32_1", False)],
+    ids=lambda v: type(v).__name__ if not isinstance(v, (str, bool)) else str(v),
+)
+def test_per_task_accumulators_are_stack_arrays_not_runtime_workspace(rule, quant, decode, full_size):
+    """TVM 0.27 turns a per-task "local" buffer into two runtime calls per task
+    (TVMBackendAllocWorkspace / FreeWorkspace), which were ~40% of the q4 decode GEMV's time with one
+    row per task. The rules' accumulators are "global" buffers under STACK_BYTES: inside the parallel loop, no
+    accumulator-sized buffer comes from the workspace (a GEMM task's weight block may)."""
+    func = _kernel(full_size[quant], decode, 3072, 2048)
+    sch = rule.apply(func, ZEN4, False)
+    assert sch is not None
+    small = [(name, size) for name, size in _workspace_in_parallel(sch.mod["main"], ZEN4) if size <= SMALL]
+    assert small == []
+
+
+def test_the_check_sees_a_workspace_accumulator():
+    """The check above can fail: a per-task "local" buffer is a workspace allocation in a parallel loop."""
+    from tvm.script import tirx as T
+
+    @T.prim_func
+    def per_task(a: T.Buffer((64, 16), "float32"), b: T.Buffer((64,), "float32")):
+        for task in T.parallel(64):
+            acc = T.alloc_buffer((16,), "float32", scope="local")
+            for i in range(16):
+                acc[i] = a[task, i] * 2.0
+            b[task] = acc[3]
+
+    assert _workspace_in_parallel(per_task, ZEN4) == [("acc", 64)]
+
+
+def test_default_prefetch_runs_a_fixed_number_of_bytes_ahead(full_size):
+    """Unset `prefetch`: ~8 KiB of weights ahead: 8 q4 rows of K = 2048 (as before), 2 f16 rows
+    (8 rows = 32 KiB was slower for q0f16), at least one row; the rule's kernel uses it."""
+    q4 = match(_kernel(full_size["q4f16_1"], True, 16384, 2048))
+    f16 = match(_kernel(full_size["q0f16"], True, 16384, 2048))
+    f16_down = match(_kernel(full_size["q0f16"], True, 2048, 8192))
+    assert (default_prefetch(q4), default_prefetch(f16), default_prefetch(f16_down)) == (8, 2, 1)
+    assert PREFETCH_AHEAD == 8 * 1024
+    text = DecodeGEMVFloat().apply(_kernel(full_size["q0f16"], True, 16384, 2048), ZEN4, False).mod["main"].script()
+    assert re.findall(r"T\.min\(task \+ r \+ (\d+), 16383\)", text) == ["2"]
