@@ -106,7 +106,7 @@ class RowGEMVRule(CPUScheduleRule, abc.ABC):
             return {}
         # `mlcpipe tune` rotates through inputs beyond the last-level cache (backends' timing_cold_bytes):
         # the weights stream from memory as in the model, so row interleaving and prefetch distance show
-        return {"rows": [v for v in (1, 2, 4) if info.n % v == 0], "prefetch": [0, 4, 8, 16]}
+        return {"rows": [v for v in (1, 2, 4) if info.n % v == 0], "prefetch": [0, 1, 2, 4, 8, 16]}
 
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
         del tunable
