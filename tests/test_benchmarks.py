@@ -123,3 +123,28 @@ def test_short_prefill_benchmark_compares_the_two_builds(monkeypatch, tmp_path):
     assert diffs[6] == 0.0  # 6 > low_batch: the tiles in both builds
     if tvm.target.codegen.target_has_features("amx-bf16", load_target("llvm").tvm_target()):
         assert 0 < diffs[1] < 5e-2 and 0 < diffs[2] < 5e-2  # another arithmetic, same model
+
+
+def _host_has(feature: str) -> bool:
+    import tvm
+
+    from pipeline.targets import load_target
+
+    return tvm.target.codegen.target_has_features(feature, load_target("llvm").tvm_target())
+
+
+@pytest.mark.skipif(not _host_has("avx2"), reason="the Haswell build needs an AVX2 host")
+def test_prefill_gemm_benchmark_times_each_rule_on_the_asked_cpu(tmp_path):
+    """`python -m benchmarks.prefill_gemm` on the tiny model for Haswell (AVX2 + FMA): every
+    prefill matmul but lm_head, both rules' times, their outputs checked to agree; an unknown
+    rule name is one error line."""
+    from benchmarks import prefill_gemm
+
+    out = tmp_path / "gemm.md"
+    assert prefill_gemm.main(["--model", "llama-tiny", "--quants", "q4f32_1", "--tokens", "20", "--repeat", "1", "-o", str(out)]) == 0
+    text = out.read_text()
+    rows = [line.split("|")[1:-1] for line in text.splitlines() if line.startswith("| q4f32_1")]
+    assert sorted(r[2].strip() for r in rows) == ["down", "gate_up", "o_proj", "qkv"]
+    assert all(float(r[3]) > 0 and float(r[4]) > 0 and r[5].strip().endswith("x") for r in rows)
+    assert "mcpu=haswell" in text and "| PrefillGEMM | PrefillGEMMF32 |" in text
+    assert prefill_gemm.main(["--model", "llama-tiny", "--rules", "PrefillGEMM,NoSuchRule"]) == 2

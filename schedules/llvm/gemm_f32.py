@@ -1,12 +1,13 @@
-"""CPU prefill GEMM on f32 FMAs in register tiles (AVX-512), for f32 models and CPUs without a
-faster dot product.
+"""CPU prefill GEMM on f32 FMAs in register tiles (AVX-512, or AVX2 + FMA), for f32 models and
+CPUs without a faster dot product.
 
 Computed as C^T: each task converts its `block_n` weight rows to f32 (q4: (q - 7) * s, stored in
 the nibble order q4_chunk_values gives, the activation permuted to match); the activation becomes
 16-token vectors along K; the micro-kernel holds block_n x `token_vecs` vectors of 16 tokens' sums
 and does one FMA per row, k and vector. Up to 16 tokens a one-vector tile runs instead.
-Handles: llvm with avx512f; many-token NT matmul, f16/f32 activations, f16/f32 or q4 weights,
-K % 16 == 0 (q4: % 128). Knobs: block_n, token_vecs.
+Handles: llvm with avx512f, or avx2 + fma (16-lane values as two ymm: smaller tiles, tile_fits);
+many-token NT matmul, f16/f32 activations, f16/f32 or q4 weights, K % 16 == 0 (q4: % 128).
+Knobs: block_n, token_vecs.
 """
 
 from __future__ import annotations
@@ -21,35 +22,58 @@ from ..analysis import match_on_cpu
 from ..base import CPUScheduleRule
 from .microkernels import LANES, activation_f32_at, q4_chunk_values, q4_position_order, q4_words_fit, rebuild, schedule_extern_epilogue, store_transposed, tile_rows, tile_vector
 
-MAX_ACCUMULATORS = 24  # of 32 zmm registers: the rest hold the token vectors and a weight
-FEW_TOKENS_BLOCK_N = 16  # rows of the one-vector tile (up to 16 tokens)
+# per ISA: (default (block_n, token_vecs), rows of the one-vector tile for up to 16 tokens)
+ISA_TILES = {"avx512": ((8, 2), 16), "avx2": ((4, 1), 4)}
+
+
+def tile_fits(isa: str, block_n: int, token_vecs: int) -> bool:
+    """AVX-512: at most 24 accumulators (of 32 zmm; the rest hold the token vectors and a weight).
+    AVX2: a 16-lane value is two of the 16 ymm registers: 2 (accumulators + token vectors) + a
+    weight <= 16 (2 x 3 spills: 2.5x slower than 4 x 1 on 1B gate_up)."""
+    if isa == "avx2":
+        return 2 * (block_n * token_vecs + token_vecs) + 1 <= 16
+    return block_n * token_vecs <= 24
 
 
 @dataclasses.dataclass
 class PrefillGEMMF32(CPUScheduleRule):
-    block_n: int = 8  # weight rows per task and micro-kernel
-    token_vecs: int = 2  # 16-token vectors per micro-kernel
+    block_n: int | None = None  # weight rows per task and micro-kernel (None: the ISA's default, ISA_TILES)
+    token_vecs: int | None = None  # 16-token vectors per micro-kernel (None: the ISA's default)
 
     def knob_space(self, func: tirx.PrimFunc, target: Target) -> dict[str, list]:
         info = _applicable(func, target)
         if info is None:
             return {}
+        if _isa(target) == "avx2":
+            return {"block_n": [v for v in (2, 4, 6) if info.n % v == 0], "token_vecs": [1, 2]}  # tiles that do not fit are declined
         return {"block_n": [v for v in (4, 6, 8) if info.n % v == 0], "token_vecs": [2, 3, 4]}  # pairs over 24 are declined
 
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
         del tunable
         info = _applicable(func, target)
-        if info is None or self.block_n < 1 or self.token_vecs < 1 or info.n % self.block_n:
+        if info is None:
             return None
-        if self.block_n * self.token_vecs > MAX_ACCUMULATORS or info.n % FEW_TOKENS_BLOCK_N:
+        isa = _isa(target)
+        (block_n, token_vecs), few_rows = ISA_TILES[isa]
+        block_n, token_vecs = self.block_n or block_n, self.token_vecs or token_vecs
+        if block_n < 1 or token_vecs < 1 or info.n % block_n or not tile_fits(isa, block_n, token_vecs) or info.n % few_rows:
             return None
-        sch = s_tir.Schedule(_build(info, self.block_n, self.token_vecs))
+        sch = s_tir.Schedule(_build(info, block_n, token_vecs, few_rows))
         sch.parallel(sch.get_loops(sch.get_sblock("x_vecs"))[0])
         return schedule_extern_epilogue(sch, "gemm_f32", LANES)
 
 
+def _isa(target: Target) -> str | None:
+    """'avx512', 'avx2' (with FMA) or None."""
+    if codegen.target_has_features("avx512f", target):
+        return "avx512"
+    if codegen.target_has_features("avx2", target) and codegen.target_has_features("fma", target):
+        return "avx2"
+    return None
+
+
 def _applicable(func, target):
-    if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm" or not codegen.target_has_features("avx512f", target):
+    if not isinstance(func, tirx.PrimFunc) or target.kind.name != "llvm" or _isa(target) is None:
         return None
     info = match_on_cpu(func, target, decode=False)
     if info is None or len(info.rows_shape) != 2 or info.k % LANES or str(info.x.dtype) not in ("float16", "float32"):
@@ -61,7 +85,7 @@ def _applicable(func, target):
     return info
 
 
-def _build(info, block_n: int, token_vecs: int) -> tirx.PrimFunc:
+def _build(info, block_n: int, token_vecs: int, few_rows: int) -> tirx.PrimFunc:
     inputs = info.placeholders()
     x = inputs[info.param_index(info.x)]
     tokens = x.shape[-2]
@@ -79,7 +103,7 @@ def _build(info, block_n: int, token_vecs: int) -> tirx.PrimFunc:
 
     def body(i, o):
         many = _kernel(info, padded, block_n, token_vecs, padded // per_block, *i, o[0])
-        few = _kernel(info, padded, FEW_TOKENS_BLOCK_N, 1, 1, *i, o[0])
+        few = _kernel(info, padded, few_rows, 1, 1, *i, o[0])
         return tirx.IfThenElse(tokens <= LANES, few, many)
 
     c = te.extern(

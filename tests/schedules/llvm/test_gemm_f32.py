@@ -1,6 +1,7 @@
 """PrefillGEMMF32 (schedules/llvm/gemm_f32.py): the prefill GEMM on f32 FMAs in register tiles.
 Against the exact kernel and a float64 NumPy reference for f32 (q4f32_1, q0f32) and f16 (q0f16)
-models at token counts on both sides of the one-vector branch, at several tiles and at full size."""
+models at token counts on both sides of the one-vector branch, at several tiles and at full size,
+built for this CPU and for AVX2 + FMA only (Haswell: runs on any x86 host with AVX2)."""
 
 from __future__ import annotations
 
@@ -20,16 +21,18 @@ HOST = load_target("llvm").tvm_target()
 ZEN4 = tvm.target.Target({"kind": "llvm", "mcpu": "znver4"})
 SPR = tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids"})
 SKYLAKE = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512"})  # AVX-512, no VNNI / BF16
-HASWELL = tvm.target.Target({"kind": "llvm", "mcpu": "haswell"})  # AVX2 only
+HASWELL = tvm.target.Target({"kind": "llvm", "mcpu": "haswell"})  # AVX2 + FMA, no AVX-512
+NEHALEM = tvm.target.Target({"kind": "llvm", "mcpu": "nehalem"})  # SSE4.2 only
 needs_avx512 = pytest.mark.skipif(not tvm.target.codegen.target_has_features("avx512f", HOST), reason="this CPU has no AVX-512")
+needs_avx2 = pytest.mark.skipif(not tvm.target.codegen.target_has_features("avx2", HOST), reason="this CPU has no AVX2")
 
 
 def _prefill(kernels):
     return {n: f for n, f in kernels.items() if "NT_matmul" in n and "seq_len" in f.script()}
 
 
-def _outputs(func, args):
-    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=HOST)
+def _outputs(func, args, target=HOST):
+    lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=target)
     tensors = [tvm.runtime.tensor(a.copy()) for a in args]
     lib["main"](*tensors)
     return tensors[-1].numpy().astype(np.float64)
@@ -54,18 +57,45 @@ def kernels(request, tiny_config):
 
 
 def test_rule_choice_per_cpu(kernels):
-    """f32 models take it on every AVX-512 CPU (the AMX, VNNI and BF16 rules need f16
-    activations); f16 models only where no faster dot product exists; never without AVX-512."""
+    """f32 models take it on every AVX-512 or AVX2 + FMA CPU (the AMX, VNNI and BF16 rules need f16
+    activations); f16 models only where no faster dot product exists; never without AVX2 + FMA."""
     quant, funcs = kernels
     func = next(iter(funcs.values()))
     if quant.endswith("f32") or quant.endswith("f32_1"):
-        for target in (ZEN4, SPR, SKYLAKE):
+        for target in (ZEN4, SPR, SKYLAKE, HASWELL):
             assert schedule_func(func, target)[1]["rule"] == "PrefillGEMMF32", str(target)
     else:
         assert schedule_func(func, ZEN4)[1]["rule"] == "PrefillGEMMBF16"
         assert schedule_func(func, SKYLAKE)[1]["rule"] == "PrefillGEMMF32"
-    assert PrefillGEMMF32().apply(func, HASWELL, False) is None
-    assert schedule_func(func, HASWELL)[1]["rule"] == "PrefillGEMM"
+        assert schedule_func(func, HASWELL)[1]["rule"] == "PrefillGEMMF32"
+    assert PrefillGEMMF32().apply(func, NEHALEM, False) is None
+    assert schedule_func(func, NEHALEM)[1]["rule"] == "PrefillGEMM"
+    # AVX2: 16-lane values are two ymm registers: tiles that would spill are declined
+    assert PrefillGEMMF32(block_n=4, token_vecs=2).apply(func, HASWELL, False) is None
+    assert PrefillGEMMF32(block_n=2, token_vecs=3).apply(func, HASWELL, False) is None
+    assert PrefillGEMMF32(block_n=4, token_vecs=2).apply(func, ZEN4, False) is not None
+
+
+@needs_avx2
+@pytest.mark.parametrize("knobs", [{}, {"block_n": 2, "token_vecs": 2}])
+def test_avx2_tiles_keep_the_kernels_numerics(knobs, kernels):
+    """The AVX2 + FMA build (no AVX-512 instructions in its code) against the exact kernel and NumPy."""
+    quant, funcs = kernels
+    for name, func in funcs.items():
+        info = match(func)
+        sch = PrefillGEMMF32(**knobs).apply(func, HASWELL, False)
+        assert sch is not None, name
+        text = tvm.compile(tvm.IRModule({"main": sch.mod["main"].with_attr("global_symbol", "main")}), target=HASWELL).mod.inspect_source("s")
+        assert "vfmadd" in text and "zmm" not in text, name
+        for tokens in (3, 17, 130):
+            args = random_args(func, {"seq_len": tokens}, seed=tokens)
+            exact = _outputs(func, args)
+            got = _outputs(sch.mod["main"], args, HASWELL)
+            tol = 2e-3 if str(func.params[-1].dtype) == "float16" else 1e-5
+            np.testing.assert_allclose(got, exact, atol=tol * np.abs(exact).max(), err_msg=f"{name} {tokens}")
+            if not info.epilogue:
+                want = reference(func, args, tokens)
+                np.testing.assert_allclose(got.reshape(tokens, -1), want, atol=tol * np.abs(want).max(), err_msg=f"{name} {tokens}")
 
 
 @needs_avx512
@@ -103,3 +133,14 @@ def test_f32_tiles_full_size_gate_up_and_down():
             want = _outputs(func, args)
             got = _outputs(PrefillGEMMF32().apply(func, HOST, False).mod["main"], args)
             np.testing.assert_allclose(got, want, atol=1e-5 * np.abs(want).max(), err_msg=f"{name} {tokens}")
+
+
+@needs_avx2
+def test_avx2_tiles_full_size_gate_up():
+    """1B gate_up (q4f32_1) at 70 tokens, built for AVX2 + FMA."""
+    funcs = _prefill(unscheduled_kernels(load_model_config("llama-3.2-1b"), "q4f32_1", HASWELL))
+    name, func = next((n, f) for n, f in funcs.items() if (match(f).n, match(f).k) == (16384, 2048))
+    args = random_args(func, {"seq_len": 70}, seed=2)
+    want = _outputs(func, args)
+    got = _outputs(PrefillGEMMF32().apply(func, HASWELL, False).mod["main"], args, HASWELL)
+    np.testing.assert_allclose(got, want, atol=1e-5 * np.abs(want).max(), err_msg=name)

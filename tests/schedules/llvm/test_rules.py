@@ -128,7 +128,7 @@ def test_registry_order_and_knob_spaces(tiny_kernels):
     assert [type(r).__name__ for r in RULES["llvm"]] == [
         "SamplerCPU", "DecodeGEMVQ4VNNI", "DecodeGEMVQ4", "DecodeGEMVFloat", "PrefillGEMMAMX", "PrefillGEMMQ4VNNI", "PrefillGEMMBF16", "PrefillGEMMF32", "PrefillGEMM", "MatmulNT", "RowNorm", "RopeTable", "Elementwise"]
     has = tvm.target.codegen.target_has_features
-    f32 = "PrefillGEMMF32" if has("avx512f", TARGET) else "PrefillGEMM"  # f32 register tiles, else the portable GEMM
+    f32 = "PrefillGEMMF32" if has("avx512f", TARGET) or (has("avx2", TARGET) and has("fma", TARGET)) else "PrefillGEMM"  # f32 register tiles, else portable
     amx = "PrefillGEMMAMX" if has("amx-bf16", TARGET) else f32
     vnni = "DecodeGEMVQ4VNNI" if has("avx512vnni", TARGET) else "DecodeGEMVQ4"
     # q4 prefill of f16 models: AMX where the CPU has it, else VNNI int8 dot products, else f32

@@ -1,0 +1,98 @@
+"""Prefill GEMM rules side by side on one target CPU: each 1B prefill matmul built by every rule.
+
+    python -m benchmarks.prefill_gemm [--mcpu haswell] [--quants q4f32_1,q0f16] [--tokens 128]
+        [--rules PrefillGEMM,PrefillGEMMF32] [--repeat 5] [-o benchmarks/results/prefill-gemm-haswell.md]
+
+Builds each prefill NT matmul of the model (lm_head left out: the model runs it on one token)
+with each rule's default knobs for `--mcpu` (which the host must be able to run: e.g. haswell,
+AVX2 + FMA only, on any AVX2 host), checks every rule's output against the first rule's, and
+times each (pipeline.tune.time_kernel_ms: best of `repeat`, the thread pool as set by
+TVM_NUM_THREADS). Prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+import numpy as np
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown")
+    except OSError:
+        return "unknown"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="llama-3.2-1b")
+    ap.add_argument("--mcpu", default="haswell")
+    ap.add_argument("--quants", default="q4f32_1,q0f16")
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--rules", default="PrefillGEMM,PrefillGEMMF32")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("-o", "--output")
+    args = ap.parse_args(argv)
+
+    import tvm
+
+    from pipeline.config import load_model_config
+    from pipeline.kernel_inputs import random_args, symbolic_dims
+    from pipeline.roles import role_of_param
+    from pipeline.tune import compile_kernel, run_kernel, time_kernel_ms, unscheduled_kernels
+    from schedules import rule_by_name
+    from schedules.analysis import match_nt_matmul
+
+    target = tvm.target.Target({"kind": "llvm", "mcpu": args.mcpu})
+    rules = [rule_by_name("llvm", name) for name in args.rules.split(",")]
+    if any(r is None for r in rules):
+        print(f"error: --rules {args.rules}: unknown rule name", file=sys.stderr)
+        return 2
+    lines = [f"# Prefill GEMM rules on mcpu={args.mcpu}, {args.tokens} tokens", "", "```",
+             "python -m benchmarks.prefill_gemm " + " ".join(argv if argv is not None else sys.argv[1:]), "```", "",
+             f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; host CPU: {_cpu_name()} (LLVM: {tvm.target.codegen.llvm_get_system_cpu()}), "
+             f"TVM_NUM_THREADS={os.environ.get('TVM_NUM_THREADS', 'unset')}; best of {args.repeat}, ms per call", "",
+             "| quant | matmul (N x K) | role | " + " | ".join(type(r).__name__ for r in rules) + " | speedup (last / first) |",
+             "|---|---|---|" + "---|" * len(rules) + "---|"]
+    for quant in args.quants.split(","):
+        kernels = unscheduled_kernels(load_model_config(args.model), quant, target)
+        for name, func in sorted(kernels.items()):
+            info = match_nt_matmul(func) if "NT_matmul" in name else None
+            role = role_of_param(getattr(info.weight, "name", str(info.weight)), name) if info is not None else None
+            if info is None or not symbolic_dims(func) or role == "lm_head":
+                continue
+            inputs = random_args(func, {d: args.tokens for d in symbolic_dims(func)}, seed=1)
+            times, first = [], None
+            for rule in rules:
+                sch = rule.apply(func, target, False)
+                if sch is None:
+                    times.append(None)
+                    continue
+                lib = compile_kernel(sch.mod["main"], target)
+                out = run_kernel(lib, inputs, tvm.cpu())
+                if first is None:
+                    first = out
+                elif not np.allclose(out, first, atol=2e-3 * float(np.abs(first).max())):
+                    print(f"error: {type(rule).__name__} disagrees with {type(rules[0]).__name__} on {name}", file=sys.stderr)
+                    return 1
+                times.append(time_kernel_ms(lib, inputs, tvm.cpu(), args.repeat))
+            cells = ["declined" if t is None else f"{t:.3g}" for t in times]
+            speedup = f"{times[0] / times[-1]:.2f}x" if times[0] and times[-1] else "–"
+            lines.append(f"| {quant} | {info.n} x {info.k} | {role} | " + " | ".join(cells) + f" | {speedup} |")
+            print(lines[-1], flush=True)
+    text = "\n".join(lines) + "\n"
+    if args.output:
+        with open(args.output, "w") as f:
+            f.write(text)
+    else:
+        print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
