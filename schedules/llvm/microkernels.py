@@ -59,8 +59,8 @@ def int8_dot(isa: str, acc, u8, s8):
 RESIDUAL = 256.0  # the second activation plane counts in units of a / 256
 # Per-task accumulators are "global" buffers of fewer bytes than this: TVM 0.27 makes those stack
 # arrays (LLVM keeps them in registers). A "local" buffer, or a larger one, comes from the runtime
-# workspace: two calls per task, ~40% of a decode GEMV's time at one row per task (the
-# `disable_lower_builtin` annotation does not survive 0.27's lowering)
+# workspace: two runtime calls per task (the `disable_lower_builtin` annotation does not survive
+# 0.27's lowering). docs/schedules.md, "TVM 0.27 notes".
 STACK_BYTES = 1024
 
 
@@ -78,8 +78,8 @@ PREFETCH_AHEAD = 8 * 1024  # weight bytes the GEMVs' software prefetch runs ahea
 
 
 def default_prefetch(info) -> int:
-    """Rows ahead for an unset `prefetch`: about PREFETCH_AHEAD bytes of weights (8 rows of a 1B q4
-    row of K = 2048; 2 of its f16 rows, where 8 rows, 32 KiB, measured ~6% slower on Zen 4)."""
+    """Rows ahead for an unset `prefetch`: about PREFETCH_AHEAD bytes of weights, at least one row
+    (8 q4 rows of K = 2048, 2 f16 rows)."""
     row_bytes = info.k * (info.bits or dtype_bits(info.weight.dtype)) // 8
     return max(1, PREFETCH_AHEAD // row_bytes)
 

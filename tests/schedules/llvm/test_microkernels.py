@@ -17,7 +17,7 @@ from schedules.llvm.gemm_f32 import PrefillGEMMF32
 from schedules.llvm.gemm_q4_vnni import PrefillGEMMQ4VNNI
 from schedules.llvm.gemv_float import DecodeGEMVFloat
 from schedules.llvm.gemv_q4_vnni import DecodeGEMVQ4VNNI
-from schedules.llvm.microkernels import PREFETCH_AHEAD, default_prefetch
+from schedules.llvm.microkernels import LANES, PREFETCH_AHEAD, STACK_BYTES, default_prefetch, tile_rows
 
 ZEN4 = tvm.target.Target({"kind": "llvm", "mcpu": "znver4"})
 SMALL = 4096  # bytes: accumulator-sized (a GEMM task's weight block is larger)
@@ -78,6 +78,15 @@ def test_per_task_accumulators_are_stack_arrays_not_runtime_workspace(rule, quan
     assert sch is not None
     small = [(name, size) for name, size in _workspace_in_parallel(sch.mod["main"], ZEN4) if size <= SMALL]
     assert small == []
+
+
+def test_every_allowed_gemm_tile_fits_two_stack_arrays():
+    """The f32 / BF16 GEMM tiles (up to 24 accumulators, up to 4 token vectors: the knob spaces)
+    split by rows into two arrays, each under STACK_BYTES: what keeps them off the runtime workspace."""
+    for block_n in range(1, 25):
+        for token_vecs in range(1, min(4, 24 // block_n) + 1):
+            assert tile_rows(block_n) * token_vecs * LANES * 4 < STACK_BYTES, (block_n, token_vecs)
+            assert 2 * tile_rows(block_n) >= block_n
 
 
 def test_the_check_sees_a_workspace_accumulator():
