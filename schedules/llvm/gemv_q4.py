@@ -5,7 +5,8 @@ x[k])) and the activation is pre-permuted once per call to match the nibbles' pl
 words: the inner loop is a mask, an int->float convert and an FMA per nibble plane, all in f32.
 Handles: static N, K with K % (8 * lanes) == 0, lanes a multiple of G / 8, one activation row
 (decode). Anything else: None. Knobs: lanes (packed words per vector step; None: the widest of 32
-(16 without AMX), 16, 8 that fits), rows (rows per parallel task, interleaved; None: per CPU).
+(16 without AMX), 16, 8 that fits), rows (rows per parallel task, interleaved; None: per CPU, and
+4 on CPUs without AMX where a row's activation planes outgrow L1: `default_rows`).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from .microkernels import gemv_default_rows, rebuild
 @dataclasses.dataclass
 class DecodeGEMVQ4(CPUScheduleRule):
     lanes: int | None = None  # None: the widest of 32 (AMX CPUs) or 16 (others), 16, 8 that divides the row's words
-    rows: int | None = None  # None: gemv_default_rows
+    rows: int | None = None  # None: default_rows
 
     def knob_space(self, func: tirx.PrimFunc, target: Target) -> dict[str, list]:
         info = _applicable(func, target)
@@ -40,7 +41,7 @@ class DecodeGEMVQ4(CPUScheduleRule):
         if info is None:
             return None
         words_per_group = info.group_size // 8
-        rows = self.rows or gemv_default_rows(target)
+        rows = self.rows or default_rows(info, target)
         widest = (32, 16, 8) if gemv_default_rows(target) == 2 else (16, 8)
         lanes = self.lanes or next((v for v in widest if (info.k // 8) % v == 0 and v % words_per_group == 0), 0)
         if not lanes:
@@ -69,6 +70,19 @@ class DecodeGEMVQ4(CPUScheduleRule):
         sch.unroll(a_loops[-3])
         sch.decompose_reduction(acc, a_loops[1])
         return sch
+
+
+SHARED_PLANES = 16 * 1024  # activation-plane bytes per row above which rows are interleaved (half a 32 KiB L1)
+
+
+def default_rows(info, target: Target) -> int:
+    """Unset `rows`: gemv_default_rows, except on CPUs without AMX (1 row) when the 9 f32 planes
+    the kernel reads per row (36 bytes per packed word) exceed SHARED_PLANES: 4 interleaved rows
+    share each plane load (1B down_proj, K = 8192: 36 KiB per row)."""
+    rows = gemv_default_rows(target)
+    if rows == 1 and 36 * (info.k // 8) > SHARED_PLANES and info.n % 4 == 0:
+        return 4
+    return rows
 
 
 def _applicable(func, target):

@@ -98,6 +98,23 @@ def test_full_size_kernels_keep_numerics():
         _check(func, rule.apply(func, TARGET, False), {}, "q4f16_1", name)
     name, func = by_shape[(2048, 8192, True)]
     _check(func, PrefillGEMM().apply(func, TARGET, False), {"seq_len": 9}, "q4f16_1", name)
+    name, func = by_shape[(2048, 8192, False)]  # down decode: 4 interleaved rows by default off AMX CPUs
+    _check(func, DecodeGEMVQ4().apply(func, TARGET, False), {}, "q4f16_1", name)
+
+
+def test_decode_gemv_q4_default_rows_follow_the_activation_size():
+    """Unset `rows`: 1 row per task without AMX (gate_up, K = 2048: 9 KiB of activation planes per
+    row), 4 interleaved rows when a row's planes outgrow half of L1 (down, K = 8192: 36 KiB), and
+    2 everywhere on an AMX CPU (tuned there). Read from the parallel loop's extent."""
+    from pipeline.config import load_model_config
+
+    zen4 = tvm.target.Target({"kind": "llvm", "mcpu": "znver4"})
+    spr = tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids"})
+    kernels = unscheduled_kernels(load_model_config("llama-3.2-1b"), "q4f32_1", zen4)
+    decode = {(match(f).n, match(f).k): f for n, f in _matmuls(kernels).items() if "seq_len" not in f.script()}
+    for (n, k), target, rows in (((16384, 2048), zen4, 1), ((2048, 8192), zen4, 4), ((16384, 2048), spr, 2), ((2048, 8192), spr, 2)):
+        text = DecodeGEMVQ4().apply(decode[(n, k)], target, False).mod["main"].script()
+        assert f"T.parallel({n // rows})" in text, (n, k, str(target))
 
 
 def test_rules_decline_what_they_do_not_handle(tiny_kernels):
