@@ -18,7 +18,7 @@ from tvm.target import Target, codegen
 
 from ..analysis import match_on_cpu
 from ..base import CPUScheduleRule
-from .microkernels import LANES, activation_f32, activation_f32_at, few_token_rows, float_chunk, q4_chunk_values, q4_words_fit, rebuild, schedule_extern_epilogue, store_transposed, tile_rows, tile_vector
+from .microkernels import LANES, activation_f32, activation_f32_at, few_token_rows, float_chunk, q4_chunk_values, q4_words_fit, rebuild, schedule_extern_epilogue, store_transposed, tile_rows, tile_vector, zero_tile
 
 CVT_BF16 = "llvm.x86.avx512bf16.cvtneps2bf16.512"
 CVT2_BF16 = "mlcpipe_cvtne2ps2bf16"  # (f32x16 lo, f32x16 hi) -> the 32 values as bf16, in order: 16 u32 pairs
@@ -213,12 +213,6 @@ def _kernel(info, padded, block_n, token_vecs, isa, xb, weight, *rest):
         for j in range(4):
             T.buffer_store(wb, pairs_of(values[2 * j], values[2 * j + 1]), [T.ramp(r * pitch + c * 64 + j * LANES, 1, LANES)])
 
-    def zero(accs):
-        for r in range(block_n):
-            for v in range(token_vecs):
-                acc, lanes = tile_vector(accs, block_n, token_vecs, r, v)
-                T.buffer_store(acc, T.broadcast(T.float32(0.0), LANES), [lanes])
-
     def pair_step(accs, wb, xf, mb, p):
         xv = [T.reinterpret("int32x16", xf[T.ramp(((mb * pairs + p) * token_vecs + v) * LANES, 1, LANES)]) for v in range(token_vecs)]
         for r in range(block_n):
@@ -246,7 +240,7 @@ def _kernel(info, padded, block_n, token_vecs, isa, xb, weight, *rest):
                 for mb in range(padded // (LANES * token_vecs)):
                     acc0 = T.alloc_buffer((tile_rows(block_n) * token_vecs * LANES,), "float32")  # stack arrays (tile_rows)
                     acc1 = T.alloc_buffer((tile_rows(block_n) * token_vecs * LANES,), "float32")
-                    zero((acc0, acc1))
+                    zero_tile((acc0, acc1), block_n, token_vecs)
                     for p in range(pairs):
                         pair_step((acc0, acc1), wb, xf, mb, p)
                     store_transposed(out, (acc0, acc1), n_total, task * block_n, block_n, token_vecs, mb)

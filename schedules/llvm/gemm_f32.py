@@ -20,7 +20,7 @@ from tvm.target import Target, codegen
 
 from ..analysis import match_on_cpu
 from ..base import CPUScheduleRule
-from .microkernels import LANES, activation_f32_at, q4_chunk_values, q4_position_order, q4_words_fit, rebuild, schedule_extern_epilogue, store_transposed, tile_rows, tile_vector
+from .microkernels import LANES, activation_f32_at, q4_chunk_values, q4_position_order, q4_words_fit, rebuild, schedule_extern_epilogue, store_transposed, tile_rows, tile_vector, zero_tile
 
 # per ISA: (default (block_n, token_vecs), rows of the one-vector tile for up to 16 tokens)
 ISA_TILES = {"avx512": ((8, 2), 16), "avx2": ((4, 1), 4)}
@@ -139,12 +139,6 @@ def _kernel(info, padded, block_n, token_vecs, blocks, xv, weight, *rest):
                 acc, lanes = tile_vector(accs, block_n, token_vecs, r, v)
                 T.buffer_store(acc, T.call_llvm_pure_intrin("float32x16", "llvm.fma.v16f32", w, xs[v], acc[lanes]), [lanes])
 
-    def zero(accs):
-        for r in range(block_n):
-            for v in range(token_vecs):
-                acc, lanes = tile_vector(accs, block_n, token_vecs, r, v)
-                T.buffer_store(acc, T.broadcast(T.float32(0.0), LANES), [lanes])
-
     weight_dtype = "uint32" if info.quantized else str(weight.dtype)
 
     @T.prim_func(private=True, check_well_formed=False)
@@ -161,7 +155,7 @@ def _kernel(info, padded, block_n, token_vecs, blocks, xv, weight, *rest):
             for mb in range(blocks):
                 acc0 = T.alloc_buffer((tile_rows(block_n) * token_vecs * LANES,), "float32")  # stack arrays (tile_rows)
                 acc1 = T.alloc_buffer((tile_rows(block_n) * token_vecs * LANES,), "float32")
-                zero((acc0, acc1))
+                zero_tile((acc0, acc1), block_n, token_vecs)
                 for p in range(k):
                     step((acc0, acc1), wb, xf, mb, p)
                 store_transposed(out, (acc0, acc1), n_total, task * block_n, block_n, token_vecs, mb)

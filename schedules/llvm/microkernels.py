@@ -304,6 +304,14 @@ def tile_vector(accs, block_n: int, token_vecs: int, r: int, v: int):
     return accs[r // per], T.ramp(((r % per) * token_vecs + v) * LANES, 1, LANES)
 
 
+def zero_tile(accs, block_n: int, token_vecs: int) -> None:
+    """Every vector of the tile's two arrays to 0."""
+    for r in range(block_n):
+        for v in range(token_vecs):
+            acc, lanes = tile_vector(accs, block_n, token_vecs, r, v)
+            T.buffer_store(acc, T.broadcast(T.float32(0.0), LANES), [lanes])
+
+
 def store_transposed(out, accs, n_total: int, n0, block_n: int, token_vecs: int, mb) -> None:
     """A C^T micro-kernel's accumulators (the two arrays of tile_vector) into the flat C
     [tokens * N]: rows n0.. of token block mb."""
