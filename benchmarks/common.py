@@ -110,3 +110,29 @@ def time_decode(prefill: Callable[[list[int]], np.ndarray], decode: Callable[[in
         token = int(np.argmax(logits))
         tokens.append(token)
     return ms, tokens
+
+
+def cpu_model() -> str:
+    """The CPU's model name (/proc/cpuinfo), else what platform says."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or platform.machine()
+
+
+def cpu_llvm() -> str:
+    """The llvm target's CPU name (LLVM's host detection) and the features the CPU rules key on."""
+    import tvm
+
+    from pipeline.targets import load_target
+
+    target = tvm.target.Target(load_target("llvm").target)
+    has = [f for f in ("avx2", "fma", "avx512f", "avx512vnni", "avx512bf16", "avx512fp16", "amx-bf16", "avxvnni",
+                       "neon", "dotprod", "i8mm", "bf16") if tvm.target.codegen.target_has_features(f, target)]
+    return f"{target.attrs.get('mcpu', '?')} ({', '.join(has) or 'baseline'})"

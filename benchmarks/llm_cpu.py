@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from .common import Settings, thread_env
+from .common import Settings, cpu_llvm, cpu_model, thread_env
 from .table import render
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -43,30 +43,6 @@ def _csv(value: str, allowed: tuple[str, ...] | None, what: str) -> list[str]:
         if bad:
             raise SystemExit(f"error: --{what}: got {bad[0]!r}; allowed: {', '.join(allowed)}")
     return items
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
-
-    return platform.processor() or platform.machine()
-
-
-def _cpu_llvm() -> str:
-    """The llvm target's CPU name (LLVM's host detection) and the features the CPU rules key on."""
-    import tvm
-
-    from pipeline.targets import load_target
-
-    target = tvm.target.Target(load_target("llvm").target)
-    has = [f for f in ("avx2", "fma", "avx512f", "avx512vnni", "avx512bf16", "avx512fp16", "amx-bf16", "avxvnni",
-                       "neon", "dotprod", "i8mm", "bf16") if tvm.target.codegen.target_has_features(f, target)]
-    return f"{target.attrs.get('mcpu', '?')} ({', '.join(has) or 'baseline'})"
 
 
 def _versions() -> dict[str, str]:
@@ -162,8 +138,8 @@ def main(argv=None) -> int:
             "command": "python -m benchmarks.llm_cpu " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv)),
             "date": started.strftime("%Y-%m-%d %H:%M %Z"),
             "commit": _commit(),
-            "cpu": _cpu_model(),
-            "cpu_llvm": _cpu_llvm(),
+            "cpu": cpu_model(),
+            "cpu_llvm": cpu_llvm(),
             "cores": os.cpu_count(),
             "versions": _versions(),
             "model_display": config.display_name,

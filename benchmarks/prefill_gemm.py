@@ -19,13 +19,7 @@ import time
 
 import numpy as np
 
-
-def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown")
-    except OSError:
-        return "unknown"
+from .common import cpu_llvm, cpu_model
 
 
 def main(argv=None) -> int:
@@ -55,7 +49,7 @@ def main(argv=None) -> int:
         return 2
     lines = [f"# Prefill GEMM rules on mcpu={args.mcpu}, {args.tokens} tokens", "", "```",
              "python -m benchmarks.prefill_gemm " + " ".join(argv if argv is not None else sys.argv[1:]), "```", "",
-             f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; host CPU: {_cpu_name()} (LLVM: {tvm.target.codegen.llvm_get_system_cpu()}), "
+             f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; host CPU: {cpu_model()}, llvm target CPU {cpu_llvm()}, "
              f"TVM_NUM_THREADS={os.environ.get('TVM_NUM_THREADS', 'unset')}; best of {args.repeat}, ms per call", "",
              "| quant | matmul (N x K) | role | " + " | ".join(type(r).__name__ for r in rules) + " | speedup (last / first) |",
              "|---|---|---|" + "---|" * len(rules) + "---|"]
