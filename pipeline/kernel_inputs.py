@@ -13,7 +13,7 @@ import tvm
 from tvm.sym.analyzer import Analyzer
 
 HISTORY = 9  # cached tokens before the new ones in paged-attention inputs
-SCALARS = {"causal": 1, "rotary_mode": 0, "rope_scale": 1.0, "rope_theta": 10000.0, "sm_scale": 0.125, "apply_rope": 1}
+SCALARS = {"causal": 1, "rotary_mode": 0, "rope_scale": 1.0, "rope_theta": 10000.0, "sm_scale": 0.125, "apply_rope": 1, "batch_size": 1}
 
 
 def concrete_shape(shape, sizes: dict[str, int]) -> tuple[int, ...]:
@@ -102,6 +102,10 @@ def kernel_args(func: tvm.tirx.PrimFunc, n: int, seed: int = 0, heads: dict[str,
         "k_rope_pos_offset": [0],
         "q_rope_position": np.arange(kv_len - n, kv_len) if "pages" in [p.name for p in func.params] else np.arange(n),
         "position_map": np.arange(n),
+        # tree attention: node i's Euler interval [i, n) makes every later token its descendant (a chain: causal)
+        "tree_order_indptr": [0, n], "tree_order": np.stack([np.arange(n), np.full(n, n)], axis=1),
+        # KV compaction: the n tokens after the history move to the first n positions
+        "copy_length_indptr": [0, n], "copy_src_dst_pos": np.stack([np.arange(HISTORY, HISTORY + n), np.arange(n)]),
     }
     args = []
     for param in func.params:
@@ -114,7 +118,9 @@ def kernel_args(func: tvm.tirx.PrimFunc, n: int, seed: int = 0, heads: dict[str,
         if dtype == "int32" and param.name in index_values:
             values = np.zeros(shape, np.int32)
             flat = np.asarray(index_values[param.name], np.int32)
-            if len(shape) == 2:  # e.g. length_info (3, B) when sliding windows are compiled in
+            if flat.shape == tuple(shape):  # given whole (tree_order, copy_src_dst_pos)
+                values = flat.copy()
+            elif len(shape) == 2:  # e.g. length_info (3, B) when sliding windows are compiled in
                 values[0, : flat.size] = flat[: shape[1]]
             else:
                 values[: min(flat.size, shape[0])] = flat[: shape[0]]

@@ -1,8 +1,10 @@
 """`mlcpipe tune`: measure each kernel's knob candidates on the target, keep the fastest.
 
-For every kernel (after fusion, before scheduling) the first rule that takes it lists its
-candidates (`knob_space`); each is compiled, run on seeded inputs of the kernel's real shapes,
-checked against the rule's default knobs and timed (time_evaluator, best of `repeat`). Winners go
+For every kernel (after fusion, before scheduling) each rule that takes it lists its candidates
+(`knob_space`); each is compiled, run on seeded inputs of the kernel's real shapes, checked
+against the first rule's default (what build applies untuned) and timed (best of `repeat`). The
+fastest, of whichever rule, wins (e.g. PrefillGEMMQ4VNNI, PrefillGEMMBF16 or PrefillGEMMF32 for
+a q4f16_1 prefill GEMM on a CPU with VNNI and BF16). Winners go
 into the tuning database (pipeline/tuning.py) that `mlcpipe build` applies; a candidate whose
 output differs is rejected and reported. Timing needs the target's device (the backend's
 `timing_device`). Details: docs/tuning.md.
@@ -10,6 +12,7 @@ output differs is rejected and reported. Timing needs the target's device (the b
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import random
 import re
@@ -40,7 +43,8 @@ class KernelTuning:
     best: dict
     default_ms: float
     best_ms: float
-    candidates: list = field(default_factory=list)  # {"knobs", "ms" | None, "error" | None}
+    candidates: list = field(default_factory=list)  # {"rule", "knobs", "ms" | None, "error" | None}
+    default_rule: str = ""  # the rule build applies untuned (`default` are its knobs); `rule` won
 
     @property
     def speedup(self) -> float:
@@ -145,7 +149,9 @@ def tune(
     seed: int = 0,
     log: Callable[[str], None] = print,
 ) -> list[KernelTuning]:
-    """Tune every kernel (or those matching `pattern`) and store the winners in `db` (saved)."""
+    """Tune every kernel (or those matching `pattern`) and store the winners in `db` (saved).
+    Every rule that takes a kernel competes with `budget` knob candidates (its defaults first);
+    the fastest whose output matches the untuned schedule's wins, whichever rule it is."""
     from schedules import RULES, with_knobs
     from schedules.signature import kernel_signature
 
@@ -160,56 +166,58 @@ def tune(
     for name, func in sorted(kernels.items()):
         if regex and not regex.search(name):
             continue
-        rule = next((r for r in RULES[target.kind] if hasattr(r, "knob_space") and r.apply(func, tvm_target, False) is not None), None)
-        if rule is None:
+        # every rule that takes the kernel and has knobs competes; the first (what build applies untuned) is the reference
+        contenders = [(r, r.knob_space(func, tvm_target)) for r in RULES[target.kind]
+                      if hasattr(r, "knob_space") and r.apply(func, tvm_target, False) is not None]
+        contenders = [(r, space) for r, space in contenders if space]
+        if not contenders:
             continue
-        space = rule.knob_space(func, tvm_target)
-        if not space:
-            continue
-        import dataclasses
-
-        default = dataclasses.asdict(rule)
         sizes = {d: tokens for d in symbolic_dims(func)}
         args = random_args(func, sizes, seed=seed)
         want = None
         tried: list[dict] = []
         started = time.perf_counter()
-        for knobs in _candidates(space, default, budget, seed):
-            entry: dict = {"knobs": knobs, "ms": None, "error": None}
-            tried.append(entry)
-            sch = with_knobs(rule, knobs).apply(func, tvm_target, False)
-            if sch is None:
-                entry["error"] = "rule declined these knobs"
-                continue
-            try:
-                lib = compile_kernel(sch.mod["main"], tvm_target)
-                got = run_kernel(lib, args, device)
-            except Exception as exc:  # noqa: BLE001 - a failing candidate is reported, never chosen
-                entry["error"] = str(exc).strip().splitlines()[-1][:200]
-                continue
-            if want is None:
-                want = got  # the default knobs come first: the reference for the others
-            mismatch = output_mismatch(got, want, quant)
-            if mismatch:
-                entry["error"] = f"output differs from the default knobs ({mismatch})"
-                continue
-            entry["ms"] = time_kernel_ms(lib, args, device, repeat, cold_bytes)
+        for rule, space in contenders:
+            default = dataclasses.asdict(rule)
+            for knobs in _candidates(space, default, budget, seed):
+                entry: dict = {"rule": type(rule).__name__, "knobs": knobs, "ms": None, "error": None}
+                tried.append(entry)
+                sch = with_knobs(rule, knobs).apply(func, tvm_target, False)
+                if sch is None:
+                    entry["error"] = "rule declined these knobs"
+                    continue
+                try:
+                    lib = compile_kernel(sch.mod["main"], tvm_target)
+                    got = run_kernel(lib, args, device)
+                except Exception as exc:  # noqa: BLE001 - a failing candidate is reported, never chosen
+                    entry["error"] = str(exc).strip().splitlines()[-1][:200]
+                    continue
+                if want is None:
+                    want = got  # the first rule's default knobs come first: the reference for the others
+                mismatch = output_mismatch(got, want, quant)
+                if mismatch:
+                    entry["error"] = f"output differs from the default schedule ({mismatch})"
+                    continue
+                entry["ms"] = time_kernel_ms(lib, args, device, repeat, cold_bytes)
         timed = [c for c in tried if c["ms"] is not None]
         if not timed:
             log(f"[tune] {name}: no candidate ran ({tried[0]['error']})")
             continue
         best = min(timed, key=lambda c: c["ms"])
+        first, first_space = contenders[0]
         default_ms = tried[0]["ms"] if tried[0]["ms"] is not None else best["ms"]
-        result = KernelTuning(name, kernel_signature(func), type(rule).__name__, {k: default[k] for k in space}, best["knobs"],
-                              default_ms, best["ms"], tried)
+        result = KernelTuning(name, kernel_signature(func), best["rule"], {k: dataclasses.asdict(first)[k] for k in first_space}, best["knobs"],
+                              default_ms, best["ms"], tried, default_rule=type(first).__name__)
         results.append(result)
         db.put(target.target, result.signature, {
             "kernel": name, "rule": result.rule, "knobs": result.best, "ms": round(result.best_ms, 4),
-            "default_ms": round(result.default_ms, 4), "sizes": sizes,
-            "candidates": [{"knobs": c["knobs"], "ms": None if c["ms"] is None else round(c["ms"], 4), "error": c["error"]} for c in tried],
+            "default_rule": result.default_rule, "default_ms": round(result.default_ms, 4), "sizes": sizes,
+            "candidates": [{"rule": c["rule"], "knobs": c["knobs"], "ms": None if c["ms"] is None else round(c["ms"], 4), "error": c["error"]}
+                           for c in tried],
         })
-        log(f"[tune] {name}: {result.rule} {result.best} {result.best_ms:.3f} ms (default {result.default_ms:.3f} ms, "
-            f"{len(timed)}/{len(tried)} candidates, {time.perf_counter() - started:.1f}s)")
+        rules = len(contenders)
+        log(f"[tune] {name}: {result.rule} {result.best} {result.best_ms:.3f} ms (default {result.default_rule} {result.default_ms:.3f} ms, "
+            f"{len(timed)}/{len(tried)} candidates of {rules} rule{'s' * (rules > 1)}, {time.perf_counter() - started:.1f}s)")
     db.save()
     return results
 
@@ -219,5 +227,6 @@ def report(results: list[KernelTuning]) -> str:
     lines = ["| Kernel | Rule | Default knobs | Default (ms) | Best knobs | Best (ms) | Speed-up |", "|---|---|---|---|---|---|---|"]
     for r in results:
         fmt = lambda k: " ".join(f"{a}={b}" for a, b in sorted(k.items()))  # noqa: E731
-        lines.append(f"| {r.kernel} | {r.rule} | {fmt(r.default)} | {r.default_ms:.3f} | {fmt(r.best)} | {r.best_ms:.3f} | {r.speedup:.2f}x |")
+        default = fmt(r.default) if r.default_rule in ("", r.rule) else f"{r.default_rule}: {fmt(r.default)}"
+        lines.append(f"| {r.kernel} | {r.rule} | {default} | {r.default_ms:.3f} | {fmt(r.best)} | {r.best_ms:.3f} | {r.speedup:.2f}x |")
     return "\n".join(lines)

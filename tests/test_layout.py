@@ -8,7 +8,7 @@ the public API too. A module whose own name starts with an underscore is private
 
 And the tests' own layout (docs/tests.md): each test module sits where it mirrors what it tests,
 no test module imports another (tests/helpers/ holds what they share), and a test that calls into
-lavapipe, Dawn, Chromium or nvcc carries that hardware marker.
+lavapipe, Dawn, Chromium, qemu or nvcc carries that hardware marker.
 """
 
 from __future__ import annotations
@@ -282,7 +282,7 @@ TESTS = ROOT / "tests"
 # the only test modules flat in tests/ besides tests/test_<module>.py for a pipeline/<module>.py
 CROSS_CUTTING = {"test_layout", "test_end_to_end", "test_hostile_inputs", "test_outputs", "test_benchmarks"}
 NO_TESTS = ("helpers", "data")  # tests/helpers/: what tests share; tests/data/: their files
-HARDWARE_MARKERS = {"lavapipe", "dawn", "browser", "nvcc", "gpu"}
+HARDWARE_MARKERS = {"lavapipe", "dawn", "browser", "qemu", "nvcc", "gpu"}
 # Calls (by the name called) that use what a hardware marker stands for; any one marker of the set
 # covers the call. `shutil.which(tool)` probes for the tools in WHICH.
 HARDWARE_CALLS = {
@@ -290,8 +290,9 @@ HARDWARE_CALLS = {
     "WebGPUEngine": {"dawn", "browser"}, "KernelRunner": {"dawn", "browser"}, "DawnRunner": {"dawn", "browser"},
     "webllm_complete": {"browser"}, "chromium_path": {"browser"},
     "find_nvcc": {"nvcc"}, "compile_fatbin": {"nvcc"}, "ptxas_report": {"nvcc"},
+    "link_aarch64": {"qemu"}, "run_aarch64": {"qemu"},
 }  # fmt: skip
-WHICH = {"node": {"dawn", "browser"}, "nodejs": {"dawn", "browser"}, "chromium": {"browser"}, "nvcc": {"nvcc"}, "ptxas": {"nvcc"}}
+WHICH = {"node": {"dawn", "browser"}, "nodejs": {"dawn", "browser"}, "chromium": {"browser"}, "nvcc": {"nvcc"}, "ptxas": {"nvcc"}, "qemu-aarch64": {"qemu"}}
 _IMPORT_IN_TEXT = re.compile(r"^\s*(?:from|import)\s+([\w.]+)", re.M)
 
 

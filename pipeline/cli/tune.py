@@ -18,7 +18,7 @@ from .common import DEFAULT_MODEL, Command, log
 @click.option("--db", "db_path", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="Tuning database to update (default artifacts/tuning/<target>.json).")
 @click.option("--kernels", "pattern", default=None, help="Only kernels whose name matches this regex.")
-@click.option("--budget", default=8, show_default=True, type=click.IntRange(min=1), help="Knob candidates timed per kernel (defaults included).")
+@click.option("--budget", default=8, show_default=True, type=click.IntRange(min=1), help="Knob candidates timed per kernel and rule (defaults included; every rule that takes the kernel competes).")
 @click.option("--tokens", default=128, show_default=True, type=click.IntRange(min=1), help="Token count bound to prefill kernels' symbolic dim.")
 @click.option("--tuner", type=click.Choice(["knobs", "metaschedule"]), default="knobs", show_default=True,
               help="knobs: time our rules' knob candidates; metaschedule: TVM MetaSchedule search (static-shape kernels), "

@@ -19,7 +19,7 @@ from tvm.target import Target
 
 from ..analysis import match_on_cpu
 from ..base import CPUScheduleRule, is_cpu
-from .microkernels import LANES, RESIDUAL, activation_f32_at, int8_dot, int8_isa, rebuild, schedule_extern_epilogue
+from .microkernels import LANES, RESIDUAL, int8_dot, int8_isa, q8_planes, rebuild, schedule_extern_epilogue
 
 # (block_m, row_vecs) when the knobs say 0; the most block_m x row_vecs whose f32 and two planes'
 # int32 accumulators (16 lanes each) fit the vector registers (AVX-VNNI 16 x 256 bits, NEON 32 x 128)
@@ -84,19 +84,7 @@ def _build(info, block_m: int, row_vecs: int, planes: int, low_batch: int, isa: 
     tokens = x.shape[-2]
     padded = (tokens + block_m - 1) // block_m * block_m
 
-    def xf(t, i):
-        return te.if_then_else(t < tokens, activation_f32_at(x, te.min(t, tokens - 1), i), tirx.const(0.0, "float32"))
-
-    r = te.reduce_axis((0, group), "r")
-    amax = te.compute((padded, groups), lambda t, g: te.max(te.abs(xf(t, g * group + r)), axis=r), name="amax")
-
-    def plane(p, t, i):
-        scaled = te.if_then_else(amax[t, i // group] > 0, xf(t, i) * (tirx.const(127.0, "float32") / amax[t, i // group]),
-                                 tirx.const(0.0, "float32"))
-        high = tirx.nearbyint(scaled)
-        low = tirx.nearbyint((scaled - high) * tirx.const(RESIDUAL, "float32"))
-        low = te.max(te.min(low, tirx.const(127.0, "float32")), tirx.const(-127.0, "float32"))
-        return te.if_then_else(p == 0, high, low).astype("int8")
+    amax, plane = q8_planes(x, tokens, padded, k, group)
 
     stored = 2 if planes == 2 or low_batch > 0 else 1  # planes computed per call
     xq = te.compute((stored, padded, k), plane, name="x_q")

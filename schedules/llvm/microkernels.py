@@ -361,6 +361,29 @@ def quantize_activation(x: te.Tensor, k: int, group: int, planes: int = 2, token
     return xlo, xhi, w0, a_word
 
 
+def q8_planes(x: te.Tensor, tokens, padded, k: int, group: int):
+    """The int8 GEMMs' activation (PrefillGEMMQ4VNNI, PrefillGEMMQ4I8MM): amax [padded, K/G] (te)
+    and plane(p, t, i), the int8 value of token t at k = i in plane p (0: round(127 x / amax),
+    llama.cpp's Q8; 1: the rounding residual x RESIDUAL, clipped to +-127). Tokens from `tokens`
+    to `padded` are 0."""
+
+    def xf(t, i):
+        return te.if_then_else(t < tokens, activation_f32_at(x, te.min(t, tokens - 1), i), tirx.const(0.0, "float32"))
+
+    r = te.reduce_axis((0, group), "r")
+    amax = te.compute((padded, k // group), lambda t, g: te.max(te.abs(xf(t, g * group + r)), axis=r), name="amax")
+
+    def plane(p, t, i):
+        scaled = te.if_then_else(amax[t, i // group] > 0, xf(t, i) * (tirx.const(127.0, "float32") / amax[t, i // group]),
+                                 tirx.const(0.0, "float32"))
+        high = tirx.nearbyint(scaled)
+        low = tirx.nearbyint((scaled - high) * tirx.const(RESIDUAL, "float32"))
+        low = te.max(te.min(low, tirx.const(127.0, "float32")), tirx.const(-127.0, "float32"))
+        return te.if_then_else(p == 0, high, low).astype("int8")
+
+    return amax, plane
+
+
 def vnni_chunk(info, planes, xlo, xhi, w0, a_word, weight, scale, isa: str = "avx512"):
     """(chunk(n, c, t), streams(n, c)): chunk gives row n's f32 partial dot product with token
     t's activation over packed words 16 c .. 16 c + 15 (16 lanes); streams the addresses of the

@@ -5,8 +5,8 @@ each runs at most once per session, when the first test carrying its marker is s
 tests/conftest.py skips a marked test where its probe finds something missing, for `gpu` always and
 for the others where the marker says `skip_if_missing=True` (the tests that ran where their
 hardware was and skipped elsewhere). Without it the test runs and fails with the pipeline's own
-one-line error naming the setup step: scripts/setup-debian.sh installs what `lavapipe`, `dawn` and
-`browser` need, and the default suite is meant to run whole after it (deselect with -m)."""
+one-line error naming the setup step: scripts/setup-debian.sh installs what `lavapipe`, `dawn`,
+`browser` and `qemu` need, and the default suite is meant to run whole after it (deselect with -m)."""
 
 from __future__ import annotations
 
@@ -56,6 +56,14 @@ def browser() -> str | None:
 
 
 @functools.cache
+def qemu() -> str | None:
+    """qemu-aarch64 and the aarch64 cross gcc that links kernels for it (pipeline/runners/qemu_arm.py)."""
+    from pipeline.runners import qemu_arm
+
+    return qemu_arm.missing()
+
+
+@functools.cache
 def nvcc() -> str | None:
     """The CUDA toolkit's nvcc (not a Debian package here): PATH, $CUDA_HOME, /usr/local/cuda."""
     from pipeline.backends.cuda import find_nvcc
@@ -78,5 +86,5 @@ def gpu() -> str | None:
 
 
 # marker name -> probe
-PROBES = {"lavapipe": lavapipe, "dawn": dawn, "browser": browser, "nvcc": nvcc, "gpu": gpu}
+PROBES = {"lavapipe": lavapipe, "dawn": dawn, "browser": browser, "qemu": qemu, "nvcc": nvcc, "gpu": gpu}
 ALWAYS_SKIPPED_WHERE_MISSING = {"gpu"}

@@ -19,6 +19,8 @@ from schedules import schedule_func
 from schedules.analysis import match_nt_matmul as match
 from schedules.llvm.gemm_bf16 import PrefillGEMMBF16
 
+from tests.helpers.cpu_reference import bf16_emulate
+
 HOST = load_target("llvm").tvm_target()
 HOST_BF16 = tvm.target.codegen.target_has_features("avx512bf16", HOST)
 ZEN4 = tvm.target.Target({"kind": "llvm", "mcpu": "znver4"})  # AVX512-BF16, no AMX
@@ -36,26 +38,6 @@ def _outputs(func, args, target=HOST):
     tensors = [tvm.runtime.tensor(a.copy()) for a in args]
     lib["main"](*tensors)
     return tensors[-1].numpy().astype(np.float32)
-
-
-def bf16_round(a: np.ndarray) -> np.ndarray:
-    """f32 -> nearest-even bf16, as f64 (finite inputs)."""
-    bits = a.astype(np.float32).view(np.uint32).astype(np.uint64)
-    bits = ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16) << 16
-    return bits.astype(np.uint32).view(np.float32).astype(np.float64)
-
-
-def emulate(func, args, tokens: int) -> np.ndarray:
-    """The rule's arithmetic: x and the (dequantized) weight rounded to bf16, sums exact."""
-    info = match(func)
-    params = list(func.params)
-    x = args[params.index(info.x)].astype(np.float32).reshape(tokens, info.k)
-    w = args[params.index(info.weight)]
-    if info.quantized:
-        scale = args[params.index(info.scale)].astype(np.float32)
-        q = np.stack([(w >> (4 * j)) & 15 for j in range(8)], axis=-1).reshape(info.n, info.k).astype(np.float32)
-        w = ((q - 7).reshape(info.n, -1, info.group_size) * scale[:, :, None]).reshape(info.n, info.k)
-    return bf16_round(x) @ bf16_round(w.astype(np.float32)).T
 
 
 @pytest.fixture(scope="module", params=["q0f16", "q4f16_1"])
@@ -98,7 +80,7 @@ def test_bf16_prefill_is_its_bf16_arithmetic(knobs, kernels):
             np.testing.assert_allclose(got, exact, atol=1e-2 * np.abs(exact).max(), err_msg=f"{name} {tokens}")
             assert np.abs(got - exact).max() > 0  # the bf16 path really ran
             if not info.epilogue:  # a bare matmul: equal to the emulation up to f32 sums
-                want = emulate(func, args, tokens)
+                want = bf16_emulate(func, args, tokens)
                 np.testing.assert_allclose(got.reshape(tokens, -1), want, rtol=1e-5, atol=1e-5 * np.abs(want).max(), err_msg=f"{name} {tokens}")
                 emulated += 1
         taken += 1

@@ -19,6 +19,8 @@ from schedules import schedule_func
 from schedules.analysis import match_nt_matmul as match
 from schedules.llvm.gemm_q4_vnni import PrefillGEMMQ4VNNI
 
+from tests.helpers.cpu_reference import q8_emulate
+
 HOST = load_target("llvm").tvm_target()
 HOST_VNNI = tvm.target.codegen.target_has_features("avx512vnni", HOST)
 ZEN4 = tvm.target.Target({"kind": "llvm", "mcpu": "znver4"})  # VNNI, no AMX
@@ -35,29 +37,6 @@ def _outputs(func, args, target=HOST):
 
 def _prefill(kernels):
     return {n: f for n, f in kernels.items() if "NT_matmul" in n and "seq_len" in f.script()}
-
-
-def emulate(func, args, tokens: int, planes: int) -> np.ndarray:
-    """The rule's arithmetic in NumPy (float64 after the integer dot products)."""
-    info = match(func)
-    params = list(func.params)
-    x = args[params.index(info.x)].astype(np.float32).reshape(tokens, info.k)
-    words = args[params.index(info.weight)]
-    scale = args[params.index(info.scale)].astype(np.float32).astype(np.float64)
-    group = info.group_size
-    xg = x.reshape(tokens, -1, group)
-    amax = np.abs(xg).max(axis=2)
-    inv = np.where(amax > 0, np.float32(127.0) / np.where(amax > 0, amax, 1), 0).astype(np.float32)
-    scaled = (xg * inv[:, :, None]).astype(np.float32)
-    high = np.rint(scaled)  # round half to even, as nearbyint
-    low = np.clip(np.rint((scaled - high) * np.float32(256.0)), -127, 127)
-    q = np.stack([(words >> (4 * j)) & 15 for j in range(8)], axis=-1).reshape(info.n, -1, group).astype(np.int64)
-    dots = np.zeros((tokens, info.n, amax.shape[1]))
-    for plane, weight in ((high, 1.0), (low, 1.0 / 256))[:planes]:
-        p = plane.astype(np.int64)
-        dots += weight * (np.einsum("tgk,ngk->tng", p, q) - 7 * p.sum(axis=2)[:, None, :])
-    a = amax.astype(np.float64) / 127.0
-    return np.einsum("tng,ng,tg->tn", dots, scale, a)
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +80,7 @@ def test_q4_vnni_prefill_is_its_int8_arithmetic(knobs, kernels):
             np.testing.assert_allclose(got, exact, atol=(2e-3 if planes == 2 else 1e-2) * np.abs(exact).max(), err_msg=f"{name} {tokens}")
             assert np.abs(got - exact).max() > 0  # the int8 path really ran
             if not info.epilogue:  # a bare matmul: equal to the emulation up to f32 sums
-                want = emulate(func, args, tokens, planes)
+                want = q8_emulate(func, args, tokens, planes)
                 np.testing.assert_allclose(got.reshape(tokens, -1), want, rtol=1e-5, atol=1e-5 * np.abs(want).max(), err_msg=f"{name} {tokens}")
                 emulated += 1
         taken += 1

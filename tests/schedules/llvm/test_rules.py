@@ -143,7 +143,7 @@ def test_rules_decline_what_they_do_not_handle(tiny_kernels):
 
 def test_registry_order_and_knob_spaces(tiny_kernels):
     assert [type(r).__name__ for r in RULES["llvm"]] == [
-        "SamplerCPU", "DecodeGEMVQ4VNNI", "DecodeGEMVQ4", "DecodeGEMVFloat", "PrefillGEMMAMX", "PrefillGEMMQ4VNNI", "PrefillGEMMBF16", "PrefillGEMMF32", "PrefillGEMM", "MatmulNT", "RowNorm", "RopeTable", "Elementwise"]
+        "SamplerCPU", "DecodeGEMVQ4VNNI", "DecodeGEMVQ4", "DecodeGEMVFloat", "PrefillGEMMAMX", "PrefillGEMMQ4I8MM", "PrefillGEMMQ4VNNI", "PrefillGEMMBF16", "PrefillGEMMF32", "PrefillGEMM", "MatmulNT", "RowNorm", "RopeTable", "Elementwise"]
     has = tvm.target.codegen.target_has_features
     f32 = "PrefillGEMMF32" if has("avx512f", TARGET) or (has("avx2", TARGET) and has("fma", TARGET)) else "PrefillGEMM"  # f32 register tiles, else portable
     amx = "PrefillGEMMAMX" if has("amx-bf16", TARGET) else f32
