@@ -1,6 +1,6 @@
 """NumPy emulations of the CPU GEMM rules' arithmetic, shared by the x86 tests and the aarch64
-ones under qemu: q8_emulate (the int8 rules: PrefillGEMMQ4VNNI, PrefillGEMMQ4I8MM) and
-bf16_emulate (PrefillGEMMBF16)."""
+ones under qemu: q8_emulate (the int8 rules: PrefillGEMMQ4VNNI, PrefillGEMMQ4I8MM), bf16_emulate
+(PrefillGEMMBF16) and the operands they start from (activation_and_weight)."""
 
 from __future__ import annotations
 
@@ -40,14 +40,20 @@ def bf16_round(a: np.ndarray) -> np.ndarray:
     return bits.astype(np.uint32).view(np.float32).astype(np.float64)
 
 
-def bf16_emulate(func, args, tokens: int) -> np.ndarray:
-    """The rule's arithmetic: x and the (dequantized) weight rounded to bf16, sums exact."""
+def activation_and_weight(func, args, tokens: int, dtype) -> tuple[np.ndarray, np.ndarray]:
+    """The matmul's x [tokens, K] and W [N, K] in `dtype` (q4 weights dequantized as MLC: (q - 7) * s)."""
     info = match(func)
     params = list(func.params)
-    x = args[params.index(info.x)].astype(np.float32).reshape(tokens, info.k)
+    x = args[params.index(info.x)].astype(dtype).reshape(tokens, info.k)
     w = args[params.index(info.weight)]
     if info.quantized:
-        scale = args[params.index(info.scale)].astype(np.float32)
-        q = np.stack([(w >> (4 * j)) & 15 for j in range(8)], axis=-1).reshape(info.n, info.k).astype(np.float32)
+        scale = args[params.index(info.scale)].astype(dtype)
+        q = np.stack([(w >> (4 * j)) & 15 for j in range(8)], axis=-1).reshape(info.n, info.k).astype(dtype)
         w = ((q - 7).reshape(info.n, -1, info.group_size) * scale[:, :, None]).reshape(info.n, info.k)
-    return bf16_round(x) @ bf16_round(w.astype(np.float32)).T
+    return x, w.astype(dtype)
+
+
+def bf16_emulate(func, args, tokens: int) -> np.ndarray:
+    """PrefillGEMMBF16's arithmetic: x and the (dequantized) weight rounded to bf16, sums exact."""
+    x, w = activation_and_weight(func, args, tokens, np.float32)
+    return bf16_round(x) @ bf16_round(w).T

@@ -17,6 +17,8 @@ from schedules import schedule_func
 from schedules.analysis import match_nt_matmul as match
 from schedules.llvm.gemm_f32 import PrefillGEMMF32
 
+from tests.helpers.cpu_reference import activation_and_weight
+
 HOST = load_target("llvm").tvm_target()
 ZEN4 = tvm.target.Target({"kind": "llvm", "mcpu": "znver4"})
 SPR = tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids"})
@@ -40,15 +42,8 @@ def _outputs(func, args, target=HOST):
 
 def reference(func, args, tokens: int) -> np.ndarray:
     """x @ W^T in float64 (W dequantized as MLC: (q - 7) * s)."""
-    info = match(func)
-    params = list(func.params)
-    x = args[params.index(info.x)].astype(np.float64).reshape(tokens, info.k)
-    w = args[params.index(info.weight)]
-    if info.quantized:
-        scale = args[params.index(info.scale)].astype(np.float64)
-        q = np.stack([(w >> (4 * j)) & 15 for j in range(8)], axis=-1).reshape(info.n, info.k).astype(np.float64)
-        w = ((q - 7).reshape(info.n, -1, info.group_size) * scale[:, :, None]).reshape(info.n, info.k)
-    return x @ w.astype(np.float64).T
+    x, w = activation_and_weight(func, args, tokens, np.float64)
+    return x @ w.T
 
 
 @pytest.fixture(scope="module", params=["q4f32_1", "q0f32", "q0f16"])
