@@ -345,13 +345,7 @@ def quantize_activation(x: te.Tensor, k: int, group: int, planes: int = 2, token
     )
     scaled = te.compute((tokens, k), lambda t, i: xf(t, i) * inv[t, i // group], name="x_scaled")
 
-    def plane(t, p, i):
-        high = tirx.nearbyint(scaled[t, i])
-        low = tirx.nearbyint((scaled[t, i] - high) * tirx.const(RESIDUAL, "float32"))
-        low = te.max(te.min(low, tirx.const(127.0, "float32")), tirx.const(-127.0, "float32"))
-        return te.if_then_else(p == 0, high, low).astype("int8")
-
-    xq = te.compute((tokens, planes, k), plane, name="xq")
+    xq = te.compute((tokens, planes, k), lambda t, p, i: q8_value(scaled[t, i], p), name="xq")
     xlo = te.compute((tokens, planes, k // 2), lambda t, p, i: xq[t, p, 8 * (i // 4) + 2 * (i % 4)], name="xlo")
     xhi = te.compute((tokens, planes, k // 2), lambda t, p, i: xq[t, p, 8 * (i // 4) + 2 * (i % 4) + 1], name="xhi")
     j = te.reduce_axis((0, 8), "j")
@@ -359,6 +353,15 @@ def quantize_activation(x: te.Tensor, k: int, group: int, planes: int = 2, token
     wpg = group // 8
     a_word = te.compute((tokens, k // 8), lambda t, w: amax[t, w // wpg] / tirx.const(127.0, "float32"), name="a_word")
     return xlo, xhi, w0, a_word
+
+
+def q8_value(scaled, p):
+    """Plane p's int8 value of an activation already scaled by 127 / amax: plane 0 round(scaled)
+    (nearest even), plane 1 the rounding residual x RESIDUAL, clipped to +-127."""
+    high = tirx.nearbyint(scaled)
+    low = tirx.nearbyint((scaled - high) * tirx.const(RESIDUAL, "float32"))
+    low = te.max(te.min(low, tirx.const(127.0, "float32")), tirx.const(-127.0, "float32"))
+    return te.if_then_else(p == 0, high, low).astype("int8")
 
 
 def q8_planes(x: te.Tensor, tokens, padded, k: int, group: int):
@@ -376,10 +379,7 @@ def q8_planes(x: te.Tensor, tokens, padded, k: int, group: int):
     def plane(p, t, i):
         scaled = te.if_then_else(amax[t, i // group] > 0, xf(t, i) * (tirx.const(127.0, "float32") / amax[t, i // group]),
                                  tirx.const(0.0, "float32"))
-        high = tirx.nearbyint(scaled)
-        low = tirx.nearbyint((scaled - high) * tirx.const(RESIDUAL, "float32"))
-        low = te.max(te.min(low, tirx.const(127.0, "float32")), tirx.const(-127.0, "float32"))
-        return te.if_then_else(p == 0, high, low).astype("int8")
+        return q8_value(scaled, p)
 
     return amax, plane
 

@@ -32,9 +32,14 @@ ARM = tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu":
 ARM_DOTPROD = tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "generic", "mattr": ["+neon", "+dotprod"]})
 
 
-def _host(func, args, sch=None):
+def _host_lib(func, sch=None):
+    """The host's build of `func`: `sch` (a scheduled PrimFunc), else the rules' default."""
+    return compile_kernel(sch if sch is not None else schedule_func(func, HOST)[0], HOST)
+
+
+def _host(lib, args):
     tensors = [tvm.runtime.tensor(a.copy()) if isinstance(a, np.ndarray) else a for a in args]
-    compile_kernel(sch if sch is not None else schedule_func(func, HOST)[0], HOST)["main"](*tensors)
+    lib["main"](*tensors)
     return [t.numpy() if isinstance(t, tvm.runtime.Tensor) else t for t in tensors]
 
 
@@ -49,10 +54,11 @@ def test_every_kernel_of_a_model_on_aarch64_matches_the_host(quant, tiny_config,
         scheduled, record = schedule_func(func, ARM)
         rules.add(record and record["rule"])
         program = link_aarch64(compile_kernel(scheduled, ARM), tmp_path / name)
+        host = _host_lib(theirs[name])
         for tokens in (1, 33, 130):
             args, label = kernel_args(func, tokens, seed=tokens)
             got = run_aarch64(program, [a.copy() if isinstance(a, np.ndarray) else a for a in args])
-            want = _host(theirs[name], args)
+            want = _host(host, args)
             for i, (g, w) in enumerate(zip(got, want)):
                 if not isinstance(g, np.ndarray) or np.array_equal(g, w):
                     continue
@@ -86,7 +92,7 @@ def test_sdot_rules_at_1b_shapes(tmp_path):
         program = link_aarch64(compile_kernel(sch.mod["main"], ARM_DOTPROD), tmp_path / f"gemv{n}x{k}")
         args = random_args(func, {}, seed=n + k)
         got = run_aarch64(program, [a.copy() for a in args])[-1].astype(np.float32)
-        want = _host(func, args, DecodeGEMVQ4().apply(func, HOST, False).mod["main"])[-1].astype(np.float32)
+        want = _host(_host_lib(func, DecodeGEMVQ4().apply(func, HOST, False).mod["main"]), args)[-1].astype(np.float32)
         np.testing.assert_allclose(got, want, atol=2e-3 * np.abs(want).max(), err_msg=f"GEMV {n}x{k}")
     prefill = _one_b("q4f16_1", ARM_DOTPROD, decode=False)
     for shape in ((2048, 2048), (3072, 2048)):
@@ -94,10 +100,11 @@ def test_sdot_rules_at_1b_shapes(tmp_path):
         sch, record = schedule_func(func, ARM_DOTPROD)
         assert record["rule"] == "PrefillGEMMQ4VNNI"
         program = link_aarch64(compile_kernel(sch, ARM_DOTPROD), tmp_path / f"gemm{shape}")
+        exact = _host_lib(func, PrefillGEMM().apply(func, HOST, False).mod["main"])
         for tokens in (7, 130):
             args = random_args(func, {"seq_len": tokens}, seed=tokens)
             got = run_aarch64(program, [a.copy() for a in args])[-1].astype(np.float32)
-            want = _host(func, args, PrefillGEMM().apply(func, HOST, False).mod["main"])[-1].astype(np.float32)
+            want = _host(exact, args)[-1].astype(np.float32)
             np.testing.assert_allclose(got, want, atol=1e-2 * np.abs(want).max(), err_msg=f"GEMM {shape} {tokens}")
 
 
@@ -107,10 +114,11 @@ def test_bfdot_prefill_at_1b_shapes(tiny_config, tmp_path):
     func = _one_b("q0f16", ARM, decode=False)[(2048, 2048)]
     sch = PrefillGEMMBF16().apply(func, ARM, False)
     program = link_aarch64(compile_kernel(sch.mod["main"], ARM), tmp_path / "o_proj")
+    exact = _host_lib(func, PrefillGEMM().apply(func, HOST, False).mod["main"])
     for tokens in (1, 33, 130):
         args = random_args(func, {"seq_len": tokens}, seed=tokens)
         got = run_aarch64(program, [a.copy() for a in args])[-1].astype(np.float32)
-        want = _host(func, args, PrefillGEMM().apply(func, HOST, False).mod["main"])[-1].astype(np.float32)
+        want = _host(exact, args)[-1].astype(np.float32)
         np.testing.assert_allclose(got, want, atol=1e-2 * np.abs(want).max(), err_msg=f"o_proj {tokens}")
         assert np.abs(got - want).max() > 0  # bf16 really ran
     bare = next(f for f in unscheduled_kernels(tiny_config, "q0f16", ARM).values()
