@@ -5,7 +5,8 @@ become nearest-even bf16 pairs; the micro-kernel holds block_n x `token_vecs` ve
 tokens' f32 sums in registers, one dot product per row and pair. Up to `low_batch` tokens (x86,
 f16 weights) a branch runs the f32 decode GEMV's FMAs. Handles: llvm with avx512bf16 or aarch64
 bf16; many-token NT matmul, f16 activations, f16 or q4 weights, K % 32 == 0 (q4: % 128).
-Knobs: block_n, token_vecs (None: the ISA's default), low_batch (0: off).
+Knobs: block_n, token_vecs (None: the ISA's default), low_batch (0: off), prefetch (1: the next
+task's weight rows into L2 during the first token block; 0: off).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from tvm.target import Target, codegen
 
 from ..analysis import match_on_cpu
 from ..base import CPUScheduleRule
-from .microkernels import LANES, activation_f32, activation_f32_at, few_token_rows, float_chunk, q4_chunk_values, q4_words_fit, rebuild, schedule_extern_epilogue, store_transposed, tile_rows, tile_vector, zero_tile
+from .microkernels import (LANES, activation_f32, activation_f32_at, few_token_rows, float_chunk, prefetch_next_task, q4_chunk_values, q4_words_fit, rebuild,
+                           schedule_extern_epilogue, store_transposed, tile_rows, tile_vector, zero_tile)
 
 CVT_BF16 = "llvm.x86.avx512bf16.cvtneps2bf16.512"
 CVT2_BF16 = "mlcpipe_cvtne2ps2bf16"  # (f32x16 lo, f32x16 hi) -> the 32 values as bf16, in order: 16 u32 pairs
@@ -84,14 +86,15 @@ class PrefillGEMMBF16(CPUScheduleRule):
     block_n: int | None = None  # weight rows per task and micro-kernel (None: the ISA's default, DEFAULT_TILE)
     token_vecs: int | None = None  # 16-token vectors per micro-kernel (None: the ISA's default)
     low_batch: int = 4  # x86, f16 weights, up to this many tokens: the f32 decode GEMV's FMAs (0: off)
+    prefetch: int = 1  # 1: prefetch the next task's weight rows while the first token block computes (0: off)
 
     def knob_space(self, func: tirx.PrimFunc, target: Target) -> dict[str, list]:
         info = _applicable(func, target)
         if info is None:
             return {}
         if _isa(target) == "arm":
-            return {"block_n": [v for v in (1, 2, 4) if info.n % v == 0], "token_vecs": [1, 2]}
-        return {"block_n": [v for v in (4, 6, 8) if info.n % v == 0], "token_vecs": [2, 3, 4]}
+            return {"block_n": [v for v in (1, 2, 4) if info.n % v == 0], "token_vecs": [1, 2], "prefetch": [1, 0]}
+        return {"block_n": [v for v in (4, 6, 8) if info.n % v == 0], "token_vecs": [2, 3, 4], "prefetch": [1, 0]}
 
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
         del tunable
@@ -100,9 +103,9 @@ class PrefillGEMMBF16(CPUScheduleRule):
             return None
         isa = _isa(target)
         block_n, token_vecs = (v if v is not None else d for v, d in zip((self.block_n, self.token_vecs), DEFAULT_TILE[isa]))
-        if block_n < 1 or token_vecs < 1 or info.n % block_n or block_n * token_vecs > MAX_ACCUMULATORS[isa] or self.low_batch < 0:
+        if block_n < 1 or token_vecs < 1 or info.n % block_n or block_n * token_vecs > MAX_ACCUMULATORS[isa] or self.low_batch < 0 or self.prefetch not in (0, 1):
             return None
-        sch = s_tir.Schedule(_build(info, block_n, token_vecs, isa, self.low_batch if isa == "x86" and not info.quantized else 0))
+        sch = s_tir.Schedule(_build(info, block_n, token_vecs, isa, self.low_batch if isa == "x86" and not info.quantized else 0, self.prefetch))
         sch.parallel(sch.get_loops(sch.get_sblock("x_bf16"))[0])
         return schedule_extern_epilogue(sch, "gemm_bf16", LANES)
 
@@ -131,7 +134,7 @@ def _pair_order(info):
     return lambda p: (p // 64) * 128 + (p % 16) * 8 + ((p % 64) // 16) * 2
 
 
-def _build(info, block_n: int, token_vecs: int, isa: str, low_batch: int) -> tirx.PrimFunc:
+def _build(info, block_n: int, token_vecs: int, isa: str, low_batch: int, prefetch: int) -> tirx.PrimFunc:
     inputs = info.placeholders()
     x = inputs[info.param_index(info.x)]
     tokens = x.shape[-2]
@@ -156,7 +159,7 @@ def _build(info, block_n: int, token_vecs: int, isa: str, low_batch: int) -> tir
         ins.append(activation_f32(x, info.k, tirx.Select(tokens <= low_batch, tokens, tirx.const(1, str(tokens.ty)))))
 
     def body(i, o):
-        many = _kernel(info, padded, block_n, token_vecs, isa, *i[:2 + info.quantized], o[0])
+        many = _kernel(info, padded, block_n, token_vecs, isa, prefetch, *i[:2 + info.quantized], o[0])
         if not low_batch:
             return many
         chunk, streams = float_chunk(i[2], i[1])
@@ -176,7 +179,7 @@ def _bf16_scalar(value):
     return (bits + tirx.const(0x7FFF, "uint32") + ((bits >> tirx.const(16, "uint32")) & tirx.const(1, "uint32"))) >> tirx.const(16, "uint32")
 
 
-def _kernel(info, padded, block_n, token_vecs, isa, xb, weight, *rest):
+def _kernel(info, padded, block_n, token_vecs, isa, prefetch, xb, weight, *rest):
     """C^T blocks: per task `block_n` weight rows (converted to bf16 pairs, L1), per block of
     16 token_vecs tokens block_n x token_vecs accumulators of 16 tokens each."""
     scale, out = (rest[0], rest[1]) if info.quantized else (None, rest[0])
@@ -242,6 +245,12 @@ def _kernel(info, padded, block_n, token_vecs, isa, xb, weight, *rest):
                     acc1 = T.alloc_buffer((tile_rows(block_n) * token_vecs * LANES,), "float32")
                     zero_tile((acc0, acc1), block_n, token_vecs)
                     for p in range(pairs):
+                        if prefetch > 0:
+                            if mb == 0:  # LLVM unswitches this: the other blocks' loop has no prefetch
+                                if info.quantized:
+                                    prefetch_next_task(wf, (task + 1) * block_n * (k // 8), block_n * (k // 8), p, pairs, 4)
+                                else:
+                                    prefetch_next_task(wh, (task + 1) * block_n * k, block_n * k, p, pairs, 2)
                         pair_step((acc0, acc1), wb, xf, mb, p)
                     store_transposed(out, (acc0, acc1), n_total, task * block_n, block_n, token_vecs, mb)
 

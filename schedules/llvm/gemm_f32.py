@@ -7,7 +7,8 @@ the nibble order q4_chunk_values gives, the activation permuted to match); the a
 and does one FMA per row, k and vector. Up to 16 tokens a one-vector tile runs instead.
 Handles: llvm with avx512f, or avx2 + fma (16-lane values as two ymm: smaller tiles, tile_fits);
 many-token NT matmul, f16/f32 activations, f16/f32 or q4 weights, K % 16 == 0 (q4: % 128).
-Knobs: block_n, token_vecs.
+Knobs: block_n, token_vecs, prefetch (1: the next task's weight rows into L2 during the first
+token block; 0: off).
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from tvm.target import Target, codegen
 
 from ..analysis import match_on_cpu
 from ..base import CPUScheduleRule
-from .microkernels import LANES, activation_f32_at, q4_chunk_values, q4_position_order, q4_words_fit, rebuild, schedule_extern_epilogue, store_transposed, tile_rows, tile_vector, zero_tile
+from .microkernels import (LANES, activation_f32_at, prefetch_next_task, q4_chunk_values, q4_position_order, q4_words_fit, rebuild, schedule_extern_epilogue,
+                           store_transposed, tile_rows, tile_vector, zero_tile)
 
 # per ISA: (default (block_n, token_vecs), rows of the one-vector tile for up to 16 tokens)
 ISA_TILES = {"avx512": ((8, 2), 16), "avx2": ((4, 1), 4)}
@@ -39,14 +41,15 @@ def tile_fits(isa: str, block_n: int, token_vecs: int) -> bool:
 class PrefillGEMMF32(CPUScheduleRule):
     block_n: int | None = None  # weight rows per task and micro-kernel (None: the ISA's default, ISA_TILES)
     token_vecs: int | None = None  # 16-token vectors per micro-kernel (None: the ISA's default)
+    prefetch: int = 1  # 1: prefetch the next task's weight rows while the first token block computes (0: off)
 
     def knob_space(self, func: tirx.PrimFunc, target: Target) -> dict[str, list]:
         info = _applicable(func, target)
         if info is None:
             return {}
         if _isa(target) == "avx2":
-            return {"block_n": [v for v in (2, 4, 6) if info.n % v == 0], "token_vecs": [1, 2]}  # tiles that do not fit are declined
-        return {"block_n": [v for v in (4, 6, 8) if info.n % v == 0], "token_vecs": [2, 3, 4]}  # pairs over 24 are declined
+            return {"block_n": [v for v in (2, 4, 6) if info.n % v == 0], "token_vecs": [1, 2], "prefetch": [1, 0]}  # tiles that do not fit are declined
+        return {"block_n": [v for v in (4, 6, 8) if info.n % v == 0], "token_vecs": [2, 3, 4], "prefetch": [1, 0]}  # pairs over 24 are declined
 
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
         del tunable
@@ -56,9 +59,9 @@ class PrefillGEMMF32(CPUScheduleRule):
         isa = _isa(target)
         (block_n, token_vecs), few_rows = ISA_TILES[isa]
         block_n, token_vecs = self.block_n or block_n, self.token_vecs or token_vecs
-        if block_n < 1 or token_vecs < 1 or info.n % block_n or not tile_fits(isa, block_n, token_vecs) or info.n % few_rows:
+        if block_n < 1 or token_vecs < 1 or info.n % block_n or not tile_fits(isa, block_n, token_vecs) or info.n % few_rows or self.prefetch not in (0, 1):
             return None
-        sch = s_tir.Schedule(_build(info, block_n, token_vecs, few_rows))
+        sch = s_tir.Schedule(_build(info, block_n, token_vecs, few_rows, self.prefetch))
         sch.parallel(sch.get_loops(sch.get_sblock("x_vecs"))[0])
         return schedule_extern_epilogue(sch, "gemm_f32", LANES)
 
@@ -85,7 +88,7 @@ def _applicable(func, target):
     return info
 
 
-def _build(info, block_n: int, token_vecs: int, few_rows: int) -> tirx.PrimFunc:
+def _build(info, block_n: int, token_vecs: int, few_rows: int, prefetch: int) -> tirx.PrimFunc:
     inputs = info.placeholders()
     x = inputs[info.param_index(info.x)]
     tokens = x.shape[-2]
@@ -102,8 +105,8 @@ def _build(info, block_n: int, token_vecs: int, few_rows: int) -> tirx.PrimFunc:
     ins = [xv, inputs[info.param_index(info.weight)]] + ([inputs[info.param_index(info.scale)]] if info.quantized else [])
 
     def body(i, o):
-        many = _kernel(info, padded, block_n, token_vecs, padded // per_block, *i, o[0])
-        few = _kernel(info, padded, few_rows, 1, 1, *i, o[0])
+        many = _kernel(info, padded, block_n, token_vecs, padded // per_block, prefetch, *i, o[0])
+        few = _kernel(info, padded, few_rows, 1, 1, prefetch, *i, o[0])
         return tirx.IfThenElse(tokens <= LANES, few, many)
 
     c = te.extern(
@@ -115,7 +118,7 @@ def _build(info, block_n: int, token_vecs: int, few_rows: int) -> tirx.PrimFunc:
     return rebuild(info, inputs, mm)
 
 
-def _kernel(info, padded, block_n, token_vecs, blocks, xv, weight, *rest):
+def _kernel(info, padded, block_n, token_vecs, blocks, prefetch, xv, weight, *rest):
     """C^T blocks: per task `block_n` weight rows as f32 (L1/L2), per block (of `blocks`) of
     token_vecs 16-token vectors block_n x token_vecs accumulators."""
     scale, out = (rest[0], rest[1]) if info.quantized else (None, rest[0])
@@ -140,6 +143,8 @@ def _kernel(info, padded, block_n, token_vecs, blocks, xv, weight, *rest):
                 T.buffer_store(acc, T.call_llvm_pure_intrin("float32x16", "llvm.fma.v16f32", w, xs[v], acc[lanes]), [lanes])
 
     weight_dtype = "uint32" if info.quantized else str(weight.dtype)
+    dtype_bytes = 2 if weight_dtype == "float16" else 4
+    span = block_n * (k // 8 if info.quantized else k)  # elements of wf per task
 
     @T.prim_func(private=True, check_well_formed=False)
     def body():
@@ -157,6 +162,9 @@ def _kernel(info, padded, block_n, token_vecs, blocks, xv, weight, *rest):
                 acc1 = T.alloc_buffer((tile_rows(block_n) * token_vecs * LANES,), "float32")
                 zero_tile((acc0, acc1), block_n, token_vecs)
                 for p in range(k):
+                    if prefetch > 0:
+                        if mb == 0:  # LLVM unswitches this: the other blocks' loop has no prefetch
+                            prefetch_next_task(wf, (task + 1) * span, span, p, k, dtype_bytes)
                     step((acc0, acc1), wb, xf, mb, p)
                 store_transposed(out, (acc0, acc1), n_total, task * block_n, block_n, token_vecs, mb)
 

@@ -6,7 +6,8 @@ products sum exactly in int32, then one FMA into f32. Only f16-activation models
 Handles: llvm with AVX512-VNNI, AVX-VNNI or aarch64 dotprod; many-token NT matmul, group size
 % 8 == 0, N % 16 == 0. Knobs: block_m (tokens per micro-kernel), row_vecs (16-row vectors per
 task; None: the ISA's), planes (1 = Q8, the default; 2 = ~16-bit), low_batch (up to this many
-tokens two planes; 0: never unless planes is 2).
+tokens two planes; 0: never unless planes is 2), prefetch (1: the next task's weight rows into L2
+during the first token block; 0: off).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from tvm.target import Target
 
 from ..analysis import match_on_cpu
 from ..base import CPUScheduleRule, is_cpu
-from .microkernels import LANES, RESIDUAL, int8_dot, int8_isa, q8_planes, rebuild, schedule_extern_epilogue
+from .microkernels import LANES, RESIDUAL, int8_dot, int8_isa, prefetch_next_task, q8_planes, rebuild, schedule_extern_epilogue
 
 # (block_m, row_vecs) when the knobs say 0; the most block_m x row_vecs whose f32 and two planes'
 # int32 accumulators (16 lanes each) fit the vector registers (AVX-VNNI 16 x 256 bits, NEON 32 x 128)
@@ -34,14 +35,15 @@ class PrefillGEMMQ4VNNI(CPUScheduleRule):
     row_vecs: int | None = None  # 16-row vectors per micro-kernel and task (None: the ISA's default, fewer for long rows)
     planes: int = 1  # int8 activation planes: 1 = round(x / a) (llama.cpp's Q8), 2 = + residual (~16 bits)
     low_batch: int = 4  # up to this many tokens: two planes whatever `planes` says (the decode GEMV's precision)
+    prefetch: int = 1  # 1: prefetch the next task's weight rows while the first token block computes (0: off)
 
     def knob_space(self, func: tirx.PrimFunc, target: Target) -> dict[str, list]:
         info = _applicable(func, target)
         if info is None:
             return {}
         if int8_isa(target) != "avx512":
-            return {"block_m": [1, 2], "row_vecs": [1], "planes": [1, 2]}
-        return {"block_m": [2, 4, 6, 8], "row_vecs": [v for v in (1, 2, 4) if info.n % (LANES * v) == 0], "planes": [1, 2]}
+            return {"block_m": [1, 2], "row_vecs": [1], "planes": [1, 2], "prefetch": [1, 0]}
+        return {"block_m": [2, 4, 6, 8], "row_vecs": [v for v in (1, 2, 4) if info.n % (LANES * v) == 0], "planes": [1, 2], "prefetch": [1, 0]}
 
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
         del tunable
@@ -53,9 +55,9 @@ class PrefillGEMMQ4VNNI(CPUScheduleRule):
         if self.row_vecs is None:  # long rows (down, K = 8192): fewer rows per task, the block stays in L2 beside the activation
             row_vecs = max(1, min(row_vecs, REPACKED_BLOCK // (info.k * LANES)))
         if (block_m < 1 or row_vecs < 1 or info.n % (LANES * row_vecs) or self.planes not in (1, 2) or self.low_batch < 0
-                or block_m * row_vecs > MAX_TILE[isa]):
+                or block_m * row_vecs > MAX_TILE[isa] or self.prefetch not in (0, 1)):
             return None
-        sch = s_tir.Schedule(_build(info, block_m, row_vecs, self.planes, self.low_batch, isa))
+        sch = s_tir.Schedule(_build(info, block_m, row_vecs, self.planes, self.low_batch, isa, self.prefetch))
         for name in ("amax", "x_q", "x_sum"):
             sch.parallel(sch.get_loops(sch.get_sblock(name))[0])
         return schedule_extern_epilogue(sch, "gemm_vnni", LANES)
@@ -74,7 +76,7 @@ def _applicable(func, target):
     return info
 
 
-def _build(info, block_m: int, row_vecs: int, planes: int, low_batch: int, isa: str) -> tirx.PrimFunc:
+def _build(info, block_m: int, row_vecs: int, planes: int, low_batch: int, isa: str, prefetch: int) -> tirx.PrimFunc:
     inputs = info.placeholders()
     x = inputs[info.param_index(info.x)]
     w = inputs[info.param_index(info.weight)]
@@ -93,11 +95,11 @@ def _build(info, block_m: int, row_vecs: int, planes: int, low_batch: int, isa: 
     ins = [xq, amax, xsum, w, s]
 
     def body(i, o):
-        many = _kernel(info, padded, block_m, row_vecs, planes, stored, isa, *i, o[0])
+        many = _kernel(info, padded, block_m, row_vecs, planes, stored, isa, prefetch, *i, o[0])
         if planes == 2 or low_batch == 0:
             return many
         # few tokens (short prompts, the last chunk of a long one): two planes, the GEMV's precision
-        return tirx.IfThenElse(tokens <= low_batch, _kernel(info, padded, block_m, row_vecs, 2, stored, isa, *i, o[0]), many)
+        return tirx.IfThenElse(tokens <= low_batch, _kernel(info, padded, block_m, row_vecs, 2, stored, isa, prefetch, *i, o[0]), many)
 
     c = te.extern(
         (padded * info.n,), ins, body, name="gemm_vnni", dtype="float32",
@@ -108,7 +110,7 @@ def _build(info, block_m: int, row_vecs: int, planes: int, low_batch: int, isa: 
     return rebuild(info, inputs, mm)
 
 
-def _kernel(info, padded, block_m, row_vecs, planes, stored, isa, xq, amax, xsum, weight, scale, out):
+def _kernel(info, padded, block_m, row_vecs, planes, stored, isa, prefetch, xq, amax, xsum, weight, scale, out):
     n_total, k, group = info.n, info.k, info.group_size
     groups = k // group
     quads = k // 4
@@ -192,6 +194,9 @@ def _kernel(info, padded, block_m, row_vecs, planes, stored, isa, xq, amax, xsum
                 for g in range(groups):
                     zero_planes((iacc0, iacc1))
                     for qq in range(quads_per_group):
+                        if prefetch > 0:
+                            if mb == 0:  # LLVM unswitches this: the other blocks' loop has no prefetch
+                                prefetch_next_task(wf, (task + 1) * rows * words, rows * words, g * quads_per_group + qq, quads, 4)
                         quad_step((iacc0, iacc1), wpk, xq32, mb, g * quads_per_group + qq)
                     fold(facc, (iacc0, iacc1), sc, mb, g)
                 store(facc, task, mb)

@@ -5,7 +5,8 @@ stage built here, between TE stages that prepare the activation and the original
 (`rebuild`, `schedule_extern_epilogue`). Pieces: the row-GEMV skeleton (RowGEMVRule, row_loop,
 token_row_loop, few_token_rows, extern_gemv; knobs rows and prefetch), f32 activations and
 products (activation_f32, float_chunk), the q4 x int8 arithmetic (quantize_activation, vnni_chunk)
-on the CPU's int8 dot product (int8_isa, int8_dot: AVX512-VNNI, AVX-VNNI or aarch64 SDOT).
+on the CPU's int8 dot product (int8_isa, int8_dot: AVX512-VNNI, AVX-VNNI or aarch64 SDOT), the
+C^T GEMM tiles (tile_rows, tile_vector, zero_tile, store_transposed, prefetch_next_task).
 TVM 0.27: every vector value is one expression (a bound vector becomes a per-task allocation).
 """
 
@@ -290,6 +291,17 @@ def q4_chunk_values(info, words_buf, scales_buf, n, c) -> list:
         return (nib - T.broadcast(T.float32(7.0), LANES)) * scales
 
     return [value(j) for j in range(8)]
+
+
+def prefetch_next_task(buf, start, span: int, step, steps: int, elem_bytes: int) -> None:
+    """Software prefetch into L2 of buf[start : start + span] (the next task's weight rows, read
+    while this task computes), spread over `steps` steps: emitted at step `step`, 64 B apart.
+    `start` past the buffer is clamped to its last element."""
+    per_step = span * elem_bytes // steps  # bytes
+    last = buf.shape[0] - 1
+    for j in range(max(1, -(-per_step // 64))):
+        at = T.min(start + (step * per_step + j * 64) // elem_bytes, last)
+        T.evaluate(T.call_llvm_intrin("void", "llvm.prefetch.p0", T.address_of(buf[at]), 0, 2, 1))
 
 
 def tile_rows(block_n: int) -> int:

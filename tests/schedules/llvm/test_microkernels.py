@@ -114,3 +114,62 @@ def test_default_prefetch_runs_a_fixed_number_of_bytes_ahead(full_size):
     assert PREFETCH_AHEAD == 8 * 1024
     text = DecodeGEMVFloat().apply(_kernel(full_size["q0f16"], True, 16384, 2048), ZEN4, False).mod["main"].script()
     assert re.findall(r"T\.min\(task \+ r \+ (\d+), 16383\)", text) == ["2"]
+
+
+@pytest.mark.parametrize(
+    "rule, quant",
+    [(PrefillGEMMQ4VNNI, "q4f16_1"), (PrefillGEMMBF16, "q0f16"), (PrefillGEMMBF16, "q4f16_1"), (PrefillGEMMF32, "q4f32_1"),
+     (PrefillGEMMF32, "q0f16")],
+    ids=lambda v: v.__name__ if isinstance(v, type) else v,
+)
+def test_gemm_prefetches_the_next_tasks_rows_only_when_asked(rule, quant, full_size):
+    """`prefetch` (default 1): the next task's weight rows are software-prefetched into L2
+    (`prefetcht1`) inside the first token block's K loop only (LLVM unswitches the `mb == 0` test:
+    one loop copy with the prefetch, one without); `prefetch=0` emits none of those (the BF16
+    rule's few-token branch has the GEMV's own prefetch either way)."""
+    func = _kernel(full_size[quant], False, 3072, 2048)
+    asm = {p: compile_kernel(rule(prefetch=p).apply(func, ZEN4, False).mod["main"], ZEN4).mod.inspect_source("s") for p in (0, 1)}
+    count = {p: len(re.findall(r"prefetcht[012]\s", text)) for p, text in asm.items()}
+    assert count[1] > count[0]
+    if not (rule is PrefillGEMMBF16 and quant == "q0f16"):
+        assert count[0] == 0
+    assert rule(prefetch=2).apply(func, ZEN4, False) is None
+    assert rule().prefetch == 1 and 0 in rule().knob_space(func, ZEN4)["prefetch"]
+
+
+def test_prefetch_next_task_spans_the_next_rows():
+    """The helper's addresses, read from the TIR it emits: over `steps` steps they cover the next
+    task's span 64 B apart (each line at least once), and clamp past the buffer's end."""
+    from tvm.script import tirx as T
+
+    from schedules.llvm.microkernels import prefetch_next_task
+
+    def offsets(span, steps, elem_bytes, task, n_elems):
+        @T.prim_func(private=True, check_well_formed=False)
+        def body(w: T.handle):
+            buf = T.match_buffer(w, (n_elems,), "uint32" if elem_bytes == 4 else "float16")
+            for step in range(steps):
+                prefetch_next_task(buf, (task + 1) * span, span, step, steps, elem_bytes)
+
+        found = []
+        for line in body.script().splitlines():
+            m = re.search(r"buf\[(.*)\]", line)
+            if m:
+                found.append(m.group(1))
+        assert found, body.script()
+        values = set()
+        for step in range(steps):
+            for expr in found:
+                values.add(eval(expr.replace("T.min", "min"), {"step": step, "min": min}))  # noqa: S307 (TIR index text)
+        return values
+
+    # f16 rows: 8 rows x 2048 over 1024 pair steps: 32 B a step, every 64 B line of the next task
+    got = offsets(8 * 2048, 1024, 2, 0, 64 * 2048)
+    lines = {v * 2 // 64 for v in got}
+    assert lines == set(range(8 * 2048 * 2 // 64, 2 * 8 * 2048 * 2 // 64))
+    # q4 words: 32 rows x 256 words over 512 steps: 64 B a step
+    got = offsets(32 * 256, 512, 4, 3, 8 * 32 * 256)
+    assert {v * 4 // 64 for v in got} == set(range(4 * 32 * 256 * 4 // 64, 5 * 32 * 256 * 4 // 64))
+    # 128 B a step: two prefetches per step; the last task's next rows clamp to the buffer's end
+    got = offsets(64 * 256, 512, 4, 7, 8 * 64 * 256)
+    assert got == {8 * 64 * 256 - 1}
