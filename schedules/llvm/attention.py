@@ -32,6 +32,10 @@ def _attend(qv, o, part, score, top, m, d, kv_rows, kv, group: int, chunks: int,
     Running state: m (max), d (sum of exps), o; score / top / part are scratch."""
     key, value = kv
     with T.serial((kv_rows + BLOCK - 1) // BLOCK) as blk:
+        for r in range(BLOCK):  # the next block's K / V rows (a page apart in the paged cache) into L1
+            for x in range(0, chunks * lanes, 32):  # 64 B of f16
+                for load in (key, value):
+                    T.evaluate(T.call_llvm_intrin("void", "llvm.prefetch.p0", T.address_of(load(T.min(blk * BLOCK + BLOCK + r, kv_rows - 1), x)), 0, 3, 1))
         with T.serial(BLOCK) as r:
             with T.If(blk * BLOCK + r < kv_rows):
                 with T.Then():

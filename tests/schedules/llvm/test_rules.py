@@ -4,6 +4,7 @@ settings and token counts, full-size 1B shapes included, and None on what a rule
 from __future__ import annotations
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -200,6 +201,9 @@ def test_decode_attention_replacement_matches_tvms_kernel():
     ours = decode_attention(8, 32, 64, 16, "float16")
     for tokens in (1, 300):
         _same_attention(theirs, ours, tokens)
+    # the next block's K / V rows (the next page) are prefetched while this block computes
+    asm = tvm.compile(tvm.IRModule({"main": ours.with_attr("global_symbol", "main")}), target=TARGET).mod.inspect_source("s")
+    assert len(re.findall(r"prefetcht0\s", asm)) >= 2 * 16 * 2  # K and V, 16 rows, 2 lines of 64 B per row
     mod = tvm.IRModule({"tir_attention_decode_cpu": theirs.with_attr("global_symbol", KERNEL_NAME)})
     mod, replaced = replace_attention_kernels(mod)
     assert replaced == ["tir_attention_decode_cpu"]
