@@ -8,8 +8,10 @@ bandwidth bound, all measured in the same invocation.
 
 Every engine runs in its own subprocess (benchmarks/worker.py), one at a time, with the same
 thread count (TVM_NUM_THREADS / torch.set_num_threads / llama.cpp n_threads). The bandwidth bound
-is measured first and last. Prints the Markdown report; with -o writes it, and the raw results
-as JSON next to it (same name, .json).
+is measured first and last. `--rounds N` runs the engine list N times, every other round in
+reverse order (a machine whose bandwidth drifts during the run then favours no engine), and
+reports per engine the median prefill and the decode p50 over all rounds' steps. Prints the
+Markdown report; with -o writes it, and the raw results as JSON next to it (same name, .json).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import json
 import math
 import os
 import shlex
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -67,6 +70,27 @@ def _commit() -> str:
         return "?"
 
 
+def merge_rounds(results: list[dict]) -> dict:
+    """One engine's row from its rounds: the median prefill, every round's decode steps, the
+    per-round figures in the notes and in extra["rounds"]; rounds that failed are left out (all
+    failed: the first failure)."""
+    ok = [r for r in results if not r.get("error")]
+    if len(results) == 1 or not ok:
+        return results[0]
+    row = dict(ok[0])
+    prefills = [r["prefill_s"] for r in ok if r.get("prefill_s")]
+    row["prefill_s"] = statistics.median(prefills) if prefills else None
+    row["decode_ms"] = [ms for r in ok for ms in r.get("decode_ms", [])]
+    per_round = [{"prefill_s": r.get("prefill_s"), "decode_p50_ms": statistics.median(r["decode_ms"]) if r.get("decode_ms") else None} for r in ok]
+    row["extra"] = {**row.get("extra", {}), "rounds": per_round}
+    shown = " / ".join(f"{x['decode_p50_ms']:.1f}" if x["decode_p50_ms"] else "–" for x in per_round)
+    note = f"{len(ok)} rounds (alternating order): decode p50 per round {shown} ms"
+    if len(ok) < len(results):
+        note += f"; {len(results) - len(ok)} failed round(s) left out"
+    row["notes"] = [*row.get("notes", []), note]
+    return row
+
+
 def run_worker(engine: str, variant: str, settings: Settings, rebuild: bool, timeout: float, log) -> dict:
     """One engine in its own process; its stderr goes to ours (progress, tracebacks)."""
     with tempfile.TemporaryDirectory(prefix="mlcpipe-bench-") as tmp:
@@ -107,6 +131,7 @@ def main(argv=None) -> int:
     ap.add_argument("--bandwidth-gib", type=float, default=2.0, help="GiB read by the bandwidth bound (well beyond the LLC)")
     ap.add_argument("--rebuild", action="store_true", help="rebuild mlcpipe artifacts even when the sources are unchanged")
     ap.add_argument("--timeout", type=float, default=3600, help="seconds allowed to one engine")
+    ap.add_argument("--rounds", type=int, default=1, help="times the engine list runs, every other round reversed (results merged)")
     ap.add_argument("-o", "--output", help="write the Markdown report here (and the raw JSON beside it)")
     ap.add_argument("--render", metavar="JSON", help="only re-render the report of an earlier run's JSON (no measuring)")
     args = ap.parse_args(argv)
@@ -117,6 +142,8 @@ def main(argv=None) -> int:
             Path(args.output).write_text(report)
         return 0
 
+    if args.rounds < 1:
+        raise SystemExit(f"error: --rounds: got {args.rounds}; allowed: an integer >= 1")
     from pipeline.config import load_model_config
 
     config = load_model_config(args.model)
@@ -145,6 +172,7 @@ def main(argv=None) -> int:
             "model_display": config.display_name,
             "params": params,
             "load_start": list(os.getloadavg()),
+            "rounds": args.rounds,
         },
         "settings": dataclasses.asdict(settings),
         "bandwidth": [],
@@ -153,8 +181,11 @@ def main(argv=None) -> int:
     jobs = [("mlcpipe", q) for q in quants] + [("pytorch", m) for m in torch_modes] + [("llama.cpp", t) for t in ll_types]
     if not args.no_bandwidth:
         run["bandwidth"].append(run_worker("bandwidth", "", settings, False, args.timeout, log))
-    for engine, variant in jobs:
-        run["rows"].append(run_worker(engine, variant, settings, args.rebuild, args.timeout, log))
+    results: dict[tuple[str, str], list[dict]] = {job: [] for job in jobs}
+    for i in range(args.rounds):
+        for job in jobs if i % 2 == 0 else jobs[::-1]:
+            results[job].append(run_worker(*job, settings, args.rebuild and i == 0, args.timeout, log))
+    run["rows"] = [merge_rounds(results[job]) for job in jobs]
     if not args.no_bandwidth:
         run["bandwidth"].append(run_worker("bandwidth", "", settings, False, args.timeout, log))
     run["meta"]["load_end"] = list(os.getloadavg())

@@ -190,7 +190,9 @@ def render(run: dict) -> str:
         f"- versions: {versions}",
         f"- shapes: {s['model']} ({m['params'] / 1e9:.2f} B params), same seeded synthetic weights (seed {s['seed']}) in every engine; "
         f"prefill = {s['prefill']} tokens on a fresh sequence (median of {s['prefill_runs']} after a warm-up); "
-        f"decode = {s['decode_steps']} greedy steps after a prompt of {s['context']} tokens, p50; each engine in its own process, one at a time",
+        f"decode = {s['decode_steps']} greedy steps after a prompt of {s['context']} tokens, p50; each engine in its own process, one at a time"
+        + (f"; {m['rounds']} rounds of the engine list, every other one reversed: per engine the median prefill and the p50 of all rounds' decode steps"
+           if m.get("rounds", 1) > 1 else ""),
         "- % of bandwidth bound = weight bytes read per decode token / decode p50 / bound (KV cache reads not counted)",
         "- every engine gets the same prompt ids; with random weights the logits are nearly flat, so greedy tokens agree only "
         "between near-exact engines (that the PyTorch peer is the same model is checked on logits in tests/test_benchmarks.py)",

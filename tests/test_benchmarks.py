@@ -148,3 +148,43 @@ def test_prefill_gemm_benchmark_times_each_rule_on_the_asked_cpu(tmp_path):
     assert all(float(r[3]) > 0 and float(r[4]) > 0 and r[5].strip().endswith("x") for r in rows)
     assert "mcpu=haswell" in text and "| PrefillGEMM | PrefillGEMMF32 |" in text
     assert prefill_gemm.main(["--model", "llama-tiny", "--rules", "PrefillGEMM,NoSuchRule"]) == 2
+
+
+def test_rounds_alternate_the_engine_order_and_merge(monkeypatch, tmp_path):
+    """`--rounds 3`: the engine list runs forward, reversed, forward (each engine in its own
+    worker; faked here), and each row merges its rounds: the median prefill, every round's
+    decode steps, the per-round p50s in the notes; a failed round is left out."""
+    import benchmarks.llm_cpu as bench
+
+    calls = []
+
+    def fake_worker(engine, variant, settings, rebuild, timeout, log):
+        calls.append((engine, variant, rebuild))
+        n = len(calls)
+        if (engine, variant) == ("pytorch", "bf16") and n > 3:
+            return {"engine": engine, "dtype": variant, "error": "worker exited with 1", "decode_ms": [], "notes": [], "extra": {}}
+        return {"engine": engine, "dtype": variant, "prefill_s": float(n), "prefill_tokens": 8, "decode_ms": [10.0 * n, 10.0 * n + 1],
+                "weight_bytes_per_token": 10**6, "notes": [], "extra": {"build_s": 1.0} if engine == "mlcpipe" else {}, "error": None,
+                "tokens": [1, 2]}
+
+    monkeypatch.setattr(bench, "run_worker", fake_worker)
+    out = tmp_path / "bench.md"
+    assert bench.main(["--model", MODEL, "--quants", "q0f32", "--peers", "torch", "--torch-modes", "fp32,bf16", "--rounds", "3",
+                       "--no-bandwidth", "--rebuild", "-o", str(out)]) == 0
+    forward = [("mlcpipe", "q0f32"), ("pytorch", "fp32"), ("pytorch", "bf16")]
+    assert [c[:2] for c in calls] == forward + forward[::-1] + forward
+    assert [c[2] for c in calls] == [True] * 3 + [False] * 6  # --rebuild: the first round only
+    run = json.loads(out.with_suffix(".json").read_text())
+    rows = {(r["engine"], r["dtype"]): r for r in run["rows"]}
+    ours = rows[("mlcpipe", "q0f32")]  # calls 1, 6, 7
+    assert ours["prefill_s"] == 6.0 and ours["decode_ms"] == [10.0, 11.0, 60.0, 61.0, 70.0, 71.0]
+    assert [r["decode_p50_ms"] for r in ours["extra"]["rounds"]] == [10.5, 60.5, 70.5]
+    assert "3 rounds (alternating order): decode p50 per round 10.5 / 60.5 / 70.5 ms" in ours["notes"]
+    bf16 = rows[("pytorch", "bf16")]  # call 3 ran; calls 4 and 9 failed
+    assert bf16["decode_ms"] == [30.0, 31.0] and not bf16.get("error")
+    assert bf16["notes"] == ["1 rounds (alternating order): decode p50 per round 30.5 ms; 2 failed round(s) left out"]
+    report = out.read_text()
+    assert "3 rounds of the engine list, every other one reversed" in report and "2 failed round(s) left out" in report
+    assert bench.merge_rounds([{"error": "x", "decode_ms": []}, {"error": "y", "decode_ms": []}])["error"] == "x"
+    with pytest.raises(SystemExit, match="--rounds: got 0; allowed: an integer >= 1"):
+        bench.main(["--model", MODEL, "--rounds", "0"])
