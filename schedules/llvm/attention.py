@@ -23,16 +23,18 @@ RAGGED_KERNEL_NAME = "batch_prefill_ragged_kv"
 BLOCK = 16  # K/V rows per softmax block
 
 
-def _attend(qv, o, part, score, top, m, d, kv_rows, kv, group: int, chunks: int, lanes: int) -> None:
+def _attend(qv, o, part, score, top, m, d, kv_rows, kv, group: int, chunks: int, lanes: int, prefetch: bool) -> None:
     """Emit (inside a TVMScript kernel) the online-softmax attention of `group` query heads (qv,
     already scaled by sm_scale) over `kv_rows` K/V rows, BLOCK rows at a time: the block's scores
     (a dot product per row and head, lanes summed by a shuffle tree), one rescale per block with
     the exp vectorised over the block (natural base, fast_exp.py), then the V rows weighted into o,
     chunk by chunk. `kv = (key, value)`: key(row, x) / value(row, x) load element x of a K / V row.
-    Running state: m (max), d (sum of exps), o; score / top / part are scratch."""
+    Running state: m (max), d (sum of exps), o; score / top / part are scratch. `prefetch`: at each
+    block, prefetch the next block's rows (paged K/V: the next page, which the hardware prefetchers
+    do not guess; contiguous ragged rows do not need it)."""
     key, value = kv
     with T.serial((kv_rows + BLOCK - 1) // BLOCK) as blk:
-        for r in range(BLOCK):  # the next block's K / V rows (a page apart in the paged cache) into L1
+        for r in range(BLOCK if prefetch else 0):  # the next block's K / V rows into L1
             for x in range(0, chunks * lanes, 32):  # 64 B of f16
                 for load in (key, value):
                     T.evaluate(T.call_llvm_intrin("void", "llvm.prefetch.p0", T.address_of(load(T.min(blk * BLOCK + BLOCK + r, kv_rows - 1), x)), 0, 3, 1))
@@ -131,7 +133,7 @@ def decode_attention(num_kv_heads: int, num_qo_heads: int, head_dim: int, page_s
                     for l in T.vectorized(lanes):
                         q[g, c * lanes + l] = T.Cast("float32", Q[b, h * group + g, c * lanes + l]) * sm_scale
                         o[g, c * lanes + l] = T.float32(0.0)
-            _attend(q, o, part, score, top, m, d, kv_len, paged_rows(pages, page_table_values, begin, page_size, h), group, chunks, lanes)
+            _attend(q, o, part, score, top, m, d, kv_len, paged_rows(pages, page_table_values, begin, page_size, h), group, chunks, lanes, True)
             for g in range(group):
                 for c in range(chunks):
                     for l in T.vectorized(lanes):
@@ -196,7 +198,7 @@ def prefill_ragged_attention(num_kv_heads: int, num_qo_heads: int, head_dim: int
                     for l in T.vectorized(lanes):
                         qv[g, c * lanes + l] = T.Cast("float32", q[t, h * group + g, c * lanes + l]) * sm_scale
                         o[g, c * lanes + l] = T.float32(0.0)
-            _attend(qv, o, part, score, top, m, d, visible, ragged_rows(k, v, kv_indptr[b], h), group, chunks, lanes)
+            _attend(qv, o, part, score, top, m, d, visible, ragged_rows(k, v, kv_indptr[b], h), group, chunks, lanes, False)
             for g in range(group):
                 for c in range(chunks):
                     for l in T.vectorized(lanes):

@@ -222,5 +222,8 @@ def test_prefill_ragged_attention_replacement_matches_tvms_kernel():
     ours = prefill_ragged_attention(8, 32, 64, "float16")
     for tokens in (1, 7, 40):
         _same_attention(theirs, ours, tokens)
+    # contiguous ragged rows: no software prefetch (the paged decode kernel's is for the next page)
+    asm = tvm.compile(tvm.IRModule({"main": ours.with_attr("global_symbol", "main")}), target=TARGET).mod.inspect_source("s")
+    assert "prefetcht0" not in asm
     mod, replaced = replace_attention_kernels(tvm.IRModule({"ragged": theirs.with_attr("global_symbol", RAGGED_KERNEL_NAME)}))
     assert replaced == ["ragged"]
