@@ -4,9 +4,10 @@ Rules whose arithmetic is not a reordering of the matched loop nest write new TI
 stage built here, between TE stages that prepare the activation and the original epilogue
 (`rebuild`, `schedule_extern_epilogue`). Pieces: the row-GEMV skeleton (RowGEMVRule, row_loop,
 token_row_loop, few_token_rows, extern_gemv; knobs rows and prefetch), f32 activations and
-products (activation_f32, float_chunk), the q4 x int8 arithmetic (quantize_activation, vnni_chunk)
-on the CPU's int8 dot product (int8_isa, int8_dot: AVX512-VNNI, AVX-VNNI or aarch64 SDOT), the
-C^T GEMM tiles (tile_rows, tile_vector, zero_tile, store_transposed, prefetch_next_task).
+products (activation_f32, float_chunk), a q4 chunk's group scale per word (chunk_scales), the q4 x
+int8 arithmetic (quantize_activation, vnni_chunk) on the CPU's int8 dot product (int8_isa,
+int8_dot: AVX512-VNNI, AVX-VNNI or aarch64 SDOT), the C^T GEMM tiles (tile_rows, tile_vector,
+zero_tile, store_transposed, prefetch_next_task).
 TVM 0.27: every vector value is one expression (a bound vector becomes a per-task allocation).
 """
 
@@ -396,19 +397,31 @@ def q8_planes(x: te.Tensor, tokens, padded, k: int, group: int):
     return amax, plane
 
 
+def chunk_scales(info, scale):
+    """(scales(n, c), index(c)) for q4 rows in chunks of 16 packed words: row n's group scale of
+    each word of chunk c as f32x16, and the index of the chunk's first scale in a row of `scale`."""
+    wpg = info.group_size // 8
+    gpc = max(LANES // wpg, 1)  # scale groups per chunk
+    chunks_per_group = max(wpg // LANES, 1)
+    expand = [lane // wpg for lane in range(LANES)]  # word l belongs to the chunk's group expand[l]
+    copies = LANES // gpc  # Shuffle cannot widen: it picks from `copies` concatenated copies
+
+    def index(c):
+        return c * gpc if gpc > 1 else c // chunks_per_group
+
+    def scales(n, c):
+        if gpc > 1:
+            return T.Shuffle([T.Cast(f"float32x{gpc}", scale[n, T.ramp(c * gpc, 1, gpc)])] * copies, expand)
+        return T.broadcast(T.Cast("float32", scale[n, index(c)]), LANES)
+
+    return scales, index
+
+
 def vnni_chunk(info, planes, xlo, xhi, w0, a_word, weight, scale, isa: str = "avx512"):
     """(chunk(n, c, t), streams(n, c)): chunk gives row n's f32 partial dot product with token
     t's activation over packed words 16 c .. 16 c + 15 (16 lanes); streams the addresses of the
     row's weight and scale data for that chunk (for software prefetch)."""
-    wpg = info.group_size // 8
-    gpc = max(LANES // wpg, 1)  # scale groups per chunk of 16 words
-    chunks_per_group = max(wpg // LANES, 1)
-    # word l of chunk c belongs to group c * gpc + expand[l] (to group c // chunks_per_group when gpc == 1)
-    expand = [lane // wpg for lane in range(LANES)]
-    copies = LANES // gpc  # Shuffle cannot widen: it picks from `copies` concatenated copies
-
-    def scale_index(c):
-        return c * gpc if gpc > 1 else c // chunks_per_group
+    word_scales, scale_index = chunk_scales(info, scale)
 
     def vec(buf, t, p, start, lanes):
         return buf[t, p, T.ramp(start, 1, lanes)]
@@ -428,15 +441,8 @@ def vnni_chunk(info, planes, xlo, xhi, w0, a_word, weight, scale, isa: str = "av
             value = value + T.Cast("float32x16", dot(n, c, t, 1)) * T.broadcast(T.float32(1.0 / RESIDUAL), LANES)
         return value
 
-    def group_scales(n, c, t):
-        if gpc > 1:
-            scales = T.Shuffle([T.Cast(f"float32x{gpc}", scale[n, T.ramp(c * gpc, 1, gpc)])] * copies, expand)
-        else:
-            scales = T.broadcast(T.Cast("float32", scale[n, scale_index(c)]), LANES)
-        return scales * a_word[t, T.ramp(c * LANES, 1, LANES)]
-
     def chunk(n, c, t):
-        return dots(n, c, t) * group_scales(n, c, t)
+        return dots(n, c, t) * (word_scales(n, c) * a_word[t, T.ramp(c * LANES, 1, LANES)])
 
     def streams(n, c):
         return [T.address_of(weight[n, c * LANES]), T.address_of(scale[n, scale_index(c)])]

@@ -70,6 +70,7 @@ def test_every_kernel_of_a_model_on_aarch64_matches_the_host(quant, tiny_config,
     # the Arm target takes the Arm rules (quant by quant) and the shared ones
     assert {"PrefillGEMMQ4I8MM", "DecodeGEMVQ4VNNI"} <= rules if quant == "q4f16_1" else True
     assert {"PrefillGEMMBF16", "DecodeGEMVFloat"} <= rules if quant == "q0f16" else True
+    assert "DecodeGEMVQ4F32" in rules if quant == "q4f32_1" else True
     assert {"RowNorm", "RopeTable", "Elementwise", "SamplerCPU"} <= rules
     # only sums may differ (bf16 / f32 GEMMs and f32 norms add in another order; the int8 rules equal
     # their x86 twins bit for bit on hosts with AVX512-VNNI): element-wise kernels, RoPE, attention equal

@@ -245,7 +245,7 @@ def test_vector_rules_decline_what_they_do_not_handle(kernels):
     assert PrefillGEMMAMX().apply(q4_prefill, NO_AMX, False) is None
     from schedules import schedule_func
 
-    assert schedule_func(q4_decode, NO_VNNI)[1]["rule"] == "DecodeGEMVQ4"
+    assert schedule_func(q4_decode, NO_VNNI)[1]["rule"] == "DecodeGEMVQ4F32"  # f32 arithmetic
     assert schedule_func(q4_prefill, NO_AMX)[1]["rule"] == "PrefillGEMMQ4VNNI"  # VNNI int8 GEMM
     assert schedule_func(q4_prefill, NO_VNNI)[1]["rule"] == "PrefillGEMMF32"  # f32 register tiles (AVX-512, no VNNI)
     # shapes and kinds that are not theirs
