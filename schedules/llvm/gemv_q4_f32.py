@@ -20,7 +20,7 @@ from tvm.script import tirx as T
 from tvm.target import Target, codegen
 
 from ..analysis import match_on_cpu
-from .microkernels import LANES, RowGEMVRule, chunk_scales, extern_gemv, row_loop
+from .microkernels import LANES, RowGEMVRule, chunk_scales, extern_gemv, q4_words_fit, row_loop
 
 PLANES = 9  # 8 nibble planes (x * 16^-p) and -7 * the word's sum of x
 PLANE_BYTES = 4 * PLANES  # activation bytes a row re-reads per packed word (the prefetch locality: row_loop)
@@ -34,10 +34,7 @@ class DecodeGEMVQ4F32(RowGEMVRule):
         if codegen.target_has_features("amx-tile", target):
             return None
         info = match_on_cpu(func, target, decode=True)
-        if info is None or info.bits != 4 or info.k % (8 * LANES) or len(info.rows_shape) not in (1, 2):
-            return None
-        wpg = info.group_size // 8
-        if info.group_size % 8 or not (LANES % wpg == 0 or wpg % LANES == 0):
+        if info is None or not q4_words_fit(info) or len(info.rows_shape) not in (1, 2):
             return None
         return info
 
