@@ -1,10 +1,11 @@
 """CPU (LLVM) schedule rules, in the order they are tried (LLVM_RULES; the first match wins).
 
 SamplerCPU; the decode GEMVs DecodeGEMVQ4VNNI (q4, int8 dot products), DecodeGEMVQ4F32 (q4, f32, no
-AMX), DecodeGEMVQ4 (q4, f32) and DecodeGEMVFloat (unquantized); the prefill GEMMs PrefillGEMMAMX (AMX bf16 tiles), PrefillGEMMQ4I8MM
-(q4, aarch64 int8 matrix multiply-accumulate), PrefillGEMMQ4VNNI (q4, int8 dot products), PrefillGEMMBF16 (bf16 dot products), PrefillGEMMF32 (f32 FMA register tiles,
-AVX-512) and PrefillGEMM (f32, portable); MatmulNT
-(any other NT matmul), RowNorm (rms_norm), RopeTable (RoPE), Elementwise (injective kernels).
+AMX), DecodeGEMVQ4 (q4, f32) and DecodeGEMVFloat (unquantized); the prefill GEMMs PrefillGEMMAMX
+(AMX bf16 tiles), PrefillGEMMQ4I8MM (q4, aarch64 int8 matrix multiply-accumulate),
+PrefillGEMMQ4VNNI (q4, int8 dot products), PrefillGEMMBF16 (bf16 dot products), PrefillGEMMF32
+(f32 FMA register tiles, AVX-512) and PrefillGEMM (f32, portable); MatmulNT (any other NT
+matmul), RowNorm (rms_norm), RopeTable (RoPE), Elementwise (injective kernels).
 Rules import only schedules.base, schedules.analysis and microkernels.py, never each other; the
 vectorizable exp (fast_exp.py) is installed by the build (pipeline/backends/llvm.py), not by
 importing this package. Each rule in more detail: docs/schedules.md.
