@@ -1,8 +1,9 @@
 """The llvm target's host CPU: LLVM's own detection (`llvm_get_system_cpu`), checked against the
 CPU's /proc/cpuinfo flags, on x86 and aarch64. Fixtures in tests/data/cpuinfo/: the AMD EPYC Zen 4
-one was read off a machine of this project (LLVM said znver4); the Sapphire Rapids, Zen 5 and
-Graviton 3 ones carry those CPUs' published flag lists, with the names LLVM's host detection gives
-them (sapphirerapids, znver5, neoverse-v1)."""
+(`znver4-epyc-genoa`) and Zen 5 (`znver5-epyc-vm`) ones were read off machines of this project
+(LLVM said znver4 and znver5); the Sapphire Rapids, Zen 5 (`znver5-epyc-turin`) and Graviton 3
+ones carry those CPUs' published flag lists, with the names LLVM's host detection gives them
+(sapphirerapids, znver5, neoverse-v1)."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ def cpuinfo(name: str) -> str:
 @pytest.mark.parametrize(("fixture", "llvm", "machine", "features"), [
     ("sapphirerapids-vm", "sapphirerapids", "x86_64", ["amx-bf16", "avx512fp16", "avx512bf16", "avx512vnni"]),
     ("znver5-epyc-turin", "znver5", "x86_64", ["avx512bf16", "avx512vnni", "avxvnni"]),
+    ("znver5-epyc-vm", "znver5", "x86_64", ["avx512bf16", "avx512vnni", "avxvnni"]),
     ("znver4-epyc-genoa", "znver4", "x86_64", ["avx512bf16", "avx512vnni"]),
     ("neoverse-v1-graviton3", "neoverse-v1", "aarch64", ["dotprod", "i8mm", "bf16", "fullfp16", "sve"]),
 ])
