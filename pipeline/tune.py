@@ -2,7 +2,8 @@
 
 For every kernel (after fusion, before scheduling) each rule that takes it lists its candidates
 (`knob_space`); each is compiled, run on seeded inputs of the kernel's real shapes, checked
-against the first rule's default (what build applies untuned) and timed (best of `repeat`). The
+against the first rule's default (what build applies untuned) and timed (the median of `repeat`
+rounds, each timing every candidate once: interleaved_times). The
 fastest, of whichever rule, wins (e.g. PrefillGEMMQ4VNNI, PrefillGEMMBF16 or PrefillGEMMF32 for
 a q4f16_1 prefill GEMM on a CPU with VNNI and BF16). Winners go
 into the tuning database (pipeline/tuning.py) that `mlcpipe build` applies; a candidate whose
@@ -125,6 +126,17 @@ def time_kernel_ms(lib, args, device, repeat: int, cold_bytes: int = 0) -> float
     return best * 1e3
 
 
+def interleaved_times(candidates: list[tuple], args, device, repeat: int, cold_bytes: int = 0) -> list[tuple]:
+    """[(key, ms)]: each candidate's median of `repeat` timings (time_kernel_ms, one each), taken
+    in rounds that time every candidate once, so that a drift of the machine's speed (memory
+    bandwidth on a shared VM moves in phases of seconds) reaches all candidates alike."""
+    samples: list[list[float]] = [[] for _ in candidates]
+    for _ in range(repeat):
+        for times, (_key, lib) in zip(samples, candidates):
+            times.append(time_kernel_ms(lib, args, device, 1, cold_bytes))
+    return [(key, float(np.median(times))) for (key, _lib), times in zip(candidates, samples)]
+
+
 def output_mismatch(got: np.ndarray, want: np.ndarray, quant: str) -> str | None:
     """None when two schedules' outputs agree (within the quantization's tolerance, relative to the
     output's scale: 2% for f16 models), else why not."""
@@ -176,6 +188,7 @@ def tune(
         args = random_args(func, sizes, seed=seed)
         want = None
         tried: list[dict] = []
+        libs: list[tuple[dict, object]] = []  # (entry, compiled candidate) to time
         started = time.perf_counter()
         for rule, space in contenders:
             default = dataclasses.asdict(rule)
@@ -198,7 +211,9 @@ def tune(
                 if mismatch:
                     entry["error"] = f"output differs from the default schedule ({mismatch})"
                     continue
-                entry["ms"] = time_kernel_ms(lib, args, device, repeat, cold_bytes)
+                libs.append((entry, lib))
+        for entry, ms in interleaved_times(libs, args, device, repeat, cold_bytes):
+            entry["ms"] = ms
         timed = [c for c in tried if c["ms"] is not None]
         if not timed:
             log(f"[tune] {name}: no candidate ran ({tried[0]['error']})")

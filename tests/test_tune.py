@@ -246,3 +246,24 @@ def test_llvm_timings_rotate_inputs_beyond_the_last_level_cache():
 
     ms = time_kernel_ms(_Lib(), args, tvm.cpu(), repeat=2, cold_bytes=5 << 20)
     assert ms > 0 and len(set(seen)) == 3 and len(seen) >= 3 * 3
+
+
+def test_candidates_are_timed_in_interleaved_rounds(monkeypatch):
+    """A machine whose speed drifts (twice as fast for the first 4 timings): timed one candidate
+    after another (5 each), the first would get the fast phase and win; in rounds, the really
+    faster one wins, and each candidate's figure is the median of its rounds."""
+    import pipeline.tune as tune_mod
+
+    cost = {"a": 1.0, "b": 0.8}
+    calls: list[str] = []
+
+    def fake_time(lib, args, device, repeat, cold_bytes=0):
+        assert repeat == 1
+        calls.append(lib)
+        return cost[lib] * (0.5 if len(calls) <= 4 else 1.0)
+
+    monkeypatch.setattr(tune_mod, "time_kernel_ms", fake_time)
+    times = dict(tune_mod.interleaved_times([("A", "a"), ("B", "b")], [], None, 5))
+    assert calls == ["a", "b"] * 5
+    assert times == {"A": 1.0, "B": 0.8}  # medians of [0.5, 0.5, 1, 1, 1] and [0.4, 0.4, 0.8, 0.8, 0.8]
+    assert min(times, key=times.get) == "B"
