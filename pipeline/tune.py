@@ -3,10 +3,9 @@
 For every kernel (after fusion, before scheduling) each rule that takes it lists its candidates
 (`knob_space`); each is compiled, run on seeded inputs of the kernel's real shapes, checked
 against the first rule's default (what build applies untuned) and timed (the median of `repeat`
-rounds, each timing every candidate once: interleaved_times). The
-fastest, of whichever rule, wins (e.g. PrefillGEMMQ4VNNI, PrefillGEMMBF16 or PrefillGEMMF32 for
-a q4f16_1 prefill GEMM on a CPU with VNNI and BF16). Winners go
-into the tuning database (pipeline/tuning.py) that `mlcpipe build` applies; a candidate whose
+rounds, each timing every candidate once: interleaved_times). The fastest, of whichever rule,
+wins (e.g. PrefillGEMMQ4VNNI, PrefillGEMMBF16 or PrefillGEMMF32 for a q4f16_1 prefill GEMM on a
+CPU with VNNI and BF16). Winners go into the tuning database (pipeline/tuning.py) that `mlcpipe build` applies; a candidate whose
 output differs is rejected and reported. Timing needs the target's device (the backend's
 `timing_device`). Details: docs/tuning.md.
 """
