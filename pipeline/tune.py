@@ -101,15 +101,16 @@ def timing_copies(args, cold_bytes: int, most: int = 64) -> int:
     return max(1, min(most, -(-cold_bytes // size)))
 
 
-def time_kernel_ms(lib, args, device, repeat: int, cold_bytes: int = 0) -> float:
-    """Best of `repeat` timings (each at least 50 ms of calls), in ms. With `cold_bytes`, the calls
-    rotate through that many bytes of input copies, so the inputs are not in the cache."""
-    copies = timing_copies(args, cold_bytes)
-    if copies == 1:
-        tensors = [tvm.runtime.tensor(a, device) for a in args]
+def timing_inputs(args, device, cold_bytes: int = 0) -> list[list]:
+    """The input sets a timing rotates through (timing_copies of them), on `device`."""
+    return [[tvm.runtime.tensor(a, device) for a in args] for _ in range(timing_copies(args, cold_bytes))]
+
+
+def time_on_inputs(lib, sets: list[list], device, repeat: int) -> float:
+    """Best of `repeat` timings (each at least 50 ms of calls, rotating through `sets`), in ms."""
+    if len(sets) == 1:
         timer = lib.mod.time_evaluator("main", device, number=1, repeat=repeat, min_repeat_ms=50)
-        return float(min(timer(*tensors).results)) * 1e3
-    sets = [[tvm.runtime.tensor(a, device) for a in args] for _ in range(copies)]
+        return float(min(timer(*sets[0]).results)) * 1e3
     func = lib["main"]
     for tensors in sets:  # warm-up: code, page faults
         func(*tensors)
@@ -117,22 +118,30 @@ def time_kernel_ms(lib, args, device, repeat: int, cold_bytes: int = 0) -> float
     best = float("inf")
     for _ in range(repeat):
         calls, start = 0, time.perf_counter()
-        while calls < copies or time.perf_counter() - start < 0.05:
-            func(*sets[calls % copies])
+        while calls < len(sets) or time.perf_counter() - start < 0.05:
+            func(*sets[calls % len(sets)])
             calls += 1
         device.sync()
         best = min(best, (time.perf_counter() - start) / calls)
     return best * 1e3
 
 
+def time_kernel_ms(lib, args, device, repeat: int, cold_bytes: int = 0) -> float:
+    """Best of `repeat` timings (each at least 50 ms of calls), in ms. With `cold_bytes`, the calls
+    rotate through that many bytes of input copies, so the inputs are not in the cache."""
+    return time_on_inputs(lib, timing_inputs(args, device, cold_bytes), device, repeat)
+
+
 def interleaved_times(candidates: list[tuple], args, device, repeat: int, cold_bytes: int = 0) -> list[tuple]:
-    """[(key, ms)]: each candidate's median of `repeat` timings (time_kernel_ms, one each), taken
-    in rounds that time every candidate once, so that a drift of the machine's speed (memory
-    bandwidth on a shared VM moves in phases of seconds) reaches all candidates alike."""
+    """[(key, ms)]: each candidate's median of `repeat` timings (time_on_inputs, one each, on input
+    sets made once for all), taken in rounds that time every candidate once, so that a drift of
+    the machine's speed (memory bandwidth on a shared VM moves in phases of seconds) reaches all
+    candidates alike."""
+    sets = timing_inputs(args, device, cold_bytes) if candidates else []
     samples: list[list[float]] = [[] for _ in candidates]
     for _ in range(repeat):
         for times, (_key, lib) in zip(samples, candidates):
-            times.append(time_kernel_ms(lib, args, device, 1, cold_bytes))
+            times.append(time_on_inputs(lib, sets, device, 1))
     return [(key, float(np.median(times))) for (key, _lib), times in zip(candidates, samples)]
 
 

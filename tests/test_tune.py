@@ -257,12 +257,12 @@ def test_candidates_are_timed_in_interleaved_rounds(monkeypatch):
     cost = {"a": 1.0, "b": 0.8}
     calls: list[str] = []
 
-    def fake_time(lib, args, device, repeat, cold_bytes=0):
+    def fake_time(lib, sets, device, repeat):
         assert repeat == 1
         calls.append(lib)
         return cost[lib] * (0.5 if len(calls) <= 4 else 1.0)
 
-    monkeypatch.setattr(tune_mod, "time_kernel_ms", fake_time)
+    monkeypatch.setattr(tune_mod, "time_on_inputs", fake_time)
     times = dict(tune_mod.interleaved_times([("A", "a"), ("B", "b")], [], None, 5))
     assert calls == ["a", "b"] * 5
     assert times == {"A": 1.0, "B": 0.8}  # medians of [0.5, 0.5, 1, 1, 1] and [0.4, 0.4, 0.8, 0.8, 0.8]

@@ -29,12 +29,8 @@ PLANE_BYTES = 4 * PLANES  # activation bytes a row re-reads per packed word (the
 @dataclasses.dataclass
 class DecodeGEMVQ4F32(RowGEMVRule):
     def applicable(self, func: tirx.PrimFunc, target: Target):
-        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
-            return None
-        if codegen.target_has_features("amx-tile", target):
-            return None
-        info = match_on_cpu(func, target, decode=True)
-        if info is None or not q4_words_fit(info) or len(info.rows_shape) not in (1, 2):
+        info = match_on_cpu(func, target, decode=True)  # None off llvm targets
+        if info is None or codegen.target_has_features("amx-tile", target) or not q4_words_fit(info) or len(info.rows_shape) not in (1, 2):
             return None
         return info
 
