@@ -62,11 +62,11 @@ def load_config(model: str):
 def hf_weights(config, seed: int = 0) -> Iterator[tuple[str, tuple[int, ...], Callable[[], np.ndarray]]]:
     """(HF tensor name, shape, loader of the float32 array) for every tensor of the checkpoint,
     the same seeded values mlcpipe's `--weights synthetic` uses (pipeline.weights.synthetic_source)."""
-    from pipeline.model import MODELS
+    from pipeline.model import WEIGHT_MAPS
     from pipeline.weights import synthetic_source
 
     get = synthetic_source(config, seed)
-    for ws in MODELS[config.architecture]["hf_sources"](config):
+    for ws in WEIGHT_MAPS[config.architecture](config):
         for name, shape in zip(ws.hf_names, ws.hf_shapes):
             yield name, tuple(shape), (lambda n=name, s=tuple(shape): get(n, s))
 

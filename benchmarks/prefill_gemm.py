@@ -36,7 +36,7 @@ def main(argv=None) -> int:
     import tvm
 
     from pipeline.config import load_model_config
-    from pipeline.kernel_inputs import random_args, symbolic_dims
+    from pipeline.kernel_info import random_args, symbolic_dims
     from pipeline.roles import role_of_param
     from pipeline.tune import compile_kernel, run_kernel, time_kernel_ms, unscheduled_kernels
     from schedules import rule_by_name

@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def _builds(model: str, quant: str, out_root: Path, log) -> dict[str, Path]:
     from pipeline.build import build
     from pipeline.config import load_model_config
-    from pipeline.kernel_inputs import symbolic_dims
+    from pipeline.kernel_info import symbolic_dims
     from pipeline.targets import load_target
     from pipeline.tune import unscheduled_kernels
     from pipeline.tuning import TuningDB

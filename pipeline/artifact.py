@@ -39,8 +39,9 @@ ARTIFACT_FORMAT = "mlcpipe-artifact/1"
 WEIGHTS_WRITER = "mlcpipe"  # tensor-cache.json metaData["writer"] of convert-weights
 NIGHTLY_MARKER = ".mlcpipe-nightly"  # in a nightly --out directory
 CACHE_MARKER = ".mlcpipe-cache"  # in a nightly cell cache
+BUNDLE_INDEX = "bundle.json"  # in an `mlcpipe bundle` folder
 KINDS = {"artifact": "an mlcpipe artifact", "weights": "an mlcpipe weights directory",
-         "nightly": "an mlcpipe nightly directory", "cache": "an mlcpipe nightly cache"}
+         "nightly": "an mlcpipe nightly directory", "cache": "an mlcpipe nightly cache", "bundle": "an mlcpipe bundle"}
 _LEFTOVER = re.compile(r"^\.(?P<name>.+)\.(?P<tag>tmp|old|work)-(?P<pid>\d+)-[0-9a-f]{8}$")
 
 
@@ -56,7 +57,8 @@ def _json(path: Path) -> dict:
 
 
 def owner_kind(path: Path) -> str | None:
-    """Which mlcpipe writer's marker `path` holds: "artifact", "weights", "nightly", "cache" or None."""
+    """Which mlcpipe writer's marker `path` holds: "artifact", "weights", "nightly", "cache",
+    "bundle" or None."""
     path = Path(path)
     if not path.is_dir():
         return None
@@ -71,6 +73,8 @@ def owner_kind(path: Path) -> str | None:
     if (path / CACHE_MARKER).is_file() or ((path / ".lock").is_file() and all(
             re.fullmatch(r"[0-9a-f]{64}", d.name) and d.is_dir() for d in path.iterdir() if not d.name.startswith("."))):
         return "cache"  # (caches made before the marker: a .lock and entries named by their SHA-256)
+    if str(_json(path / BUNDLE_INDEX).get("format", "")).startswith("mlcpipe-bundle"):
+        return "bundle"
     return None
 
 
@@ -87,6 +91,9 @@ def _owned_files(path: Path, kind: str) -> set[str] | None:
         records = _json(path / TENSOR_CACHE).get("records")
         shards = {r.get("dataPath") for r in records if isinstance(r, dict)} if isinstance(records, list) else set()
         return {TENSOR_CACHE, RUNTIME_CONFIG, *TOKENIZER_FILES, *(s for s in shards if isinstance(s, str))}
+    if kind == "bundle":
+        files = _json(path / BUNDLE_INDEX).get("files")
+        return {BUNDLE_INDEX, *files} if isinstance(files, dict) and files else None
     return None
 
 

@@ -22,6 +22,10 @@ from .model.create import create_model
 from .model.sampler import attach_sampler
 from .passes import run_pipeline
 from .passes.function_table import DEFAULT_MAX_BATCH_SIZE, AttachMetadata, add_kv_cache_alias
+from .quantization import QUANTIZATIONS
+from .reference import KERNELS as REFERENCE_KERNELS
+from .reference import LIBRARY as REFERENCE_LIBRARY
+from .reference import build_reference
 from .tuning import TuningDB, default_db_path
 from .targets import TargetSpec
 
@@ -194,6 +198,7 @@ def build(
         mod, named_params = export_model(config, quant, tvm_target)
         fused: list[dict[str, Any]] = []
         kv_slots: list = []
+        snapshots: dict[str, tvm.IRModule] = {}
 
         (tmp / "tir").mkdir()
 
@@ -202,31 +207,38 @@ def build(
                 kv_slots.extend(kv_cache_kernel_slots(phase_mod))
                 roles = kernel_roles(phase_mod, [name for name, _ in named_params])
                 fused.extend({**k, "role": roles[k["name"]]} for k in _kernel_records(phase_mod))
-            if phase in TIR_SNAPSHOTS:  # the kernels before/after scheduling, for `mlcpipe check`
-                (tmp / "tir" / TIR_SNAPSHOTS[phase]).write_text(tvm.ir.save_json(primfuncs_only(phase_mod)))
+            if phase in TIR_SNAPSHOTS:  # the kernels before/after scheduling (`mlcpipe check` builds on them)
+                snapshots[phase] = primfuncs_only(phase_mod)
+                (tmp / "tir" / TIR_SNAPSHOTS[phase]).write_text(tvm.ir.save_json(snapshots[phase]))
 
         log("[mlcpipe] running passes: " + " -> ".join(("fuse-high-level", "lower", "fuse-tir", "schedule", "finalize")))
         if tuning:
             log(f"[mlcpipe] tuning database {db.path}: {len(tuning)} tuned kernels for this target")
-        mod = run_pipeline(
-            mod, tvm_target, dump_dir=tmp / "ir" if dump_ir else None, on_phase=_record,
-            tuning=tuning, on_kernel=schedules.__setitem__,
-            after_memory_plan=AttachMetadata(model_metadata(config, quant, named_params), variable_bounds(config)),
-        )
-        log("[mlcpipe] generating code")
         target_backend = backend(target.kind)
+        with tvm.transform.PassContext(config=target_backend.pipeline_config(target.options)):
+            mod = run_pipeline(
+                mod, tvm_target, dump_dir=tmp / "ir" if dump_ir else None, on_phase=_record,
+                tuning=tuning, on_kernel=schedules.__setitem__,
+                after_memory_plan=AttachMetadata(model_metadata(config, quant, named_params), variable_bounds(config)),
+            )
+        log("[mlcpipe] generating code")
         with tvm_target, target_backend.compile_context(target), tvm.transform.PassContext(config=target_backend.PASS_CONFIG):
             executable = relax.build(mod, tvm_target, relax_pipeline=None)
         target_backend.export(executable, target, tmp)
         if target_backend.SOURCE_FILE:
             (tmp / target_backend.SOURCE_FILE).write_text(target_backend.kernel_source(executable))
+        log("[mlcpipe] compiling the reference kernels of `mlcpipe check`")
+        chat_config = runtime_config(config, quant)
+        build_reference(snapshots["fuse-tir"], [gv.name_hint for gv in snapshots["schedule"].get_global_vars()],
+                        chat_config["model_config"], QUANTIZATIONS[quant].model_dtype,
+                        target_backend.HOST_CPU, tmp / "reference")
         launch = launch_config(mod)
         for kernel in fused:
             kernel["launch"] = launch.get(kernel["name"])
             kernel["schedule"] = schedules.get(kernel["name"])
         build_seconds = time.perf_counter() - started
 
-        write_json(tmp / RUNTIME_CONFIG, runtime_config(config, quant))
+        write_json(tmp / RUNTIME_CONFIG, chat_config)
         if weights is not None:
             from .weights import convert_weights
 
@@ -245,6 +257,7 @@ def build(
                 "config_hash": config.config_hash(),
                 "library": target_backend.LIBRARY,
                 "kernel_source": target_backend.SOURCE_FILE,
+                "reference": {"library": REFERENCE_LIBRARY, "kernels": REFERENCE_KERNELS},
                 "functions": sorted(gv.name_hint for gv, f in mod.functions_items() if isinstance(f, relax.Function)),
                 "kernels": fused,
                 "kv_cache_kernels": kv_slots,

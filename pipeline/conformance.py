@@ -1,6 +1,8 @@
 """Kernel conformance: every kernel of an artifact run on its target with seeded random inputs of
-its real shapes, compared against the same (unscheduled) PrimFunc on llvm, and against NumPy for
-the fused dequantize-NT_matmul kernels. In the spirit of llama.cpp's test-backend-ops."""
+its real shapes, compared against the reference the artifact ships (its kernels before
+scheduling, compiled for a portable llvm CPU: pipeline/reference.py), and against NumPy for the
+fused dequantize-NT_matmul kernels. Run side only: TVM's runtime library, no compiler. In the
+spirit of llama.cpp's test-backend-ops."""
 
 from __future__ import annotations
 
@@ -10,18 +12,17 @@ import re
 from pathlib import Path
 
 import numpy as np
-import tvm
 
 from .artifact import RUN_FIELDS, RUNTIME_CONFIG, read_json, read_manifest, verified, verified_library
 from .config import short_repr
+from .device import tvm_runtime as rt
 from .errors import ArtifactError
 from .kernel_inputs import kernel_args, symbolic_dims
 from .quantization import QUANTIZATIONS, TOLERANCE
 from .roles import WEIGHT_ROLES
 
-# Kernels the KV cache carries but mlcpipe's runtime never calls: tree attention (speculative
-# decoding) and page copies (sequence forking / compaction).
-_NOT_RANDOMIZABLE = re.compile(r"^(batch_tree_attn|tree_attn|copy_single_page|compact_kv_copy|tir_kv_cache_debug)")
+# /proc/cpuinfo flags a reference library's llvm CPU needs (pipeline/reference.py PORTABLE_MCPU)
+REFERENCE_CPU_FLAGS = {"x86-64-v3": ("avx2", "fma", "f16c", "bmi2", "movbe"), "generic": ()}
 
 
 @dataclasses.dataclass
@@ -63,12 +64,6 @@ def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:.2e}"
 
 
-def _load_tir(artifact: Path, manifest: dict, name: str) -> tvm.IRModule:
-    if not (artifact / "tir" / name).is_file():
-        raise ArtifactError(f"{artifact}: tir/{name} missing (artifact built by an older mlcpipe? rebuild it)")
-    return tvm.ir.load_json(verified(artifact, manifest, f"tir/{name}", "files").read_text())
-
-
 def kernel_pattern(pattern: str | None) -> re.Pattern | None:
     """--kernels as a compiled regex; ValueError (one line) when it is not one."""
     if pattern is None:
@@ -79,44 +74,52 @@ def kernel_pattern(pattern: str | None) -> re.Pattern | None:
         raise ValueError(f"--kernels {short_repr(pattern)}: not a regular expression ({exc})") from None
 
 
-_COMPILED: dict[str, tvm.runtime.Module] = {}
+class Reference:
+    """An artifact's reference record (reference/kernels.json: every kernel's signature, and its
+    reference or why it is skipped) and kernels (reference/kernels.so: its digest checked here,
+    loaded at the first run once this CPU is known to run it)."""
+
+    def __init__(self, artifact: Path, manifest: dict):
+        record = manifest.get("reference")
+        if not isinstance(record, dict) or not {"library", "kernels"} <= set(record):
+            raise ArtifactError(f"{artifact}: no reference kernels (built by an older mlcpipe? rebuild it)")
+        data = read_json(verified(artifact, manifest, record["kernels"], "reference"), "reference record")
+        if not isinstance(data, dict) or not isinstance(data.get("kernels"), dict) or not isinstance(data.get("target"), dict):
+            raise ArtifactError(f"{artifact / record['kernels']}: not a reference record of `mlcpipe build`; rebuild the artifact")
+        self.kernels: dict[str, dict] = data["kernels"]
+        self.target = data["target"]
+        self._path = verified(artifact, manifest, record["library"], "reference")  # a corrupt library can crash the process
+        self._library = None
+
+    def signature(self, name: str) -> dict:
+        return self.kernels[name]["signature"]
+
+    def run(self, name: str, args: list) -> list:
+        """Kernel `name`'s reference on this CPU; every argument after the call."""
+        if self._library is None:
+            _check_cpu(self.target, self._path)
+            self._library = rt.load_module(self._path)
+        device = rt.device("cpu")
+        tensors = [rt.tensor(a, device) if isinstance(a, np.ndarray) else a for a in args]
+        self._library[name](*tensors)
+        return [rt.to_numpy(t) if rt.is_tensor(t) else t for t in tensors]
 
 
-def run_compiled(func: tvm.tirx.PrimFunc, target: tvm.target.Target, device, args: list, key: str | None = None) -> list:
-    """Compile `func` for `target` (cached under `key`), run it on `device`, return every arg."""
-    lib = _COMPILED.get(key) if key else None
-    if lib is None:
-        lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=target)
-        if key:
-            _COMPILED[key] = lib
-    tensors = [tvm.runtime.tensor(a, device) if isinstance(a, np.ndarray) else a for a in args]
-    lib["main"](*tensors)
-    device.sync()
-    return [t.numpy() if isinstance(t, tvm.runtime.Tensor) else t for t in tensors]
+def _check_cpu(target: dict, library: Path) -> None:
+    """One line when this CPU cannot run the reference library's code (x86-64-v3: AVX2 ...)."""
+    needed = REFERENCE_CPU_FLAGS.get(str(target.get("mcpu")))
+    if needed is None:
+        raise ArtifactError(f"{library}: built for llvm CPU {short_repr(target.get('mcpu'))}; "
+                            f"allowed: {', '.join(REFERENCE_CPU_FLAGS)} (rebuild the artifact)")
+    from .targets import cpu_flags
 
-
-def run_on_llvm(func: tvm.tirx.PrimFunc, args: list, key: str | None = None) -> list:
-    from .targets import load_target
-
-    return run_compiled(func, load_target("llvm").tvm_target(), tvm.cpu(), args, key=f"llvm:{key}" if key else None)
-
-
-def _attention_counterparts(config: dict, dtype: str) -> dict[str, tvm.tirx.PrimFunc]:
-    """GPU paged-attention kernel name -> TVM's CPU kernel with the same signature and contract
-    (the one the llvm build runs, checked end to end against the NumPy Llama)."""
-    from tvm.relax.frontend.nn.llm import kv_cache as kc
-
-    cfg = config["model_config"]
-    h_kv, h_q, d = cfg["num_key_value_heads"], cfg["num_attention_heads"], cfg["head_dim"]
-    rope = cfg.get("rope_scaling") or {}
-    return {
-        "batch_prefill_paged_kv": kc._attention_prefill_cpu(h_kv, h_q, d, dtype, False, rope),
-        "batch_decode_paged_kv": kc._attention_decode_cpu(h_kv, h_q, d, dtype, False, rope),
-        "batch_prefill_ragged_kv": kc._attention_prefill_ragged_cpu(h_kv, h_q, d, d, dtype, rope),
-        "tir_attention_merge_state": kc._merge_state_inplace_cpu(dtype),
-        "batch_prefill_paged_kv_sliding_window": kc._attention_prefill_cpu(h_kv, h_q, d, dtype, True, rope),
-        "batch_decode_paged_kv_sliding_window": kc._attention_decode_cpu(h_kv, h_q, d, dtype, True, rope),
-    }
+    try:
+        flags = cpu_flags(Path("/proc/cpuinfo").read_text())
+    except OSError:
+        return  # not Linux: the loader's own error stands
+    missing = [f for f in needed if f not in flags]
+    if missing:
+        raise ArtifactError(f"{library}: the reference kernels need a {target['mcpu']} CPU; this one lacks {', '.join(missing)}")
 
 
 def numpy_dequant_matmul(name: str, quant: str, args: list[np.ndarray]) -> np.ndarray | None:
@@ -142,14 +145,6 @@ def _copy(args: list) -> list:
     return [a.copy() if isinstance(a, np.ndarray) else a for a in args]
 
 
-def _model_dtype(manifest: dict) -> str:
-    return QUANTIZATIONS[manifest["quantization"]].model_dtype
-
-
-def _is_thread_bound(func: tvm.tirx.PrimFunc) -> bool:
-    return "thread_binding" in func.script() or "launch_thread" in func.script()
-
-
 def _compare(got: list, want: list, tolerance: dict[str, float] | None = None) -> tuple[float, float, bool]:
     worst_abs, worst_rel, ok = 0.0, 0.0, True
     for g, w in zip(got, want):
@@ -173,15 +168,6 @@ def _compare(got: list, want: list, tolerance: dict[str, float] | None = None) -
     return worst_abs, worst_rel, ok
 
 
-def _skip_reason(name: str, reference: tvm.tirx.PrimFunc) -> str:
-    """Why `check` does not run kernel `name` ("" when it does)."""
-    if _NOT_RANDOMIZABLE.match(name):
-        return "tree attention / page copies: unused by the mlcpipe runtime"
-    if _is_thread_bound(reference):
-        return "no llvm reference for this GPU-only kernel"
-    return ""
-
-
 def check_artifact(artifact: str | Path, sizes: tuple[int, ...] = (1, 7), pattern: str | None = None, seed: int = 0, progress=None,
                    options=None) -> CheckReport:
     """Every kernel of the artifact's shipped library run on its device (the backend's
@@ -200,25 +186,22 @@ def check_artifact(artifact: str | Path, sizes: tuple[int, ...] = (1, 7), patter
     if manifest.get("kernel_source"):
         verified(artifact, manifest, manifest["kernel_source"], "kernel_source")
     roles = {k["name"]: k.get("role", "other") for k in manifest["kernels"]}
-    unscheduled = _load_tir(artifact, manifest, "unscheduled.json")
-    scheduled = _load_tir(artifact, manifest, "scheduled.json")
+    reference = Reference(artifact, manifest)
     chat_config = read_json(verified(artifact, manifest, RUNTIME_CONFIG, "files"), RUNTIME_CONFIG)
-    # GPU attention kernels are checked against llvm's (kernels on the host CPU are llvm's)
-    counterparts = _attention_counterparts(chat_config, _model_dtype(manifest)) if not device.HOST_CPU else {}
     model_config = chat_config["model_config"]
     heads = {"H": model_config["num_attention_heads"], "D": model_config["head_dim"]}
     results: list[KernelResult] = []
-    names = sorted(gv.name_hint for gv in scheduled.get_global_vars())
+    names = sorted(reference.kernels)
     if regex is not None:
         names = [n for n in names if regex.search(n)]
     if not names:
-        raise ArtifactError(f"--kernels {short_repr(pattern)}: matches none of the {len(scheduled.get_global_vars())} kernels of {artifact}")
+        raise ArtifactError(f"--kernels {short_repr(pattern)}: matches none of the {len(reference.kernels)} kernels of {artifact}")
     run = device.kernel_runner(artifact, manifest, options)
     if run is None:
         rows = device.static_checks(artifact, manifest, names, roles)
         results = [KernelResult(name, role, "-", status, note=note) for name, role, status, note in rows]
         return CheckReport(str(artifact), kind, False, results, device.not_executed(options))
-    skips = {name: _skip_reason(name, counterparts.get(name, unscheduled[name])) for name in names}
+    skips = {name: reference.kernels[name]["skip"] for name in names}
     if all(skips.values()):  # a check that runs nothing proves nothing
         if hasattr(run, "close"):
             run.close()
@@ -229,18 +212,18 @@ def check_artifact(artifact: str | Path, sizes: tuple[int, ...] = (1, 7), patter
         for index, name in enumerate(names):
             if progress:
                 progress(index, len(names), name)
-            func_u = unscheduled[name]
+            signature = reference.signature(name)
             role = roles.get(name, "other")
             if skips[name]:
                 results.append(KernelResult(name, role, "-", "skip", note=skips[name]))
                 continue
-            reference = counterparts.get(name, func_u)
-            for size in sizes if symbolic_dims(func_u) else (sizes[0],):
-                args, label = kernel_args(func_u, size, seed=seed, heads=heads)
-                if not symbolic_dims(func_u):
+            symbolic = bool(symbolic_dims(signature))
+            for size in sizes if symbolic else (sizes[0],):
+                args, label = kernel_args(signature, size, seed=seed, heads=heads)
+                if not symbolic:
                     label = "static"
-                want = run_on_llvm(reference, _copy(args), key=f"{artifact}:{name}")
-                note = "llvm ref: TVM CPU kernel" if name in counterparts else ""
+                want = reference.run(name, _copy(args))
+                note = "llvm ref: TVM CPU kernel" if reference.kernels[name]["reference"] == "tvm-cpu" else ""
                 if role in WEIGHT_ROLES and "dequantize" in name:
                     expected = numpy_dequant_matmul(name, manifest["quantization"], args)
                     if expected is not None:

@@ -1,5 +1,7 @@
 """Kernel metadata read from the IR: the role each kernel plays (pipeline/roles.py), its launch
-grid/block, and which kernels the paged KV cache carries.
+grid/block, which kernels the paged KV cache carries, and each kernel's signature (what the run
+side's kernel_inputs builds inputs from; random_args / kernel_args / symbolic_dims here take a
+PrimFunc).
 
 Weight-consuming kernels are identified from the Relax graph: the parameter a call_tir reads
 tells the role exactly. The rest are classified by their (TVM-given) names.
@@ -12,6 +14,8 @@ import re
 import tvm
 from tvm import relax
 
+from . import kernel_inputs
+from .model.sampler_spec import SAMPLER_ATTR
 from .roles import ROLES, role_by_name, role_of_param
 
 
@@ -60,7 +64,6 @@ def launch_config(mod: tvm.IRModule) -> dict[str, dict[str, list[str]]]:
     return out
 
 
-KV_CACHE_CREATE = "vm.builtin.paged_attention_kv_cache_create"
 
 
 def kv_cache_kernel_slots(mod: tvm.IRModule) -> list:
@@ -75,7 +78,7 @@ def kv_cache_kernel_slots(mod: tvm.IRModule) -> list:
             and isinstance(expr, relax.Call)
             and expr.args
             and isinstance(expr.args[0], relax.ExternFunc)
-            and expr.args[0].global_symbol == KV_CACHE_CREATE
+            and expr.args[0].global_symbol == kernel_inputs.KV_CACHE_CREATE
         ):
             for arg in expr.args[1:]:
                 if isinstance(arg, relax.GlobalVar):
@@ -89,3 +92,57 @@ def kv_cache_kernel_slots(mod: tvm.IRModule) -> list:
         if isinstance(func, relax.Function):
             relax.analysis.post_order_visit(func.body, visit)
     return slots
+
+
+# ---- signatures -----------------------------------------------------------------------------------
+
+_DIM_OPS = {"Add": "add", "Sub": "sub", "Mul": "mul", "FloorDiv": "floordiv", "FloorMod": "floormod",
+            "Div": "div", "Mod": "mod", "Min": "min", "Max": "max"}
+
+
+def dim_record(dim) -> int | dict:
+    """A shape dim as kernel_inputs evaluates it (int, {"var"}, {"op", "args"})."""
+    if isinstance(dim, int | tvm.tirx.IntImm):
+        return int(dim)
+    if isinstance(dim, tvm.tirx.Var):
+        return {"var": dim.name}
+    if isinstance(dim, tvm.tirx.Cast):
+        return {"op": "cast", "args": [dim_record(dim.value)]}
+    op = _DIM_OPS.get(type(dim).__name__)
+    if op is None:
+        raise ValueError(f"shape dim {dim} ({type(dim).__name__}): not an expression a signature can record")
+    return {"op": op, "args": [dim_record(dim.a), dim_record(dim.b)]}
+
+
+def signature_of(func: tvm.tirx.PrimFunc) -> dict:
+    """The kernel's parameters (name, dtype, shape; shape None for a scalar) and, for a sampler
+    kernel, its SAMPLER_ATTR."""
+    params = []
+    for param in func.params:
+        try:
+            shape = [dim_record(d) for d in param.shape]
+            params.append({"name": param.name, "dtype": str(param.dtype), "shape": shape})
+        except AttributeError:  # a scalar parameter
+            params.append({"name": param.name, "dtype": str(param.ty), "shape": None})
+    sampler = None
+    if func.attrs is not None and SAMPLER_ATTR in func.attrs:
+        sampler = {str(k): (str(v) if str(k) == "kind" else int(v)) for k, v in func.attrs[SAMPLER_ATTR].items()}
+    return {"params": params, "sampler": sampler}
+
+
+def is_thread_bound(func: tvm.tirx.PrimFunc) -> bool:
+    """Whether the kernel binds GPU threads (it cannot run on the CPU)."""
+    script = func.script()
+    return "thread_binding" in script or "launch_thread" in script
+
+
+def random_args(func: tvm.tirx.PrimFunc, sizes: dict[str, int], seed: int = 0):
+    return kernel_inputs.random_args(signature_of(func), sizes, seed)
+
+
+def kernel_args(func: tvm.tirx.PrimFunc, n: int, seed: int = 0, heads: dict[str, int] | None = None):
+    return kernel_inputs.kernel_args(signature_of(func), n, seed, heads)
+
+
+def symbolic_dims(func: tvm.tirx.PrimFunc) -> list[str]:
+    return kernel_inputs.symbolic_dims(signature_of(func))

@@ -1,4 +1,11 @@
-"""Seeded inputs of a PrimFunc's real shapes, symbolic dims bound to chosen sizes.
+"""Seeded inputs of a kernel's real shapes, symbolic dims bound to chosen sizes, from its
+signature: the parameters' names, dtypes and shapes as the build records them (NumPy only, so
+the run side builds the same inputs without TVM's compiler; `kernel_info.signature_of` makes a
+signature of a PrimFunc).
+
+A signature is {"params": [{"name", "dtype", "shape"}], "sampler": info or None}: `shape` is None
+for a scalar parameter, else a list of dims, each an int, {"var": name} or {"op": add | sub | mul
+| floordiv | floormod | div | mod | min | max | cast, "args": [dims]}.
 
 Plain kernels get random data. Paged-KV-cache kernels (attention, rope, kv append, state merge)
 read page tables and position maps: those get a valid layout for one sequence (`n` new tokens on
@@ -9,41 +16,49 @@ they follow is in bounds.
 from __future__ import annotations
 
 import numpy as np
-import tvm
-from tvm.sym.analyzer import Analyzer
 
+from .model.sampler_spec import kernel_args as sampler_kernel_args
+
+KV_CACHE_CREATE = "vm.builtin.paged_attention_kv_cache_create"  # the KV cache's create call (its kernels are its arguments)
 HISTORY = 9  # cached tokens before the new ones in paged-attention inputs
 SCALARS = {"causal": 1, "rotary_mode": 0, "rope_scale": 1.0, "rope_theta": 10000.0, "sm_scale": 0.125, "apply_rope": 1, "batch_size": 1}
+_OPS = {
+    "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
+    "floordiv": lambda a, b: a // b, "floormod": lambda a, b: a % b, "div": lambda a, b: int(a / b),
+    "mod": lambda a, b: a - b * int(a / b), "min": min, "max": max, "cast": lambda a: a,
+}
+
+
+def eval_dim(dim, sizes: dict[str, int]) -> int:
+    """A recorded dim's value with its vars bound by name (`sizes`)."""
+    if isinstance(dim, int):
+        return dim
+    if "var" in dim:
+        if dim["var"] not in sizes:
+            raise ValueError(f"symbolic dim '{dim['var']}' has no size; give one of it in sizes")
+        return int(sizes[dim["var"]])
+    return int(_OPS[dim["op"]](*(eval_dim(a, sizes) for a in dim["args"])))
+
+
+def dim_vars(dim) -> list[str]:
+    if isinstance(dim, int):
+        return []
+    if "var" in dim:
+        return [dim["var"]]
+    return [v for a in dim["args"] for v in dim_vars(a)]
 
 
 def concrete_shape(shape, sizes: dict[str, int]) -> tuple[int, ...]:
-    """Evaluate each dim with symbolic vars bound by name (`sizes`)."""
-    out = []
-    for dim in shape:
-        analyzer = Analyzer()
-        for var in tvm.tirx.analysis.undefined_vars(dim):
-            if var.name not in sizes:
-                raise ValueError(f"symbolic dim '{var.name}' has no size; give one of it in sizes")
-            analyzer.bind(var, tvm.tirx.const(sizes[var.name], str(var.ty)))
-        out.append(int(analyzer.simplify(dim)))
-    return tuple(out)
+    return tuple(eval_dim(d, sizes) for d in shape)
 
 
-def buffer_shape(param):
-    """The shape of a buffer parameter, or None for a scalar parameter."""
-    try:
-        return list(param.shape)
-    except AttributeError:
-        return None
-
-
-def symbolic_dims(func: tvm.tirx.PrimFunc) -> list[str]:
+def symbolic_dims(signature: dict) -> list[str]:
     names: list[str] = []
-    for param in func.params:
-        for dim in buffer_shape(param) or []:
-            for var in tvm.tirx.analysis.undefined_vars(dim):
-                if var.name not in names:
-                    names.append(var.name)
+    for param in signature["params"]:
+        for dim in param["shape"] or []:
+            for var in dim_vars(dim):
+                if var not in names:
+                    names.append(var)
     return names
 
 
@@ -55,35 +70,33 @@ def random_array(shape: tuple[int, ...], dtype: str, rng: np.random.Generator) -
     return (rng.standard_normal(shape) * 0.5).astype(dtype)
 
 
-def random_args(func: tvm.tirx.PrimFunc, sizes: dict[str, int], seed: int = 0) -> list[np.ndarray]:
+def random_args(signature: dict, sizes: dict[str, int], seed: int = 0) -> list[np.ndarray]:
     """One random array per buffer parameter (outputs included; kernels overwrite them)."""
     rng = np.random.default_rng(seed)
-    return [random_array(concrete_shape(p.shape, sizes), str(p.dtype), rng) for p in func.params]
+    return [random_array(concrete_shape(p["shape"], sizes), p["dtype"], rng) for p in signature["params"]]
 
 
-def _page_size(func: tvm.tirx.PrimFunc) -> int:
-    for param in func.params:
-        if param.name == "pages":  # (pages, 2, heads, page, dim) or MLA's (pages, page, dim)
-            shape = list(param.shape)
+def _page_size(signature: dict) -> int:
+    for param in signature["params"]:
+        if param["name"] == "pages" and param["shape"]:  # (pages, 2, heads, page, dim) or MLA's (pages, page, dim)
+            shape = param["shape"]
             dim = shape[3] if len(shape) == 5 else shape[1]
-            return int(dim) if isinstance(dim, tvm.tirx.IntImm) else 16
+            return dim if isinstance(dim, int) else 16
     return 16
 
 
-def kernel_args(func: tvm.tirx.PrimFunc, n: int, seed: int = 0, heads: dict[str, int] | None = None) -> tuple[list, str]:
-    """Inputs for `func` with `n` as the token count; returns (args, label of the sizes).
+def kernel_args(signature: dict, n: int, seed: int = 0, heads: dict[str, int] | None = None) -> tuple[list, str]:
+    """Inputs for the kernel of `signature` with `n` as the token count; returns (args, label of the sizes).
 
     Scalar parameters get fixed values (SCALARS); int32 index buffers get a valid paged layout.
     `heads` ({"H": query heads, "D": head dim} of the model) sizes the merge-state kernel's
     symbolic head dims: TVM's GPU kernel bakes both into its launch (threads, grid) and reads
     and writes out of bounds with any other H / D.
     """
-    from .model.sampler import is_sampler_kernel, kernel_args as sampler_kernel_args
-
-    if is_sampler_kernel(func):  # indices in range, distributions, sorted rows, bitmask words
-        return sampler_kernel_args(func, n, seed=seed)
+    if signature.get("sampler"):  # indices in range, distributions, sorted rows, bitmask words
+        return sampler_kernel_args(signature["sampler"], n, seed=seed)
     rng = np.random.default_rng(seed)
-    page = _page_size(func)
+    page = _page_size(signature)
     kv_len = n + HISTORY
     pages = -(-kv_len // page)
     sizes = {
@@ -91,7 +104,7 @@ def kernel_args(func: tvm.tirx.PrimFunc, n: int, seed: int = 0, heads: dict[str,
         "max_num_pages": pages, "nnz_pages": pages, "num_pages": pages, "N": n, "H": 4, "D": 32,
     }
     sizes.update(heads or {})
-    dims = symbolic_dims(func)
+    dims = symbolic_dims(signature)
     sizes = {**{d: n for d in dims}, **{k: v for k, v in sizes.items() if k in dims}}
     page_order = rng.permutation(pages).astype(np.int32)
     index_values = {
@@ -100,7 +113,7 @@ def kernel_args(func: tvm.tirx.PrimFunc, n: int, seed: int = 0, heads: dict[str,
         "page_values": page_order, "page_table_values": page_order,
         "length_info": [kv_len - page * (pages - 1)],
         "k_rope_pos_offset": [0],
-        "q_rope_position": np.arange(kv_len - n, kv_len) if "pages" in [p.name for p in func.params] else np.arange(n),
+        "q_rope_position": np.arange(kv_len - n, kv_len) if any(p["name"] == "pages" for p in signature["params"]) else np.arange(n),
         "position_map": np.arange(n),
         # tree attention: node i's Euler interval [i, n) makes every later token its descendant (a chain: causal)
         "tree_order_indptr": [0, n], "tree_order": np.stack([np.arange(n), np.full(n, n)], axis=1),
@@ -108,16 +121,15 @@ def kernel_args(func: tvm.tirx.PrimFunc, n: int, seed: int = 0, heads: dict[str,
         "copy_length_indptr": [0, n], "copy_src_dst_pos": np.stack([np.arange(HISTORY, HISTORY + n), np.arange(n)]),
     }
     args = []
-    for param in func.params:
-        shape = buffer_shape(param)
-        if shape is None:
-            args.append(SCALARS.get(param.name, 0 if "int" in str(param.ty) else 1.0))
+    for param in signature["params"]:
+        name, dtype = param["name"], param["dtype"]
+        if param["shape"] is None:
+            args.append(SCALARS.get(name, 0 if "int" in dtype else 1.0))
             continue
-        shape = concrete_shape(shape, sizes)
-        dtype = str(param.dtype)
-        if dtype == "int32" and param.name in index_values:
+        shape = concrete_shape(param["shape"], sizes)
+        if dtype == "int32" and name in index_values:
             values = np.zeros(shape, np.int32)
-            flat = np.asarray(index_values[param.name], np.int32)
+            flat = np.asarray(index_values[name], np.int32)
             if flat.shape == tuple(shape):  # given whole (tree_order, copy_src_dst_pos)
                 values = flat.copy()
             elif len(shape) == 2:  # e.g. length_info (3, B) when sliding windows are compiled in
@@ -128,6 +140,6 @@ def kernel_args(func: tvm.tirx.PrimFunc, n: int, seed: int = 0, heads: dict[str,
         else:
             args.append(random_array(shape, dtype, rng))
     label = ",".join(f"{k}={v}" for k, v in sizes.items()) or "static"
-    if any(p.name == "pages" for p in func.params):
+    if any(p["name"] == "pages" for p in signature["params"]):
         label += f",context={kv_len}"
     return args, label

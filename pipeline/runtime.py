@@ -1,4 +1,5 @@
-"""Load an artifact + weights and generate greedily with the paged KV cache."""
+"""Load an artifact + weights and generate with the paged KV cache, on TVM's runtime library alone
+(pipeline/device/tvm_runtime.py: no compiler), here or over TVM RPC."""
 
 from __future__ import annotations
 
@@ -7,15 +8,12 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
-import tvm
-from tvm import relax
 
-from .artifact import RUNTIME_CONFIG, check_output_file, verified_library
+from .artifact import RUNTIME_CONFIG, TENSOR_CACHE, check_output_file, verified_library
 from .backends import backend
+from .device import tvm_runtime as rt
 from .errors import ArtifactError
 from .generation import Generation
-from .weights import TENSOR_CACHE
-
 
 
 class Engine(Generation):
@@ -34,16 +32,16 @@ class Engine(Generation):
         library = verified_library(self.artifact, self.manifest)  # a corrupt library can crash the process
         if remote is None:
             self.device = backend(kind).local_device()
-            self.lib = tvm.runtime.load_module(str(library))
+            self.lib = rt.load_module(library)
         else:
             from .rpc import describe, remote_device, upload_library
 
             self.device = remote_device(remote, kind, describe(remote))
             self.lib = upload_library(remote, library, describe(remote))
-        self.vm = relax.VirtualMachine(self.lib, self.device)
+        self.vm = rt.VirtualMachine(self.lib, self.device)
         arrays = self._load_params(weights, seed)
         if remote is None:
-            self.params = [tvm.runtime.tensor(array, self.device) for array in arrays]
+            self.params = [rt.tensor(array, self.device) for array in arrays]
             self._params_arg = self.params  # what the VM functions take as their parameter tuple
         else:
             self.params = []  # the weights live on the remote, in the Array object `_params_arg`
@@ -89,7 +87,7 @@ class Engine(Generation):
         prefix = f"mlcpipe.{id(self):x}."
         names = [prefix + spec["name"] for spec in self.manifest["parameters"]]
         for name, array in zip(names, arrays):
-            uploaded = tvm.runtime.tensor(array, self.device)
+            uploaded = rt.tensor(array, self.device)
             update(name, uploaded, True)
             del uploaded  # frees the remote upload; the cache has its own copy
         array = self.global_func("vm.builtin.param_array_from_cache_by_name_unpacked")(*names)
@@ -99,21 +97,16 @@ class Engine(Generation):
 
     def _synthetic_params(self, seed: int) -> dict[str, np.ndarray]:
         from .config import parse_model_config
-        from .quantization import QUANTIZATIONS
-        from .weights import logical_weights
+        from .weights import synthetic_stored
 
         cfg = parse_model_config(self.config["model_config"], str(self.artifact / RUNTIME_CONFIG))
-        scheme = QUANTIZATIONS[self.manifest["quantization"]]
-        stored: dict[str, np.ndarray] = {}
-        for name, weight in logical_weights(cfg, "synthetic", seed):
-            stored.update(scheme.quantize_param(name, weight))
-        return stored
+        return synthetic_stored(cfg, self.manifest["quantization"], seed)
 
     # ---- local or remote runtime objects ---------------------------------------------------
     def global_func(self, name: str):
         """A global function of the runtime the model runs in (the remote's over RPC)."""
         if self.remote is None:
-            return tvm.get_global_func(name)
+            return rt.global_func(name)
         if name not in self._remote_funcs:  # each lookup is a network round trip
             self._remote_funcs[name] = self.remote.get_function(name)
         return self._remote_funcs[name]
@@ -121,7 +114,7 @@ class Engine(Generation):
     def shape(self, *dims: int):
         """An ffi.Shape living where the model runs (shapes cannot be sent over RPC)."""
         if self.remote is None:
-            return tvm.runtime.ShapeTuple(list(dims))
+            return rt.shape(*dims)
         if dims not in self._remote_shapes:
             self._remote_shapes[dims] = self.global_func("ffi.Shape")(*dims)
         return self._remote_shapes[dims]
@@ -133,10 +126,15 @@ class Engine(Generation):
         self.global_func("vm.builtin.kv_state_add_sequence")(self.kv_cache, 0)
 
     def _step(self, kind: str, tokens: np.ndarray) -> np.ndarray:
+        return rt.to_numpy(self.forward(kind, tokens)).reshape(-1)
+
+    def forward(self, kind: str, tokens: np.ndarray):
+        """One forward pass of `tokens` ("prefill" chunk or "decode"); the last token's logits
+        as a tensor on the device (the KV cache advanced)."""
         func = self._prefill if kind == "prefill" else self._decode
-        ids = tvm.runtime.tensor(tokens.astype("int32"), self.device)
+        ids = rt.tensor(tokens.astype("int32"), self.device)
         embed = self._embed(ids, self._params_arg)
-        embed = embed._create_view((1, len(tokens), embed.shape[-1]))
+        embed = rt.view(embed, (1, len(tokens), embed.shape[-1]))
         begin = self.global_func("vm.builtin.kv_state_begin_forward")
         end = self.global_func("vm.builtin.kv_state_end_forward")
         begin(self.kv_cache, self.shape(0), self.shape(len(tokens)))
@@ -147,7 +145,7 @@ class Engine(Generation):
             get_item = self.global_func("ffi.ArrayGetItem")
             logits, self.kv_cache = get_item(out, 0), get_item(out, 1)
         end(self.kv_cache)
-        return logits.numpy().reshape(-1)
+        return logits
 
     def _item(self, out, index: int):
         """Item `index` of a tuple a VM function returned (over RPC it stays on the remote)."""
@@ -155,7 +153,7 @@ class Engine(Generation):
 
     def _sample(self, logits, sampling, penalty, uniform: float) -> int:
         vocab = logits.size
-        put = lambda array: tvm.runtime.tensor(np.ascontiguousarray(array), self.device)  # noqa: E731
+        put = lambda array: rt.tensor(np.ascontiguousarray(array), self.device)  # noqa: E731
         x = put(logits.astype(np.float32).reshape(1, vocab))
         if penalty is not None:
             rows = np.zeros(len(penalty.token_ids), dtype=np.int32)
@@ -165,11 +163,11 @@ class Engine(Generation):
             else:  # TVM's RPC cannot return a tensor that is one of the call's arguments (the in-place
                 # result): the function's one kernel is called directly, which returns nothing
                 self.lib.get_function("sampler_apply_penalty", query_imports=True)(*args)
-        probs = self.vm["softmax_with_temperature"](x._create_view((1, 1, vocab)), put(np.float32([sampling.temperature])))
-        ordered = self.vm["argsort_probs"](probs._create_view((1, vocab)))
+        probs = self.vm["softmax_with_temperature"](rt.view(x, (1, 1, vocab)), put(np.float32([sampling.temperature])))
+        ordered = self.vm["argsort_probs"](rt.view(probs, (1, vocab)))
         token = self.vm["sample_with_top_p"](self._item(ordered, 0), self._item(ordered, 1), put(np.float32([uniform])),
                                              put(np.int32([0])), put(np.float32([sampling.top_p])))
-        return int(token.numpy()[0])
+        return int(rt.to_numpy(token)[0])
 
 
 def check_logits_path(path: str | Path) -> Path:
@@ -204,7 +202,7 @@ def library_kernel_runner(artifact: Path, manifest: dict, remote=None):
     kind = manifest["target"]["kind"]
     if remote is None:
         device = backend(kind).local_device()
-        lib = tvm.runtime.load_module(str(library))
+        lib = rt.load_module(library)
     else:
         from .rpc import describe, remote_device, upload_library
 
@@ -212,9 +210,9 @@ def library_kernel_runner(artifact: Path, manifest: dict, remote=None):
         lib = upload_library(remote, library, describe(remote))
 
     def run(name: str, args: list) -> list:
-        tensors = [tvm.runtime.tensor(a, device) if isinstance(a, np.ndarray) else a for a in args]
+        tensors = [rt.tensor(a, device) if isinstance(a, np.ndarray) else a for a in args]
         lib.get_function(name, query_imports=True)(*tensors)
-        device.sync()
-        return [t.numpy() if isinstance(t, tvm.runtime.Tensor) else t for t in tensors]
+        rt.sync(device)
+        return [rt.to_numpy(t) if rt.is_tensor(t) else t for t in tensors]
 
     return run

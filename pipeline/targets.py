@@ -58,7 +58,8 @@ class HostCPU:
     source: str = "llvm"  # "llvm": LLVM's host detection, confirmed by the flags; "flags": from the flags
 
 
-def _cpu_flags(cpuinfo: str) -> set[str]:
+def cpu_flags(cpuinfo: str) -> set[str]:
+    """The flags (x86) or Features (aarch64) of a /proc/cpuinfo text."""
     for line in cpuinfo.splitlines():
         if line.startswith(("flags", "Features")):
             return set(line.split(":", 1)[1].split())
@@ -88,7 +89,7 @@ def detect_host(cpuinfo: str | None = None, llvm_cpu: str | None = None, machine
 
         llvm_cpu = codegen.llvm_get_system_cpu()
     machine = machine or platform.machine()
-    flags = _cpu_flags(cpuinfo)
+    flags = cpu_flags(cpuinfo)
     arm = machine in ("aarch64", "arm64")
     triple, table = ("aarch64-linux-gnu", _ARM_FEATURE_FLAGS) if arm else ("x86_64-linux-gnu", _X86_FEATURE_FLAGS)
     if llvm_cpu and llvm_cpu != "generic" and _llvm_features_present(llvm_cpu, triple, table, flags):
@@ -140,11 +141,13 @@ def load_target(name: str, overrides: dict[str, Any] | None = None) -> TargetSpe
 def preset_peak_gbps(name: str) -> float | None:
     """Peak memory bandwidth of target preset `name` (reports' % of peak); None when the preset
     says none, or no longer loads (removed or renamed since the profile was taken)."""
+    path = TARGETS_DIR / f"{name}.yaml"
     try:
-        peak = load_target(name).peak_gbps
+        raw = load_yaml(path, "target preset") if path.is_file() else None
     except ConfigError:
         return None
-    return peak or None
+    peak = raw.get("peak_gbps") if isinstance(raw, dict) else None  # the YAML alone: no TVM on the run side
+    return float(peak) if isinstance(peak, int | float) and not isinstance(peak, bool) and peak > 0 else None
 
 
 def _resolve_cpu(path: Path, raw: dict[str, Any], field: str) -> dict[str, Any]:

@@ -24,7 +24,7 @@ import numpy as np
 import tvm
 
 from .config import ModelConfig
-from .kernel_inputs import random_args, symbolic_dims
+from .kernel_info import random_args, symbolic_dims
 from .targets import TargetSpec
 from .tuning import TuningDB
 

@@ -22,7 +22,7 @@ import tvm
 
 from .backends import backend, kinds_with
 from .config import ModelConfig
-from .kernel_inputs import random_args, symbolic_dims
+from .kernel_info import random_args, symbolic_dims
 from .targets import TargetSpec
 from .threads import configure as configure_threads
 from .tune import TuneError, compile_kernel, output_mismatch, run_kernel, time_kernel_ms, timing_device, unscheduled_kernels

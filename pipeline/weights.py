@@ -7,6 +7,7 @@ import contextlib
 import io
 import json
 import math
+import os
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +20,7 @@ from .config import ModelConfig, check_quantization, short_repr
 from .errors import ArtifactError, ConfigError
 from .mlc_contract import TENSOR_CACHE, copy_tokenizer_files, detect_tokenizer_info, mlc_chat_config
 from .tensor_cache import CACHE_DTYPES, read_tensor_cache, uint
-from .model import MODELS
+from .model import WEIGHT_MAPS
 from .quantization import QUANTIZATIONS
 from .tokenizer import Tokenizer
 
@@ -209,12 +210,11 @@ def value_limit(quant: str) -> tuple[float, str] | None:
 def logical_weights(config: ModelConfig, source: str | Path, seed: int = 0, limit: tuple[float, str] | None = None):
     """Yield (logical name, float32 array) for every logical parameter of the model; checkpoint
     tensors must be finite and, with `limit` (see `value_limit`), within it."""
-    sources = MODELS[config.architecture]["hf_sources"](config)
+    sources = WEIGHT_MAPS[config.architecture](config)
     if str(source) == "synthetic":
         get = synthetic_source(config, seed)
         for ws in sources:
-            parts = [get(hf_name, shape) for hf_name, shape in zip(ws.hf_names, ws.hf_shapes)]
-            yield ws.name, parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+            yield ws.name, _synthetic_tensor(get, ws)
         return
     check_hf_config(config, Path(source))
     tensors = SafetensorsDir(Path(source))
@@ -236,6 +236,29 @@ def logical_weights(config: ModelConfig, source: str | Path, seed: int = 0, limi
             _check_values(f"{tensors.index[hf_name][0]}: tensor '{hf_name}'", values, limit)
             parts.append(values)
         yield ws.name, parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+
+
+def synthetic_stored(config: ModelConfig, quant: str, seed: int = 0, workers: int | None = None) -> dict[str, np.ndarray]:
+    """The stored tensors of `--weights synthetic` (logical_weights' values, quantized), made by
+    `workers` threads (default: the CPUs this process may use; NumPy releases the GIL)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    scheme = QUANTIZATIONS[quant]
+    get = synthetic_source(config, seed)
+    if workers is None:
+        workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    stored: dict[str, np.ndarray] = {}
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        for tensors in pool.map(lambda ws: scheme.quantize_param(ws.name, _synthetic_tensor(get, ws)),
+                                WEIGHT_MAPS[config.architecture](config)):
+            stored.update(tensors)
+    return stored
+
+
+def _synthetic_tensor(get, ws) -> np.ndarray:
+    """A logical parameter of seeded synthetic weights (its HF parts concatenated)."""
+    parts = [get(hf_name, shape) for hf_name, shape in zip(ws.hf_names, ws.hf_shapes)]
+    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
 
 
 def expected_parameters(config: ModelConfig, quant: str) -> list[tuple[str, tuple[int, ...], str]]:

@@ -251,10 +251,18 @@ def check_library_truncated(ctx):
 
 
 @case()
-def check_scheduled_tir_edited(ctx):
+def check_reference_record_edited(ctx):
     art = ctx.art()
-    (art / "tir" / "scheduled.json").write_text((art / "tir" / "scheduled.json").read_text() + " ")
-    return ["check", "--artifact", str(art), "--kernels", "rms_norm"], r"tir/scheduled\.json: .*bytes, .*manifest\.json records"
+    (art / "reference" / "kernels.json").write_text((art / "reference" / "kernels.json").read_text() + " ")
+    return ["check", "--artifact", str(art), "--kernels", "rms_norm"], r"reference/kernels\.json: .*bytes, .*manifest\.json records"
+
+
+@case(subprocess_run=True)
+def check_reference_library_of_junk(ctx):
+    art = ctx.art()
+    library = art / "reference" / "kernels.so"
+    library.write_bytes(np.random.default_rng(2).bytes(library.stat().st_size))
+    return ["check", "--artifact", str(art), "--kernels", "rms_norm"], r"reference/kernels\.so: " + SHA
 
 
 # ---- check that would run nothing; its flags ----------------------------------------------------

@@ -1,9 +1,10 @@
-"""PyTorch CPU peer: an HF-style Llama forward written here (RMSNorm, RoPE with llama3 scaling,
-GQA, SwiGLU, tied embeddings, static KV cache), in fp32, bf16, or int4 through
-`torch._weight_int4pack_mm_for_cpu` (group 32, bf16 activations).
+"""PyTorch peer: an HF-style Llama forward written here (RMSNorm, RoPE with llama3 scaling,
+GQA, SwiGLU, tied embeddings, static KV cache), in fp32, bf16, fp16, or int4 through
+`torch._weight_int4pack_mm_for_cpu` on the CPU and `torch._weight_int4pack_mm` on CUDA (group 32,
+bf16 activations), eager, on the CPU or a CUDA device.
 
 The int4 weights are mlcpipe's own q4 group quantization of the same weights (q in 0..14,
-w = (q - 7) * scale, group 32 along K): PyTorch's CPU int4 kernel dequantizes
+w = (q - 7) * scale, group 32 along K): PyTorch's int4 kernels dequantize
 w = (q - 8) * scale + zero, so zero = scale gives exactly the same matrix. q/k/v and gate/up
 are concatenated into one matmul each (as mlcpipe does), which only saves PyTorch op overhead.
 """
@@ -16,7 +17,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-MODES = ("fp32", "bf16", "int4")
+MODES = ("fp32", "bf16", "fp16", "int4")
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16, "int4": torch.bfloat16}
 GROUP = 32
 
 
@@ -51,25 +53,33 @@ def q4_values(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 class Int4Linear:
-    """y = x @ W^T with W stored as PyTorch's CPU int4 pack (group 32, bf16 scales/zeros)."""
+    """y = x @ W^T with W stored as PyTorch's int4 pack (group 32, bf16 scales/zeros): the CPU
+    layout from int32 values, the CUDA one (tinygemm, 8 inner k-tiles) from two values a byte,
+    the even column in the high nibble."""
 
-    def __init__(self, weight: np.ndarray, dtype=torch.bfloat16):
+    def __init__(self, weight: np.ndarray, dtype=torch.bfloat16, device: str = "cpu"):
         q, q_scale = q4_values(weight)
         q = torch.from_numpy(q)  # (N, K) int32, 0..14
         scale = torch.from_numpy(np.ascontiguousarray(q_scale.T)).to(dtype)  # (K/32, N)
-        self.packed = torch._convert_weight_to_int4pack_for_cpu(q, 1)
-        self.scales_zeros = torch.stack([scale, scale], dim=-1).contiguous()  # zero = scale
+        self.cuda = torch.device(device).type == "cuda"
+        if self.cuda:
+            pairs = (q[:, ::2] << 4 | q[:, 1::2]).to(torch.uint8)
+            self.packed = torch._convert_weight_to_int4pack(pairs.to(device), 8)
+        else:
+            self.packed = torch._convert_weight_to_int4pack_for_cpu(q, 1)
+        self.scales_zeros = torch.stack([scale, scale], dim=-1).contiguous().to(device)  # zero = scale
         self.nbytes = self.packed.numel() * self.packed.element_size() + self.scales_zeros.numel() * self.scales_zeros.element_size()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
-        y = torch._weight_int4pack_mm_for_cpu(x.reshape(-1, shape[-1]), self.packed, GROUP, self.scales_zeros)
+        mm = torch._weight_int4pack_mm if self.cuda else torch._weight_int4pack_mm_for_cpu
+        y = mm(x.reshape(-1, shape[-1]), self.packed, GROUP, self.scales_zeros)
         return y.reshape(*shape[:-1], y.shape[-1])
 
 
 class DenseLinear:
-    def __init__(self, weight: np.ndarray, dtype):
-        self.weight = torch.from_numpy(weight).to(dtype).contiguous()
+    def __init__(self, weight: np.ndarray, dtype, device: str = "cpu"):
+        self.weight = torch.from_numpy(weight).to(device=device, dtype=dtype).contiguous()
         self.nbytes = self.weight.numel() * self.weight.element_size()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
@@ -77,23 +87,23 @@ class DenseLinear:
 
 
 class TorchLlama:
-    """Batch 1, one sequence, static KV cache of `max_len` positions."""
+    """Batch 1, one sequence, static KV cache of `max_len` positions, on `device`."""
 
     def __init__(self, config, weights: dict[str, np.ndarray], mode: str = "fp32", max_len: int = 1024,
-                 dtype: torch.dtype | None = None):
-        """`dtype`: activation dtype (default float32 for fp32, bfloat16 for bf16 and int4)."""
+                 dtype: torch.dtype | None = None, device: str = "cpu"):
+        """`dtype`: activation dtype (default: the mode's, DTYPES; bfloat16 for int4)."""
         if mode not in MODES:
             raise ValueError(f"mode {mode!r}: allowed {MODES}")
-        self.cfg, self.mode = config, mode
-        self.dtype = dtype or (torch.float32 if mode == "fp32" else torch.bfloat16)
+        self.cfg, self.mode, self.device = config, mode, torch.device(device)
+        self.dtype = dtype or DTYPES[mode]
         c = config
         self.hq, self.hkv, self.d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
 
         def linear(w: np.ndarray):
-            return Int4Linear(w, self.dtype) if mode == "int4" else DenseLinear(w, self.dtype)
+            return Int4Linear(w, self.dtype, device) if mode == "int4" else DenseLinear(w, self.dtype, device)
 
         def vec(name):
-            return torch.from_numpy(weights[name]).to(self.dtype)
+            return torch.from_numpy(weights[name]).to(device=device, dtype=self.dtype)
 
         self.layers = []
         for i in range(c.num_hidden_layers):
@@ -113,9 +123,9 @@ class TorchLlama:
         if mode == "int4":  # the table holds q4 values, as mlcpipe's quantized embedding does
             q, scale = q4_values(embed)
             deq = (q.reshape(q.shape[0], -1, GROUP) - 7).astype(np.float32) * scale[..., None]
-            self.embed = torch.from_numpy(deq.reshape(embed.shape)).to(self.dtype)
+            self.embed = torch.from_numpy(deq.reshape(embed.shape)).to(device=device, dtype=self.dtype)
         else:
-            self.embed = torch.from_numpy(embed).to(self.dtype)
+            self.embed = torch.from_numpy(embed).to(device=device, dtype=self.dtype)
         if head is None and mode != "int4":
             self.lm_head = DenseLinear.__new__(DenseLinear)  # tied: the same tensor
             self.lm_head.weight, self.lm_head.nbytes = self.embed, self.embed.numel() * self.embed.element_size()
@@ -125,11 +135,11 @@ class TorchLlama:
         self.eps = c.rms_norm_eps
         inv = rope_inv_freq(c.head_dim, c.rope_theta, c.rope_scaling)
         ang = torch.outer(torch.arange(max_len, dtype=torch.float32), inv)
-        self.cos = torch.cat([ang.cos()] * 2, dim=-1).to(self.dtype)  # (max_len, d)
-        self.sin = torch.cat([ang.sin()] * 2, dim=-1).to(self.dtype)
+        self.cos = torch.cat([ang.cos()] * 2, dim=-1).to(device=device, dtype=self.dtype)  # (max_len, d)
+        self.sin = torch.cat([ang.sin()] * 2, dim=-1).to(device=device, dtype=self.dtype)
         shape = (c.num_hidden_layers, 1, self.hkv, max_len, self.d)
-        self.k_cache = torch.zeros(shape, dtype=self.dtype)
-        self.v_cache = torch.zeros(shape, dtype=self.dtype)
+        self.k_cache = torch.zeros(shape, dtype=self.dtype, device=device)
+        self.v_cache = torch.zeros(shape, dtype=self.dtype, device=device)
         self.max_len, self.pos = max_len, 0
 
     @property
@@ -158,12 +168,12 @@ class TorchLlama:
         if start + n > self.max_len:
             raise ValueError(f"{start + n} positions exceed the KV cache of {self.max_len}")
         end = start + n
-        x = self.embed[torch.as_tensor(tokens, dtype=torch.long)].unsqueeze(0)  # (1, n, h)
+        x = self.embed[torch.as_tensor(tokens, dtype=torch.long, device=self.device)].unsqueeze(0)  # (1, n, h)
         cos, sin = self.cos[start:end], self.sin[start:end]
         q_out, kv_out = self.hq * self.d, self.hkv * self.d
         mask = None
         if n > 1 and start > 0:  # chunk after a prefix: causal within the chunk, all of the prefix
-            mask = torch.ones(n, end, dtype=torch.bool).tril(diagonal=start)
+            mask = torch.ones(n, end, dtype=torch.bool, device=self.device).tril(diagonal=start)
         for i, layer in enumerate(self.layers):
             h = self._rms(x, layer["ln1"])
             qkv = layer["qkv"](h)
@@ -186,12 +196,13 @@ class TorchLlama:
         return self.lm_head(x)[0].float()
 
 
-def load(config, mode: str, seed: int = 0, max_len: int = 1024, dtype: torch.dtype | None = None) -> TorchLlama:
+def load(config, mode: str, seed: int = 0, max_len: int = 1024, dtype: torch.dtype | None = None,
+         device: str = "cpu") -> TorchLlama:
     """The model with mlcpipe's seeded synthetic weights (same values as `--weights synthetic`)."""
     from ..common import hf_weights
 
     weights = {name: get() for name, _, get in hf_weights(config, seed)}
-    return TorchLlama(config, weights, mode, max_len, dtype)
+    return TorchLlama(config, weights, mode, max_len, dtype, device)
 
 
 def run(settings, mode: str):

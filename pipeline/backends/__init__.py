@@ -14,7 +14,7 @@ import importlib
 KINDS = ("llvm", "cuda", "metal", "webgpu")
 INTERFACE = (
     "HOST_CPU", "PRESET_OPTIONS", "check_preset",  # target presets
-    "LIBRARY", "SOURCE_FILE", "PASS_CONFIG", "KERNEL_SUFFIX", "export", "kernel_source", "compile_context",  # build
+    "LIBRARY", "SOURCE_FILE", "PASS_CONFIG", "pipeline_config", "KERNEL_SUFFIX", "export", "kernel_source", "compile_context",  # build
     "install_lowerings",
     "open_engine", "kernel_runner", "static_checks", "not_executed", "PROFILE_DEFAULTS", "profile",  # run
     "local_device", "timing_device", "timing_cold_bytes", "RPC_DEVICE", "RPC_DEVICE_HINT", "WEBGPU_RUNTIME", "METASCHEDULE", "NIGHTLY_PROFILE",
@@ -46,13 +46,12 @@ def kinds_with(attribute: str) -> tuple[str, ...]:
     return tuple(kind for kind in KINDS if getattr(backend(kind), attribute))
 
 
-def not_runnable_here(kind: str) -> Exception:
-    """The error for an artifact TVM's runtime cannot run on this machine."""
-    import tvm
-
+def not_runnable_here(kind: str, cuda_here: bool) -> Exception:
+    """The error for an artifact TVM's runtime cannot run on this machine (`cuda_here`: whether
+    cuda artifacts can, cuda.cuda_present())."""
     from ..errors import ArtifactError
 
-    runnable = ["llvm"] + (["cuda"] if tvm.cuda(0).exist else [])
+    runnable = ["llvm"] + (["cuda"] if cuda_here else [])
     return ArtifactError(f"artifact target '{kind}' cannot run on this machine (runnable here: {', '.join(runnable)})")
 
 

@@ -34,13 +34,18 @@ SOURCE_FILE = "kernels.cu"
 PASS_CONFIG = {"tirx.disable_cse_tir": True}
 KERNEL_SUFFIX = "_kernel"  # TVM names a PrimFunc's device kernel <name>_kernel
 HOST_CPU = False
-PRESET_OPTIONS = {"fatbin_archs": "a list of sm_XY archs, e.g. [sm_80, sm_90]"}
+PRESET_OPTIONS = {"fatbin_archs": "a list of sm_XY archs, e.g. [sm_80, sm_90]",
+                  "cuda_graph": "true or false (default): capture decode's static kernel runs as CUDA graphs"}
 RPC_DEVICE = "cuda"
 RPC_DEVICE_HINT = ""
 WEBGPU_RUNTIME = False
 METASCHEDULE = True
 NIGHTLY_PROFILE = True  # where a GPU is present
 
+# TVM's CUDA runtime, loaded with the device (pipeline/device/tvm_runtime.py), after the CUDA runtime
+# it links where one lies beside it (a bundle's: the machine's may not be on the loader's path)
+RUNTIME_LIBRARIES = ("libtvm_runtime_cuda.so",)
+CUDART = "libcudart.so.13"
 CALLBACK = "tvm_callback_cuda_compile"
 FATBIN_MAGIC = 0xBA55ED50
 _FATBIN_MAGIC_BYTES = struct.pack("<I", FATBIN_MAGIC)
@@ -152,6 +157,14 @@ def check_preset(path, raw, options, given) -> None:
         _check_nvcc_archs(f"--{field.replace('_', '-')}" if field in given else f"{path}: field '{field}'", values)
     if raw.get("arch") not in archs:
         options["fatbin_archs"] = [*archs, raw.get("arch")]
+    if not isinstance(options.get("cuda_graph", False), bool):
+        raise ConfigError(f"{path}: field 'cuda_graph': got {short_repr(options['cuda_graph'])}; expected {PRESET_OPTIONS['cuda_graph']}")
+
+
+def pipeline_config(options) -> dict:
+    """`cuda_graph`: TVM's RewriteCUDAGraph (in the finalize phase) lifts the static-shape kernel
+    runs between the KV cache's calls into regions the VM captures once and replays as CUDA graphs."""
+    return {"relax.backend.use_cuda_graph": True} if options.get("cuda_graph") else {}
 
 
 def _first_errors(output: str, limit: int = 6) -> str:
@@ -475,11 +488,9 @@ def _source_of(module) -> str:
 
 def kernel_runner(artifact, manifest, options):
     """The fatbin's kernels on this machine's CUDA device (or over TVM RPC); None without one."""
-    import tvm
-
     from .native import kernel_runner as run_shipped
 
-    return run_shipped(artifact, manifest, options, local=tvm.cuda(0).exist)
+    return run_shipped(artifact, manifest, options, local=cuda_present())
 
 
 def static_checks(artifact, manifest, names, roles) -> list[tuple]:
@@ -512,14 +523,29 @@ def not_executed(options) -> str:
     return "cuda: NOT EXECUTED (no CUDA device here): every kernel compiled by nvcc/ptxas for the fatbin archs; registers and spills reported"
 
 
-def local_device():
-    import tvm
+def cuda_device():
+    """Device 0 of TVM's CUDA runtime (loaded first; RuntimeUnavailable where it cannot load)."""
+    from ..device import tvm_runtime as rt
 
+    return rt.device("cuda", 0, RUNTIME_LIBRARIES, (CUDART,))
+
+
+def cuda_present() -> bool:
+    """Whether TVM's runtime sees a CUDA device here (False where its CUDA runtime cannot load)."""
+    from ..device import tvm_runtime as rt
+
+    try:
+        return rt.exists(cuda_device())
+    except rt.RuntimeUnavailable:
+        return False
+
+
+def local_device():
     from . import not_runnable_here
 
-    if not tvm.cuda(0).exist:
-        raise not_runnable_here("cuda")
-    return tvm.cuda(0)
+    if not cuda_present():
+        raise not_runnable_here("cuda", cuda_here=False)
+    return cuda_device()
 
 
 def timing_device():

@@ -23,6 +23,12 @@ METASCHEDULE = True  # `tune --tuner metaschedule` can search its kernels here
 NIGHTLY_PROFILE = True  # the nightly's profile check can run it
 
 
+def pipeline_config(options) -> dict:
+    """No PassContext config for the Relax pipeline."""
+    del options
+    return {}
+
+
 def check_preset(path, raw, options, given) -> None:
     """Nothing to check beyond what TVM checks."""
     del path, raw, options, given
@@ -105,9 +111,9 @@ def not_executed(options) -> str:
 
 
 def local_device():
-    import tvm
+    from ..device import tvm_runtime as rt
 
-    return tvm.cpu()
+    return rt.device("cpu")
 
 
 def timing_device():

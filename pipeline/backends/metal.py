@@ -54,6 +54,12 @@ def install_lowerings() -> None:
     """No intrinsic lowerings of our own for this target (llvm has some)."""
 
 
+def pipeline_config(options) -> dict:
+    """No PassContext config for the Relax pipeline."""
+    del options
+    return {}
+
+
 def check_preset(path, raw, options, given) -> None:
     """Nothing to check beyond what TVM checks."""
     del path, raw, options, given

@@ -54,6 +54,12 @@ _LINK_FLAGS = (
 )  # fmt: skip
 
 
+def pipeline_config(options) -> dict:
+    """No PassContext config for the Relax pipeline."""
+    del options
+    return {}
+
+
 def check_preset(path, raw, options, given) -> None:
     """`supports_subgroups: true` (TVM's webgpu attribute) opts in to WebGPU subgroups: kernels
     then need an adapter with the "subgroups" feature. TVM 0.27 sets thread_warp_size to 32
@@ -366,8 +372,9 @@ def profile(engine, options, weights, llvm_twin, **kwargs) -> dict:
 def local_device():
     """TVM's runtime here has no WebGPU: webgpu artifacts run in a WebGPU runtime (open_engine)."""
     from . import not_runnable_here
+    from .cuda import cuda_present
 
-    raise not_runnable_here("webgpu")
+    raise not_runnable_here("webgpu", cuda_here=cuda_present())
 
 
 def timing_device():

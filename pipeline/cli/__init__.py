@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from . import build, check, convert_weights, mlc, nightly, profile, run, tune
+from . import build, bundle, check, convert_weights, mlc, nightly, profile, run, tune
 from .common import UserErrors
 
 
@@ -20,6 +20,6 @@ def main(threads: int | None) -> None:
 
 
 for _command in (build.build, tune.tune, convert_weights.convert_weights, run.run, check.check, profile.profile,
-                 nightly.nightly, nightly.verify, mlc.mlc_check, mlc.webllm):
+                 nightly.nightly, nightly.verify, mlc.mlc_check, mlc.webllm, bundle.bundle):
     main.add_command(_command)
 del _command

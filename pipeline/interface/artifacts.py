@@ -24,10 +24,12 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("MLCPIPE_ARTIFACTS", REPO_ROOT / "artifacts")) / "cache"
 
 
-def ensure_artifact(model: str | ModelConfig, quant: str, target_name: str, cache_dir: Path | None = None, log=print) -> Path:
-    """The cached artifact whose key matches today's inputs, else a fresh build into the cache."""
+def ensure_artifact(model: str | ModelConfig, quant: str, target_name: str, cache_dir: Path | None = None, log=print,
+                    overrides: dict | None = None) -> Path:
+    """The cached artifact whose key matches today's inputs, else a fresh build into the cache
+    (`overrides`: preset keys set on top of the preset, as `build`'s options set them)."""
     config = model if isinstance(model, ModelConfig) else load_model_config(model)
-    target = load_target(target_name)
+    target = load_target(target_name, overrides)
     inputs = cache_inputs(config, quant, target)
     key = digest(inputs)
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
@@ -39,7 +41,8 @@ def ensure_artifact(model: str | ModelConfig, quant: str, target_name: str, cach
     entry.parent.mkdir(parents=True, exist_ok=True)
     log(f"[mlcpipe] building {config.name} {quant} {target_name} into {entry} (cache key {key[:12]})")
     child = multiprocessing.get_context("spawn").Process(
-        target=_build, args=(str(config.source), quant, target_name, str(entry), {"cache_key": key, "cache_inputs": inputs}))
+        target=_build, args=(str(config.source), quant, target_name, str(entry), {"cache_key": key, "cache_inputs": inputs},
+                             overrides))
     child.start()
     child.join()
     if child.exitcode != 0 or lookup_artifact(cache_dir, key) is None:
@@ -48,7 +51,8 @@ def ensure_artifact(model: str | ModelConfig, quant: str, target_name: str, cach
     return entry
 
 
-def _build(config_path: str, quant: str, target_name: str, output: str, extra: dict) -> None:
+def _build(config_path: str, quant: str, target_name: str, output: str, extra: dict, overrides: dict | None = None) -> None:
     from ..build import build
 
-    build(load_model_config(config_path), quant, load_target(target_name), output=Path(output), manifest_extra=extra, log=lambda _m: None)
+    build(load_model_config(config_path), quant, load_target(target_name, overrides), output=Path(output), manifest_extra=extra,
+          log=lambda _m: None)

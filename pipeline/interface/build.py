@@ -8,22 +8,24 @@ from pathlib import Path
 from ..errors import OptionValueError
 
 
-def target_overrides(mcpu: str | None, arch: str | None = None, fatbin_archs: list[str] | None = None) -> dict:
+def target_overrides(mcpu: str | None, arch: str | None = None, fatbin_archs: list[str] | None = None,
+                     cuda_graph: bool = False) -> dict:
     """The preset keys the command line overrides (those given, non-empty)."""
-    overrides = {"mcpu": mcpu, "arch": arch, "fatbin_archs": fatbin_archs}
+    overrides = {"mcpu": mcpu, "arch": arch, "fatbin_archs": fatbin_archs, "cuda_graph": cuda_graph}
     return {k: v for k, v in overrides.items() if v}
 
 
 def build(model: str, quant: str, target_name: str, *, mcpu: str | None = None, arch: str | None = None,
-          fatbin_archs: list[str] | None = None, output: Path | None = None, weights: str | None = None,
-          dump_ir: bool = False, tuning_db: Path | None = None, log: Callable[[str], None] = print) -> Path:
+          fatbin_archs: list[str] | None = None, cuda_graph: bool = False, output: Path | None = None,
+          weights: str | None = None, dump_ir: bool = False, tuning_db: Path | None = None,
+          log: Callable[[str], None] = print) -> Path:
     """Compile `model` into an artifact directory; returns its path."""
     from ..build import build as compile_model
     from ..config import load_model_config
     from ..targets import load_target
 
     config = load_model_config(model)
-    target = load_target(target_name, target_overrides(mcpu, arch, fatbin_archs))
+    target = load_target(target_name, target_overrides(mcpu, arch, fatbin_archs, cuda_graph))
     if tuning_db is not None and not tuning_db.is_file():
         raise OptionValueError(f"{tuning_db}: no such file", "--tuning-db")
     return compile_model(config, quant, target, output=output, dump_ir=dump_ir, weights=weights, log=log, tuning_db=tuning_db)

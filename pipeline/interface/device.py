@@ -12,11 +12,15 @@ def run_options(rpc: str | None, rpc_tracker: str | None, rpc_key: str | None, a
                 prefill_chunk: int | None = None):
     """backends.RunOptions for the options (connects to the RPC server or tracker when given)."""
     from ..backends import RunOptions
-    from ..rpc import open_session
 
     if (rpc or rpc_tracker) and (adapter or browser):
         raise OptionError("--rpc/--rpc-tracker run TVM's runtime elsewhere; --adapter/--browser choose a WebGPU runtime here: give one kind")
-    return RunOptions(remote=open_session(rpc, rpc_tracker, rpc_key), adapter=adapter, browser=browser, prefill_chunk=prefill_chunk)
+    remote = None
+    if rpc or rpc_tracker or rpc_key:  # TVM's RPC client: only where a remote is asked for
+        from ..rpc import open_session
+
+        remote = open_session(rpc, rpc_tracker, rpc_key)
+    return RunOptions(remote=remote, adapter=adapter, browser=browser, prefill_chunk=prefill_chunk)
 
 
 def backend_of(artifact: Path):

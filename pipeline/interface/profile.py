@@ -39,11 +39,12 @@ def profile(artifact: Path | None, model: str, quant: str | None, target_name: s
     from ..artifact import RUN_FIELDS, read_manifest
     from ..profiler.reports import render
     from ..profiler.schema import save_profile
-    from .artifacts import ensure_artifact
 
     output_file(output, "-o", "report.md")
     output_file(save_json, "--save-json", "profile.json")
-    if artifact is None:
+    if artifact is None:  # the compile side only when there is no artifact to profile
+        from .artifacts import ensure_artifact
+
         artifact = ensure_artifact(model, quant, target_name, log=log)
     manifest = read_manifest(artifact, RUN_FIELDS)
     device = backend_of(artifact)
@@ -55,6 +56,7 @@ def profile(artifact: Path | None, model: str, quant: str | None, target_name: s
 
     def llvm_twin() -> Path:  # the same model built for llvm (profiles over RPC record its call sequence)
         from ..artifact import model_config_of
+        from .artifacts import ensure_artifact
 
         return ensure_artifact(model_config_of(artifact), manifest["quantization"], "llvm", log=log)
 

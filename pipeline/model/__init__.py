@@ -1,10 +1,8 @@
-"""Model registry: architecture name -> (module class, HF weight map)."""
+"""Model registry. The run side needs only how each architecture's weights map onto Hugging Face
+tensors (NumPy, `WEIGHT_MAPS`); the Relax modules are the compile side's (create.py)."""
 
-from .llama import LlamaForCausalLM
 from .llama_weights import llama_hf_sources
 
-MODELS = {
-    "llama": {"module": LlamaForCausalLM, "hf_sources": llama_hf_sources},
-}
+WEIGHT_MAPS = {"llama": llama_hf_sources}  # architecture -> config -> [WeightSource]
 
-__all__ = ["MODELS", "LlamaForCausalLM"]
+__all__ = ["WEIGHT_MAPS"]

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from ..config import ModelConfig
 from ..quantization import QUANTIZATIONS
-from . import MODELS
+from ..quantization.relax_modules import quantize_model
+from .llama import LlamaForCausalLM
+
+MODULES = {"llama": LlamaForCausalLM}  # architecture -> Relax nn.Module class
 
 
 def create_model(config: ModelConfig, quant: str, target):
     """The Relax nn.Module of `config`, quantized by `quant` (`target`: a tvm.target.Target)."""
     scheme = QUANTIZATIONS[quant]
-    model = MODELS[config.architecture]["module"](config, scheme.model_dtype, target)
-    return scheme.quantize_model(model)
+    model = MODULES[config.architecture](config, scheme.model_dtype, target)
+    return quantize_model(model, scheme)

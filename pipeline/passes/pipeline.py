@@ -55,6 +55,7 @@ def phase_passes(target_kind: str, tuning=None, on_kernel=None, after_memory_pla
                 relax.transform.CallTIRRewrite(),
                 relax.transform.StaticPlanBlockMemory(),
                 *([after_memory_plan] if after_memory_plan is not None else []),
+                relax.transform.RewriteCUDAGraph(),  # only with relax.backend.use_cuda_graph (cuda's cuda_graph)
                 relax.transform.LowerAllocTensor(),
                 relax.transform.KillAfterLastUse(),
                 relax.transform.LowerRuntimeBuiltin(),

@@ -19,16 +19,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import tvm
 
+from ..artifact import read_json, verified
 from ..backends import backend
-from ..kernel_info import KV_CACHE_CREATE
+from ..device import tvm_runtime as rt
+from ..kernel_inputs import KV_CACHE_CREATE
 from ..runtime import Engine
 
 from .schema import overhead_metrics, profile_header, run_records
 
 
-def device_description(target_kind: str) -> str:
+def device_description(target_kind: str, device=None) -> str:
+    """The CPU and its threads (host-CPU targets), else the device's name as its runtime gives it."""
     if backend(target_kind).HOST_CPU:
         name = platform.processor() or platform.machine()
         cpuinfo = Path("/proc/cpuinfo")
@@ -37,8 +39,9 @@ def device_description(target_kind: str) -> str:
                 if line.startswith("model name"):
                     name = line.split(":", 1)[1].strip()
                     break
-        threads = tvm.get_global_func("runtime.NumThreads")()
-        return f"{name} ({threads} threads)"
+        return f"{name} ({rt.num_threads()} threads)"
+    if device is not None and not device.dlpack_device_type() >= rt.RPC_SESS_MASK:
+        return f"{target_kind}: {rt.device_name(device)}"
     return target_kind
 
 
@@ -65,9 +68,9 @@ class _Recorder:
     """Collects (kernel, parent, phase, step, start_ns, duration_ns) for every kernel call; with
     `record_calls`, also every call's arguments (`calls`, untimed: taken before the timer starts)."""
 
-    def __init__(self, kernels: set[str], skip_params: dict[str, set[int]], device: tvm.runtime.Device, record_calls: bool = False):
+    def __init__(self, kernels: set[str], skip_params: dict[str, set[int]], device, record_calls: bool = False):
         # GPU launches are asynchronous: synchronise around each kernel so its time is its own
-        self.sync = device.sync if device.dlpack_device_type() != tvm.cpu().dlpack_device_type() else (lambda: None)
+        self.sync = (lambda: None) if rt.is_cpu(device) else (lambda: rt.sync(device))
         self.kernels = kernels
         self.skip_params = skip_params  # kernel -> arg positions not counted as moved bytes
         self.samples: list[tuple] = []
@@ -83,15 +86,15 @@ class _Recorder:
             return
         recorded: list = []
         for pos, arg in enumerate(args):
-            if isinstance(arg, tvm.runtime.Tensor):
+            if rt.is_tensor(arg):
                 shape, dtype = tuple(int(d) for d in arg.shape), str(arg.dtype)
                 key = (name, pos, shape, dtype)
                 if dtype == "int32":
-                    data = arg.numpy()
+                    data = rt.to_numpy(arg)
                 else:
                     data = self._contents.get(key)
                     if data is None:
-                        data = self._contents[key] = arg.numpy()
+                        data = self._contents[key] = rt.to_numpy(arg)
                 recorded.append(RecordedTensor(shape, dtype, data))
             elif isinstance(arg, bool | int | float):
                 recorded.append(arg)
@@ -103,11 +106,11 @@ class _Recorder:
         key = (name, self.phase)
         if key in self.bytes:
             return
-        self.shapes[key] = [[int(d) for d in a.shape] if isinstance(a, tvm.runtime.Tensor) else None for a in args]
+        self.shapes[key] = [[int(d) for d in a.shape] if rt.is_tensor(a) else None for a in args]
         total = 0
         for pos, arg in enumerate(args):
-            if isinstance(arg, tvm.runtime.Tensor) and pos not in self.skip_params.get(name, ()):
-                total += int(np.prod(arg.shape)) * tvm.runtime.DataType(str(arg.dtype)).bits // 8
+            if rt.is_tensor(arg) and pos not in self.skip_params.get(name, ()):
+                total += int(int(np.prod(arg.shape)) * rt.dtype_bytes(arg.dtype))
         self.bytes[key] = total
 
     def instrument(self, func, name, before_run, ret, *args):
@@ -162,8 +165,8 @@ def _wrapped_kv_cache_factory(engine: Engine, recorder: _Recorder) -> Callable[[
             args.append([recorder.wrap(a, s) if s else a for a, s in zip(arg, slot)])
         else:
             args.append(arg)
-    create = tvm.get_global_func(KV_CACHE_CREATE)
-    add_sequence = tvm.get_global_func("vm.builtin.kv_state_add_sequence")
+    create = rt.global_func(KV_CACHE_CREATE)
+    add_sequence = rt.global_func("vm.builtin.kv_state_add_sequence")
 
     def make():
         kv = create(*args)
@@ -234,13 +237,14 @@ def uncounted_params(params: dict[str, list[str]], manifest: dict) -> dict[str, 
     return out
 
 
-def kernel_params(artifact: Path) -> dict[str, list[str]]:
-    """kernel -> its parameter names (from the artifact's scheduled TIR)."""
-    path = artifact / "tir" / "scheduled.json"
-    if not path.is_file():
+def kernel_params(artifact: Path, manifest: dict) -> dict[str, list[str]]:
+    """kernel -> its parameter names (from the artifact's reference record of kernel signatures;
+    {} for an artifact built without one)."""
+    record = manifest.get("reference")
+    if not isinstance(record, dict) or "kernels" not in record:
         return {}
-    mod = tvm.ir.load_json(path.read_text())
-    return {gv.name_hint: [p.name for p in f.params] for gv, f in mod.functions_items()}
+    kernels = read_json(verified(Path(artifact), manifest, record["kernels"], "reference"), "reference record").get("kernels", {})
+    return {name: [p["name"] for p in k["signature"]["params"]] for name, k in kernels.items()}
 
 
 def random_prompt(engine: Engine, prompt_len: int, gen_len: int, seed: int) -> list[int]:
@@ -274,7 +278,7 @@ def profile(
     """Profile `engine`; returns the profile as a JSON-ready dict (schema in `schema.py`)."""
     manifest = engine.manifest
     prompt = random_prompt(engine, prompt_len, gen_len, seed)
-    params = kernel_params(engine.artifact)
+    params = kernel_params(engine.artifact, manifest)
     kernels = {k["name"] for k in manifest["kernels"]}
     skip = uncounted_params(params, manifest)
     total = (warmup + runs) * 2
@@ -311,15 +315,15 @@ def profile(
     low_prefill, low_decode = measured(low_steps, "prefill"), measured(low_steps, "decode")
     per_kernel_total = sum(prefill_ms) + sum(decode_ms)
     low_total = sum(low_prefill) + sum(low_decode)
-    weight_bytes = sum(int(np.prod(p.shape)) * tvm.runtime.DataType(str(p.dtype)).bits // 8 for p in engine.params)
+    weight_bytes = sum(int(int(np.prod(p["shape"])) * rt.dtype_bytes(p["dtype"])) for p in manifest["parameters"])
     roles = {k["name"]: k.get("role", "other") for k in manifest["kernels"]}
     p50_decode_low = float(np.median(low_decode)) if low_decode else 0.0
     return {
         **profile_header(manifest),
-        "device": device_description(manifest["target"]["kind"]),
+        "device": device_description(manifest["target"]["kind"], engine.device),
         "num_layers": engine.config["model_config"]["num_hidden_layers"],
         "config": {"prompt_len": prompt_len, "gen_len": gen_len, "runs": runs, "warmup_runs": warmup, "seed": seed,
-                   "threads": int(tvm.get_global_func("runtime.NumThreads")()) if backend(manifest["target"]["kind"]).HOST_CPU else None},
+                   "threads": rt.num_threads() if backend(manifest["target"]["kind"]).HOST_CPU else None},
         "metrics": {
             "load_ms": engine.load_seconds * 1e3,
             "ttft_ms": ttft_ms(low_steps, warmup),

@@ -145,7 +145,7 @@ def profile_remote(
         library = kernel_library(engine.artifact, manifest, Path(tmp))
         module = upload_library(engine.remote, library, where)
     kernels_load_ms = (time.perf_counter() - started) * 1e3
-    params = kernel_params(engine.artifact)
+    params = kernel_params(engine.artifact, manifest)
     pool = _RemoteCalls(module, engine.device, params)
     rtt = round_trip_ms(engine.remote)
 

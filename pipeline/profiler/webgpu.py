@@ -60,7 +60,7 @@ def profile(engine: WebGPUEngine, prompt_len: int = 32, gen_len: int = 8, runs: 
     engine.check_tokens([0] * prompt_len, gen_len)
     prompt = [int(t) for t in np.random.default_rng(seed).integers(0, engine.vocab_size, size=prompt_len)]
     kernels = {k["name"]: k for k in manifest["kernels"]}
-    skip = uncounted_params(kernel_params(engine.artifact), manifest)
+    skip = uncounted_params(kernel_params(engine.artifact, manifest), manifest)
     total = (warmup + runs) * 2
     done = 0
     low_steps: list[dict] = []

@@ -11,7 +11,8 @@ derives from the entry's `bits` and `group_size`, as MLC-LLM derives them:
 Embedding tables use the same layout (vocab, hidden / E); a tied lm_head reads them.
 
 The entry also says what its dequantize looks like in TIR (`dequantize_pattern`): the schedule
-rules match fused dequantize-matmul kernels against it (schedules/analysis.py).
+rules match fused dequantize-matmul kernels against it (schedules/analysis.py). This module is
+NumPy only (the run side converts and checks with it); the Relax modules are in relax_modules.py.
 """
 
 from __future__ import annotations
@@ -19,11 +20,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-from tvm import te, tirx
-from tvm.relax.frontend import nn
-from tvm.relax.frontend.nn import op
 
-from ..model.layers import Embedding, Linear, nt_matmul
 from .tolerance import TOLERANCE
 
 STORAGE_DTYPE = "uint32"
@@ -133,35 +130,6 @@ class GroupQuantize:
         q_weight, q_scale = self.quantize_weight(weight)
         return {f"{base}.q_weight": q_weight, f"{base}.q_scale": q_scale}
 
-    # ---- Relax side: replace Linear / Embedding by quantized modules --------------------
-    def quantize_model(self, model: nn.Module) -> nn.Module:
-        _replace_children(model, self)
-        return model
-
-    def dequantize_te(self, q_weight: te.Tensor, q_scale: te.Tensor) -> te.Tensor:
-        out_f, packed = q_weight.shape
-        per_word = self.elems_per_word
-        return te.compute(
-            (out_f, packed * per_word),
-            lambda i, j: self._decode(q_weight[i, j // per_word], j) * q_scale[i, j // self.group_size],
-            name="dequantize",
-        )
-
-    def take_dequantize_te(self, q_weight: te.Tensor, q_scale: te.Tensor, ids: te.Tensor) -> te.Tensor:
-        (num,) = ids.shape
-        _, packed = q_weight.shape
-        per_word = self.elems_per_word
-        return te.compute(
-            (num, packed * per_word),
-            lambda t, j: self._decode(q_weight[ids[t], j // per_word], j) * q_scale[ids[t], j // self.group_size],
-            name="take_dequantize",
-        )
-
-    def _decode(self, word, j):
-        shift = ((j % self.elems_per_word) * self.bits).astype(STORAGE_DTYPE)
-        value = tirx.bitwise_and(tirx.shift_right(word, shift), tirx.const(self.mask, STORAGE_DTYPE))
-        return value.astype(self.model_dtype) - tirx.const(self.zero_point, self.model_dtype)
-
 
 def pack_values(q: np.ndarray, bits: int) -> np.ndarray:
     """uint values < 2^bits, (out, in) -> uint32 (out, in / E), E = 32 // bits values per word,
@@ -178,47 +146,3 @@ def unpack_values(words: np.ndarray, bits: int) -> np.ndarray:
     shifts = np.arange(per_word, dtype=np.uint32) * bits
     values = (words[..., None] >> shifts) & np.uint32((1 << bits) - 1)
     return values.reshape(words.shape[0], -1).astype(np.uint32)
-
-
-class GroupQuantLinear(nn.Module):
-    """y = x @ dequantize(q_weight, q_scale)^T, accumulated in float32."""
-
-    def __init__(self, in_features: int, out_features: int, scheme: GroupQuantize):
-        self.in_features, self.out_features, self.scheme = in_features, out_features, scheme
-        self.q_weight = nn.Parameter((out_features, in_features // scheme.elems_per_word), STORAGE_DTYPE)
-        self.q_scale = nn.Parameter((out_features, in_features // scheme.group_size), scheme.model_dtype)
-
-    def forward(self, x: nn.Tensor) -> nn.Tensor:
-        w = op.tensor_expr_op(self.scheme.dequantize_te, "dequantize", [self.q_weight, self.q_scale])
-        return nt_matmul(x, w, self.scheme.model_dtype)
-
-
-class GroupQuantEmbedding(nn.Module):
-    """Quantized embedding table; `lm_head_forward` serves a tied lm_head from it."""
-
-    def __init__(self, num: int, dim: int, scheme: GroupQuantize):
-        self.num, self.dim, self.scheme = num, dim, scheme
-        self.q_weight = nn.Parameter((num, dim // scheme.elems_per_word), STORAGE_DTYPE)
-        self.q_scale = nn.Parameter((num, dim // scheme.group_size), scheme.model_dtype)
-
-    def forward(self, ids: nn.Tensor) -> nn.Tensor:
-        return op.tensor_expr_op(
-            self.scheme.take_dequantize_te, "take_dequantize", [self.q_weight, self.q_scale, ids]
-        )
-
-    def lm_head_forward(self, x: nn.Tensor) -> nn.Tensor:
-        w = op.tensor_expr_op(self.scheme.dequantize_te, "dequantize", [self.q_weight, self.q_scale])
-        return nt_matmul(x, w, "float32")
-
-
-def _replace_children(module: nn.Module, scheme: GroupQuantize) -> None:
-    for attr, child in list(vars(module).items()):
-        if isinstance(child, Linear):
-            setattr(module, attr, GroupQuantLinear(child.in_features, child.out_features, scheme))
-        elif isinstance(child, Embedding):
-            setattr(module, attr, GroupQuantEmbedding(child.num, child.dim, scheme))
-        elif isinstance(child, nn.ModuleList):
-            for sub in child:
-                _replace_children(sub, scheme)
-        elif isinstance(child, nn.Module):
-            _replace_children(child, scheme)

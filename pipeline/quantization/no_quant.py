@@ -23,10 +23,6 @@ class NoQuantize:
     def check_shapes(self, config) -> None:  # any shape works unquantized
         del config
 
-    def quantize_model(self, model):
-        """The model is built in `model_dtype` already; nothing to replace."""
-        return model
-
     def quantize_param(self, name: str, weight: np.ndarray) -> dict[str, np.ndarray]:
         """Parameter `name` in float -> stored tensors (here: one tensor, cast)."""
         return {name: np.ascontiguousarray(weight.astype(self.model_dtype))}

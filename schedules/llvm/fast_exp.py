@@ -9,6 +9,8 @@ this module (or `schedules`) installs nothing: the build (pipeline/backends/llvm
 
 from __future__ import annotations
 
+import contextlib
+
 from tvm import tirx
 
 LEVEL = 120  # above TVM's own llvm registration
@@ -17,6 +19,7 @@ LN2_HI = 0.693359375
 LN2_LO = -2.12194440e-4
 POLY = (1.9875691500e-4, 1.3981999507e-3, 8.3334519073e-3, 4.1665795894e-2, 1.6666665459e-1, 5.0000001201e-1)
 _installed = False
+_suspended = 0
 
 
 def exp_f32(x, lanes: int = 1):
@@ -60,6 +63,8 @@ def _split_dtype(dtype: str) -> tuple[str, int]:
 def _lower_exp(op):
     x = op.args[0]
     dtype = str(op.ty.dtype) if hasattr(op, "ty") else str(op.dtype)
+    if _suspended:  # TVM's own llvm lowering (intrin_rule_llvm.cc)
+        return tirx.call_llvm_pure_intrin(dtype, "llvm.exp", x)
     base, lanes = _split_dtype(dtype)
     if base == "float32":
         return exp_f32(x, lanes)
@@ -67,6 +72,17 @@ def _lower_exp(op):
         suffix = f"x{lanes}" if lanes > 1 else ""
         return exp_f32(x.astype(f"float32{suffix}"), lanes).astype(dtype)
     return None  # float64 and others: TVM's own lowering
+
+
+@contextlib.contextmanager
+def suspended():
+    """Inside: `exp` lowers as TVM's own llvm rule has it (`mlcpipe check`'s reference kernels)."""
+    global _suspended
+    _suspended += 1
+    try:
+        yield
+    finally:
+        _suspended -= 1
 
 
 def install() -> None:

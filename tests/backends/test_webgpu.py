@@ -20,7 +20,7 @@ from tvm.script import tirx as T
 
 from pipeline.backends import webgpu as backend
 from pipeline.build import build, export_model
-from pipeline.kernel_inputs import random_args
+from pipeline.kernel_info import random_args
 from pipeline.passes import run_pipeline
 from pipeline.roles import ROLES
 from pipeline.runners import webgpu as runner

@@ -11,7 +11,7 @@ import tvm
 from tvm import te
 
 from pipeline.build import build, export_model
-from pipeline.kernel_inputs import random_args
+from pipeline.kernel_info import random_args
 from pipeline.passes import PHASES, phase_passes, run_pipeline
 from pipeline.quantization import QUANTIZATIONS
 from pipeline.roles import WEIGHT_ROLES

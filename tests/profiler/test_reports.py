@@ -201,12 +201,12 @@ def test_peak_bandwidth_lookup_hides_only_a_preset_that_is_gone(monkeypatch):
     assert resolve_peak_gbps({"target_name": "llvm"}, None) == targets.load_target("llvm").peak_gbps
     assert resolve_peak_gbps({"target_name": "no-such-preset"}, None) is None  # removed since the run
 
-    def broken(name, overrides=None):
-        raise OSError(f"{name}: cannot read /proc/cpuinfo")
+    def broken(path, what="YAML"):
+        raise OSError(f"{path}: I/O error")
 
     with monkeypatch.context() as patch:
-        patch.setattr(targets, "load_target", broken)  # a real error is not a missing column
-        with pytest.raises(OSError, match="cannot read /proc/cpuinfo"):
+        patch.setattr(targets, "load_yaml", broken)  # a real error is not a missing column
+        with pytest.raises(OSError, match="I/O error"):
             resolve_peak_gbps({"target_name": "llvm"}, None)
     assert targets.preset_peak_gbps("no-such-preset") is None and targets.preset_peak_gbps("llvm") > 0
 

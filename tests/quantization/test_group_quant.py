@@ -10,6 +10,7 @@ from tvm import te
 
 from pipeline.quantization import QUANTIZATIONS, GroupQuantize
 from pipeline.quantization.group_quant import pack_values, unpack_values
+from pipeline.quantization.relax_modules import dequantize_te, take_dequantize_te
 
 # MLC-LLM's q3f16_1: 3-bit values, 10 per uint32 word (2 bits unused), zero point 3, groups of 40
 Q3 = GroupQuantize(name="q3f16_1", model_dtype="float16", bits=3, group_size=40)
@@ -107,8 +108,8 @@ def test_tvm_dequantize_kernel_matches_numpy(quant):
     qw = te.placeholder(q_weight.shape, "uint32", name="q_weight")
     qs = te.placeholder(q_scale.shape, scheme.model_dtype, name="q_scale")
     ids = te.placeholder((3,), "int32", name="ids")
-    deq = scheme.dequantize_te(qw, qs)
-    taken = scheme.take_dequantize_te(qw, qs, ids)
+    deq = dequantize_te(scheme, qw, qs)
+    taken = take_dequantize_te(scheme, qw, qs, ids)
     target = tvm.target.Target({"kind": "llvm"})
     f_deq = tvm.compile(te.create_prim_func([qw, qs, deq]), target=target)
     f_take = tvm.compile(te.create_prim_func([qw, qs, ids, taken]), target=target)

@@ -13,8 +13,9 @@ import pytest
 import tvm
 from tvm import te, tirx
 
-from pipeline.kernel_inputs import random_args
+from pipeline.kernel_info import random_args
 from pipeline.quantization import QUANTIZATIONS, GroupQuantize
+from pipeline.quantization.relax_modules import dequantize_te
 from pipeline.targets import load_target
 from pipeline.tune import unscheduled_kernels
 from schedules import RULES
@@ -39,7 +40,7 @@ def nt_matmul_kernel(scheme, n: int, k: int, rows: int = 1, index_dtype: str = "
     qs = te.placeholder((ix(n), ix(groups)), dtype, name=names[1])
     x = te.placeholder((ix(1), ix(rows), ix(k)), dtype, name="x")
     if decode is None:
-        deq = scheme.dequantize_te(qw, qs)
+        deq = dequantize_te(scheme, qw, qs)
     else:
         deq = te.compute((ix(n), ix(k)), lambda i, j: decode(qw, qs, i, j), name="dequantize")
     r = te.reduce_axis((ix(0), ix(k)), name="k")

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import tvm
 
-from pipeline.kernel_inputs import random_args
+from pipeline.kernel_info import random_args
 from pipeline.quantization import TOLERANCE
 from pipeline.runners import webgpu as runner
 from pipeline.targets import load_target

@@ -17,7 +17,7 @@ import tvm
 from tvm.script import tirx as T
 
 from pipeline.errors import ConfigError
-from pipeline.kernel_inputs import random_args
+from pipeline.kernel_info import random_args
 from pipeline.runners import webgpu as runner
 from pipeline.targets import load_target
 from schedules.gpu.gemv_dequant import GEMVDequant

@@ -10,7 +10,7 @@ import pytest
 import tvm
 
 from pipeline.config import load_model_config
-from pipeline.kernel_inputs import kernel_args, random_args
+from pipeline.kernel_info import kernel_args, random_args
 from pipeline.quantization import QUANTIZATIONS
 from pipeline.runners.qemu_arm import link_aarch64, run_aarch64
 from pipeline.targets import load_target

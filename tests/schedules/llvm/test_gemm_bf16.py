@@ -12,7 +12,7 @@ import pytest
 import tvm
 
 from pipeline.config import load_model_config
-from pipeline.kernel_inputs import random_args
+from pipeline.kernel_info import random_args
 from pipeline.targets import load_target
 from pipeline.tune import unscheduled_kernels
 from schedules import schedule_func

@@ -13,7 +13,7 @@ import pytest
 import tvm
 
 from pipeline.config import load_model_config
-from pipeline.kernel_inputs import random_args
+from pipeline.kernel_info import random_args
 from pipeline.runners.qemu_arm import link_aarch64, run_aarch64
 from pipeline.targets import load_target
 from pipeline.tune import compile_kernel, unscheduled_kernels

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import tvm
 
-from pipeline.kernel_inputs import random_args
+from pipeline.kernel_info import random_args
 from pipeline.quantization import QUANTIZATIONS
 from pipeline.targets import load_target
 from pipeline.tune import unscheduled_kernels
@@ -178,7 +178,7 @@ def test_registry_order_and_knob_spaces(tiny_kernels):
 def _same_attention(theirs, ours, tokens: int) -> None:
     """Run TVM's attention kernel and ours on the same valid paged/ragged inputs; compare the
     output (arg 7, model dtype) and the log2-sum-exp (arg 8)."""
-    from pipeline.kernel_inputs import kernel_args
+    from pipeline.kernel_info import kernel_args
 
     args, label = kernel_args(theirs, tokens, seed=tokens)
     outs = []

@@ -9,7 +9,7 @@ import pytest
 import tvm
 from tvm.script import tirx as T
 
-from pipeline.kernel_inputs import random_args
+from pipeline.kernel_info import random_args
 from pipeline.targets import load_target
 from pipeline.tune import unscheduled_kernels
 from schedules.analysis import match_nt_matmul as match

@@ -1,0 +1,271 @@
+"""LLM GPU benchmark (CUDA): mlcpipe's cuda artifacts next to PyTorch fp16 eager and PyTorch int4
+(`torch._weight_int4pack_mm`), all with mlcpipe's seeded synthetic weights, in the same run:
+
+- decode: forward steps at a context of DECODE_CONTEXT tokens, the logits left on the GPU, the
+  device synchronised after each step (ms and tok/s); mlcpipe's whole greedy step too (logits
+  copied to the host, argmax there);
+- prefill of 128 and 1024 tokens on a fresh sequence (median of RUNS after a warm-up);
+- the decode GEMVs of each artifact (fused dequantize-NT_matmul with one token): per-launch time
+  from CUDA-graph replays of launches over rotated weight copies (4x the L2 in all, so weights
+  come from HBM as in the model), GB/s of every argument moved, against the peak;
+- CUDA-graph decode: the bundle's `cuda_graph` build (TVM's RewriteCUDAGraph) is a row of its own.
+
+The bundle's job (pipeline/device/job.py) calls `mlcpipe_side` per artifact, `torch_side` per model
+and `render`; standalone on a GPU machine with a bundle:
+
+    python -m benchmarks.llm_gpu --bundle artifacts/bundle [-o results.md]
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+
+PREFILL = (128, 1024)
+DECODE_CONTEXT = 128
+DECODE_STEPS = 64
+RUNS = 5
+GEMV_LAUNCHES = 64  # launches per captured graph
+L2_FACTOR = 4  # weight copies rotated through: this many times the L2 in all
+
+
+def _prompt(vocab: int, n: int, seed: int) -> list[int]:
+    return [int(t) for t in np.random.default_rng(seed).integers(0, vocab, size=n)]
+
+
+def _median_ms(samples: list[float]) -> float:
+    return round(statistics.median(samples), 4)
+
+
+# ---- mlcpipe ---------------------------------------------------------------------------------------
+
+def mlcpipe_side(engine, artifact: Path, peak_gbps: float | None) -> dict:
+    """Prefill, decode and GEMV bandwidth of one artifact's Engine on its device."""
+    from pipeline.device import tvm_runtime as rt
+
+    out: dict = {"prefill_ms": {}, "engine": f"mlcpipe {engine.manifest['quantization']}"}
+    for n in PREFILL:
+        if n + 1 > engine.context_window:
+            continue
+        tokens = _prompt(engine.vocab_size, n, seed=1)
+        times = []
+        for run in range(RUNS + 1):
+            engine.reset()
+            start = time.perf_counter()
+            engine.prefill(tokens)  # ends with the last logits on the host: synchronised
+            if run:
+                times.append((time.perf_counter() - start) * 1e3)
+        out["prefill_ms"][str(n)] = _median_ms(times)
+    context = min(DECODE_CONTEXT, engine.context_window - DECODE_STEPS - 2)
+    feed = _prompt(engine.vocab_size, DECODE_STEPS + 1, seed=2)
+    engine.reset()
+    engine.prefill(_prompt(engine.vocab_size, context, seed=3))
+    step_ms, greedy_ms = [], []
+    for i, token in enumerate(feed[: DECODE_STEPS // 2]):
+        start = time.perf_counter()
+        engine.forward("decode", np.asarray([token]))
+        rt.sync(engine.device)
+        if i:
+            step_ms.append((time.perf_counter() - start) * 1e3)
+    for token in feed[DECODE_STEPS // 2:]:
+        start = time.perf_counter()
+        int(np.argmax(engine.decode(token)))
+        greedy_ms.append((time.perf_counter() - start) * 1e3)
+    out["decode_ms"] = _median_ms(step_ms)
+    out["decode_tok_s"] = round(1e3 / out["decode_ms"], 1)
+    out["greedy_step_ms"] = _median_ms(greedy_ms)
+    out["decode_context"] = context
+    out["gemv"] = gemv_bandwidth(artifact, engine.device, peak_gbps)
+    return out
+
+
+def decode_gemvs(artifact: Path) -> list[tuple[str, str, dict]]:
+    """(kernel, role, signature) of the artifact's weight GEMVs at one token (static shapes)."""
+    from pipeline.artifact import read_json, read_manifest, verified
+    from pipeline.kernel_inputs import symbolic_dims
+    from pipeline.roles import WEIGHT_ROLES
+
+    manifest = read_manifest(artifact)
+    record = read_json(verified(artifact, manifest, manifest["reference"]["kernels"], "reference"), "reference record")
+    out = []
+    for kernel in manifest["kernels"]:
+        entry = record["kernels"].get(kernel["name"])
+        if kernel.get("role") in WEIGHT_ROLES and "NT_matmul" in kernel["name"] and entry and not symbolic_dims(entry["signature"]):
+            out.append((kernel["name"], kernel["role"], entry["signature"]))
+    return out
+
+
+def gemv_bandwidth(artifact: Path, device, peak_gbps: float | None) -> list[dict]:
+    """Per decode GEMV: µs per launch and GB/s, from a CUDA graph of GEMV_LAUNCHES launches over
+    weight copies rotated through L2_FACTOR x the L2 (TVM's launches join the graph through
+    tvm_ffi's torch stream); without torch, TVM's time evaluator on one input set (L2-warm)."""
+    from pipeline.artifact import read_manifest, verified_library
+    from pipeline.device import tvm_runtime as rt
+    from pipeline.kernel_inputs import random_args
+
+    manifest = read_manifest(artifact)
+    library = rt.load_module(verified_library(artifact, manifest))
+    try:
+        import torch
+
+        l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    except (ImportError, RuntimeError, AssertionError):
+        torch, l2 = None, 0
+    rows = []
+    for name, role, signature in decode_gemvs(artifact):
+        args = random_args(signature, {})
+        nbytes = sum(a.nbytes for a in args)
+        func = library.get_function(name, query_imports=True)
+        if torch is not None:
+            copies = max(2, min(GEMV_LAUNCHES, math.ceil(L2_FACTOR * l2 / nbytes)))
+            sets = [[rt.tensor(a, device) for a in args] for _ in range(copies)]
+            us, method = _graph_us(torch, func, sets), f"CUDA graph, {copies} rotated copies"
+        else:
+            tensors = [rt.tensor(a, device) for a in args]
+            evaluate = rt.time_evaluator(library, name, device, number=100, repeat=5)
+            us, method = statistics.median(evaluate(*tensors)) * 1e6, "time evaluator, one input set (L2-warm)"
+        gbps = nbytes / (us * 1e-6) / 1e9
+        rows.append({"kernel": name, "role": role, "bytes": nbytes, "us": round(us, 3), "gbps": round(gbps, 1),
+                     "pct_of_peak": round(100 * gbps / peak_gbps, 1) if peak_gbps else None, "method": method})
+    return rows
+
+
+def _graph_us(torch, func, sets: list[list]) -> float:
+    import tvm_ffi
+
+    for tensors in sets:  # warm-up outside the capture (module load, first launch)
+        func(*tensors)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    launches = max(len(sets), GEMV_LAUNCHES // len(sets) * len(sets))
+    with tvm_ffi.use_torch_stream(torch.cuda.graph(graph)):
+        for i in range(launches):
+            func(*sets[i % len(sets)])
+    times = []
+    for _ in range(6):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) * 1e3 / launches)
+    return statistics.median(times[1:])
+
+
+# ---- PyTorch ----------------------------------------------------------------------------------------
+
+# the mlcpipe quantization whose recorded llvm logits a PyTorch mode is held against (the same
+# values: fp16 weights; the int4 pack holds mlcpipe's q4 values)
+SAME_MODEL = {"fp16": "q0f16", "int4": "q4f16_1"}
+
+
+def torch_side(artifact: Path, expected: dict[str, Path], modes: tuple[str, ...] = ("fp16", "int4")) -> dict:
+    """PyTorch eager on the GPU with the same synthetic weights as the artifact's model: prefill,
+    decode (forward steps, synchronised), and its logits of a recorded prompt against the llvm
+    logits the bundle recorded for it (`expected`: quantization -> the .npz of `mlcpipe bundle`)."""
+    import torch
+
+    from pipeline.artifact import RUNTIME_CONFIG
+    from pipeline.config import parse_model_config
+
+    from .common import hf_weights
+    from .peers.torch_llama import TorchLlama
+
+    config = parse_model_config(json.loads((artifact / RUNTIME_CONFIG).read_text())["model_config"], str(artifact))
+    weights = {name: get() for name, _, get in hf_weights(config, 0)}
+    out = {}
+    for mode in modes:
+        try:
+            model = TorchLlama(config, dict(weights), mode, max_len=max(PREFILL) + DECODE_STEPS + 8, device="cuda")
+        except Exception as exc:  # noqa: BLE001 - e.g. an int4 kernel this GPU lacks: said, the rest goes on
+            out[mode] = {"error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"}
+            continue
+        result: dict = {"engine": f"pytorch {mode}", "prefill_ms": {}}
+        if SAME_MODEL[mode] in expected:
+            data = np.load(expected[SAME_MODEL[mode]])
+            model.reset()
+            got = model.forward([int(t) for t in data["prompt"]]).cpu().numpy()
+            want = data["logits"][0]
+            result["logits_rel_err_vs_llvm"] = {SAME_MODEL[mode]: float(np.abs(got - want).max() / np.abs(want).max())}
+        for n in PREFILL:
+            tokens, times = _prompt(config.vocab_size, n, seed=1), []
+            for run in range(RUNS + 1):
+                model.reset()
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                model.forward(tokens)
+                torch.cuda.synchronize()
+                if run:
+                    times.append((time.perf_counter() - start) * 1e3)
+            result["prefill_ms"][str(n)] = _median_ms(times)
+        model.reset()
+        model.forward(_prompt(config.vocab_size, DECODE_CONTEXT, seed=3))
+        step_ms = []
+        for i, token in enumerate(_prompt(config.vocab_size, DECODE_STEPS, seed=2)):
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            model.forward([token])
+            torch.cuda.synchronize()
+            if i:
+                step_ms.append((time.perf_counter() - start) * 1e3)
+        result["decode_ms"] = _median_ms(step_ms)
+        result["decode_tok_s"] = round(1e3 / result["decode_ms"], 1)
+        result["weight_bytes_per_token"] = model.weight_bytes_per_token
+        out[mode] = result
+        del model
+        torch.cuda.empty_cache()
+    out["torch"] = torch.__version__
+    return out
+
+
+# ---- report -----------------------------------------------------------------------------------------
+
+def render(results: dict) -> str:
+    """Markdown tables of the job's bench results (results[artifact]["bench"], results["pytorch"])."""
+    rows = ["| engine | decode ms/token (forward) | decode tok/s | greedy step ms | prefill 128 ms | prefill 1024 ms | logits vs llvm |",
+            "|---|---|---|---|---|---|---|"]
+    gemvs = ["| artifact | kernel | role | MB | µs | GB/s | % of peak | method |", "|---|---|---|---|---|---|---|---|"]
+    for name, record in results.items():
+        bench = record.get("bench") or {}
+        if name == "pytorch":
+            for model, modes in bench.items():
+                for mode, r in (modes.items() if isinstance(modes, dict) else ()):
+                    if isinstance(r, dict) and "decode_ms" in r:
+                        versus = ", ".join(f"{q}: {e:.1e}" for q, e in r.get("logits_rel_err_vs_llvm", {}).items()) or "-"
+                        rows.append(f"| {r['engine']} ({model}) | {r['decode_ms']} | {r['decode_tok_s']} | - | "
+                                    f"{r['prefill_ms'].get('128', '-')} | {r['prefill_ms'].get('1024', '-')} | {versus} |")
+                    elif isinstance(r, dict) and "error" in r:
+                        rows.append(f"| pytorch {mode} ({model}) | {r['error'][:100]} | | | | | |")
+            continue
+        if "decode_ms" not in bench:
+            continue
+        label = f"mlcpipe {record['quantization']}" + (f" ({record['variant']})" if record.get("variant") else "")
+        run = record.get("run") or {}
+        versus = f"{run['max_rel']:.1e}" if "max_rel" in run else "-"
+        rows.append(f"| {label} ({record['model']}) | {bench['decode_ms']} | {bench['decode_tok_s']} | {bench['greedy_step_ms']} | "
+                    f"{bench['prefill_ms'].get('128', '-')} | {bench['prefill_ms'].get('1024', '-')} | {versus} |")
+        for g in bench.get("gemv", []):
+            gemvs.append(f"| {name} | {g['kernel']} | {g['role']} | {g['bytes'] / 1e6:.2f} | {g['us']} | {g['gbps']} | "
+                         f"{g['pct_of_peak'] if g['pct_of_peak'] is not None else '-'} | {g['method']} |")
+    return "## Benchmark (same run)\n\n" + "\n".join(rows) + "\n\n### Decode GEMVs\n\n" + "\n".join(gemvs) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    from pipeline.device.job import main as job
+
+    parser = argparse.ArgumentParser(prog="python -m benchmarks.llm_gpu", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bundle", type=Path, required=True)
+    parser.add_argument("--out", type=Path, default=Path("llm-gpu-out"))
+    args = parser.parse_args(argv)
+    return job(["--bundle", str(args.bundle), "--out", str(args.out), "--steps", "bench"])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

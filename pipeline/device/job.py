@@ -1,0 +1,333 @@
+"""The one command a lent GPU machine runs: `bash run.sh` of a bundle (`mlcpipe bundle`), with TVM's
+runtime libraries and tvm_ffi beside the run-side code, and no apache-tvm. For every bundled
+artifact whose device is here, in this order (the most telling first, in case time runs out):
+
+  run      the prompt's prefill and decode steps fed the tokens the llvm build chose at bundle
+           time, each step's logits against the llvm logits recorded then (teacher forcing: one
+           near-tie cannot derail the comparison), within the model dtype's tolerance
+  check    every kernel of the shipped library on the device against the shipped reference
+           kernels on this machine's CPU (`mlcpipe check`)
+  profile  `mlcpipe profile`'s per-kernel tables (kernel times: host clock around each kernel,
+           the device synchronised before and after)
+  bench    benchmarks/llm_gpu.py: decode and prefill next to PyTorch fp16 eager and int4, the
+           decode GEMVs' GB/s, CUDA-graph decode next to without
+
+and writes at most 8 files to --out: report.md, summary.json, checks.json,
+profile-<artifact>.json.gz (and run.sh's log.txt). Exit 0 when every step ran and passed, 1 when
+one failed, 2 when the bundle cannot be used.
+
+    python -m pipeline.device.job --bundle DIR --out DIR [--steps run,check,profile,bench]
+        [--kinds cuda,llvm] [--budget-s 450]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import gzip
+import json
+import os
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+from ..artifact import BUNDLE_INDEX
+from ..quantization import QUANTIZATIONS, TOLERANCE
+from . import tvm_runtime as rt
+
+BUNDLE_FORMAT = "mlcpipe-bundle/1"
+STEPS = ("run", "check", "profile", "bench")  # what --steps chooses; "device" (is it here?) always runs first
+PROFILE_SIZES = (128, 32, 3)  # prompt tokens, generated tokens, measured runs
+
+
+class BundleError(ValueError):
+    """The bundle cannot be used (one line)."""
+
+
+# ---- teacher-forced generation (also what `mlcpipe bundle` records on llvm) ----------------------
+
+def teacher_forced(engine, prompt: list[int], steps: int, tokens=None) -> tuple[np.ndarray, np.ndarray]:
+    """The prompt's prefill, then `steps - 1` decode steps fed `tokens` (greedy where None);
+    returns (the tokens fed, float32 logits (steps, vocab): step i's logits choose token i)."""
+    engine.check_tokens(prompt, steps)
+    engine.reset()
+    logits = [engine.prefill(prompt)]
+    fed: list[int] = []
+    for i in range(steps):
+        fed.append(int(tokens[i]) if tokens is not None else int(np.argmax(logits[-1])))
+        if i + 1 < steps:
+            logits.append(engine.decode(fed[-1]))
+    return np.asarray(fed, dtype=np.int32), np.stack(logits).astype(np.float32)
+
+
+def compare_logits(got: np.ndarray, want: np.ndarray, tokens: np.ndarray, tolerance: float) -> dict:
+    """Per step: the error relative to the largest |logit| of the recorded step; the device's
+    greedy token against the recorded one, where the recorded top two differ by more than
+    twice the tolerance (closer ones are near ties either side may break)."""
+    rel, agree, decided = [], 0, 0
+    for g, w, t in zip(got, want, tokens):
+        scale = max(float(np.abs(w).max()), 1e-6)
+        rel.append(float(np.abs(g.astype(np.float64) - w).max() / scale) if np.all(np.isfinite(g)) else float("inf"))
+        top2 = np.sort(w)[-2:]
+        if top2[1] - top2[0] > 2 * tolerance * scale:
+            decided += 1
+            agree += int(np.argmax(g) == t)
+    return {"max_rel_per_step": rel, "max_rel": max(rel), "tolerance": tolerance, "tokens_decided": decided,
+            "tokens_agree": agree, "ok": max(rel) <= tolerance and agree == decided}
+
+
+# ---- the bundle ------------------------------------------------------------------------------------
+
+def load_bundle(path: Path) -> dict:
+    index = Path(path) / BUNDLE_INDEX
+    try:
+        data = json.loads(index.read_text())
+    except (OSError, ValueError) as exc:
+        raise BundleError(f"{index}: not a bundle of `mlcpipe bundle` ({exc})") from None
+    if not isinstance(data, dict) or data.get("format") != BUNDLE_FORMAT or not isinstance(data.get("artifacts"), list):
+        raise BundleError(f"{index}: format {data.get('format') if isinstance(data, dict) else None!r}; expected {BUNDLE_FORMAT}")
+    return data
+
+
+def environment() -> dict:
+    env = {"python": platform.python_version(), "numpy": np.__version__, "cpu": _cpu_model(), "cpus": os.cpu_count(),
+           "tvm_runtime": str(rt.library_dir())}
+    from ..backends.cuda import cuda_device, cuda_present
+
+    if cuda_present():
+        gpu = cuda_device()
+        env["gpu"] = rt.device_name(gpu)
+        env["gpu_memory_gib"] = round(rt.total_memory(gpu) / 2**30, 1)
+    else:
+        env["gpu"] = "none (no CUDA device TVM's runtime can use)"
+    try:
+        import torch
+
+        env["torch"] = f"{torch.__version__} (CUDA {torch.version.cuda}, available: {torch.cuda.is_available()})"
+    except ImportError:
+        env["torch"] = "not installed"
+    return env
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+class Job:
+    """The steps over the bundle's artifacts, their results, and the files they become."""
+
+    def __init__(self, bundle: Path, out: Path, steps: tuple[str, ...], kinds: tuple[str, ...] | None, budget_s: float):
+        self.root, self.out, self.steps = Path(bundle), Path(out), steps
+        self.index = load_bundle(self.root)
+        self.kinds = kinds
+        self.deadline = time.monotonic() + budget_s
+        self.env = environment()
+        self.results: dict[str, dict] = {}
+        self.checks: dict[str, dict] = {}
+        self.sections: list[str] = []
+
+    def left_s(self) -> float:
+        return self.deadline - time.monotonic()
+
+    def entries(self) -> list[dict]:
+        return [a for a in self.index["artifacts"] if self.kinds is None or a["kind"] in self.kinds]
+
+    def _do(self, name: str, step: str, fn) -> None:
+        """Run one step of one artifact; its result, or its error in one line, is recorded."""
+        record = self.results.setdefault(name, {})
+        if self.left_s() <= 0:
+            record[step] = {"ok": False, "error": "skipped: the job's time budget is spent"}
+            return
+        started = time.monotonic()
+        try:
+            record[step] = fn()
+        except Exception as exc:  # noqa: BLE001 - every failure is reported, the job goes on
+            first = " ".join(str(exc).split()) or type(exc).__name__
+            record[step] = {"ok": False, "error": f"{type(exc).__name__}: {first[:300]}"}
+            if not isinstance(exc, ValueError):  # mlcpipe's own errors are one line; anything else is a bug to read
+                traceback.print_exc()
+        record[step]["seconds"] = round(time.monotonic() - started, 2)
+        print(f"[job] {name} {step}: {'ok' if record[step].get('ok') else 'FAILED ' + record[step].get('error', record[step].get('summary', ''))}"
+              f" ({record[step]['seconds']} s)", flush=True)
+
+    def run(self) -> int:
+        from ..backends import RunOptions, backend
+
+        entries = self.entries()
+        if not entries:
+            raise BundleError(f"{self.root}: no bundled artifact of kind {', '.join(self.kinds or ())}")
+        for entry in entries:
+            name, path = entry["name"], self.root / entry["dir"]
+            engine = None
+
+            def open_engine():
+                nonlocal engine
+                if engine is None:
+                    started = time.monotonic()
+                    engine = backend(entry["kind"]).open_engine(path, "synthetic", 0, RunOptions(prefill_chunk=entry.get("prefill_chunk")))
+                    self.results[name]["load_s"] = round(time.monotonic() - started, 2)
+                return engine
+
+            self.results[name] = {"model": entry["model"], "quantization": entry["quantization"], "kind": entry["kind"],
+                                  "variant": entry.get("variant", "")}
+            self._do(name, "device", lambda: {"ok": True, "device": str(backend(entry["kind"]).local_device())})
+            if not self.results[name]["device"]["ok"]:
+                continue  # nothing of it runs here: said once
+            if "run" in self.steps and entry.get("expected"):
+                self._do(name, "run", lambda: self._run(entry, open_engine()))
+            if "check" in self.steps and entry.get("check", True):
+                self._do(name, "check", lambda: self._check(entry, path))
+            if "profile" in self.steps and entry.get("profile", True):
+                self._do(name, "profile", lambda: self._profile(entry, open_engine()))
+            if "bench" in self.steps and entry.get("bench"):
+                self._do(name, "bench", lambda: self._bench_mlcpipe(entry, open_engine()))
+            del engine
+            gc.collect()
+        if "bench" in self.steps and any(e.get("bench") for e in entries):
+            self._do("pytorch", "bench", lambda: self._bench_peers([e for e in entries if e.get("bench")]))
+        return self.finish()
+
+    # ---- steps ------------------------------------------------------------------------------
+    def _run(self, entry: dict, engine) -> dict:
+        data = np.load(self.root / entry["expected"])
+        tokens, want = data["tokens"], data["logits"]
+        _, got = teacher_forced(engine, [int(t) for t in data["prompt"]], len(tokens), tokens=tokens)
+        dtype = QUANTIZATIONS[entry["quantization"]].model_dtype
+        result = compare_logits(got, want, tokens, TOLERANCE[dtype])
+        result["prompt_tokens"], result["prefill_chunk"] = int(len(data["prompt"])), entry.get("prefill_chunk")
+        result["greedy_tokens_here"] = [int(np.argmax(g)) for g in got]
+        result["tokens_recorded"] = [int(t) for t in tokens]
+        return result
+
+    def _check(self, entry: dict, path: Path) -> dict:
+        from ..conformance import check_artifact, report_json
+
+        report = check_artifact(path, (1, 7))
+        self.checks[entry["name"]] = json.loads(report_json(report))
+        self.sections.append(f"### check: {entry['name']}\n\n{report.table()}\n\n{report.summary}\n")
+        failed = [f"{r.kernel} ({r.sizes}): {r.note or r.max_rel}" for r in report.results if r.status == "FAIL"]
+        return {"ok": report.ok and report.executed, "summary": report.summary, "failed": failed[:20]}
+
+    def _profile(self, entry: dict, engine) -> dict:
+        from ..backends import RunOptions, backend
+        from ..profiler.reports import render
+        from ..profiler.schema import validate
+
+        prompt_len, gen_len, runs = PROFILE_SIZES
+        prompt_len = min(prompt_len, engine.context_window - gen_len - 1)
+        data = backend(entry["kind"]).profile(engine, RunOptions(timed=True), "synthetic", None, prompt_len=prompt_len,
+                                              gen_len=gen_len, runs=runs)
+        data["peak_gbps"] = entry.get("peak_gbps")
+        data["timing"] = "host clock around each kernel, the device synchronised before and after it"
+        validate(data)
+        with gzip.open(self.out / f"profile-{entry['name']}.json.gz", "wt") as f:
+            json.dump(data, f)
+        self.sections.append(f"### profile: {entry['name']} (kernel times: {data['timing']})\n\n"
+                             f"{render(data, 'md', peak_gbps=data['peak_gbps'])}\n")
+        metrics = data["metrics"]
+        return {"ok": True, "prefill_tok_s": round(metrics["prefill_tok_s"], 1), "decode_tok_s": round(metrics["decode_tok_s"], 1),
+                "decode_ms_p50": round(metrics["decode_ms_per_token"]["p50"], 3), "device": data["device"]}
+
+    def _bench_mlcpipe(self, entry: dict, engine) -> dict:
+        from benchmarks import llm_gpu
+
+        return {"ok": True, **llm_gpu.mlcpipe_side(engine, self.root / entry["dir"], entry.get("peak_gbps"))}
+
+    def _bench_peers(self, entries: list[dict]) -> dict:
+        from benchmarks import llm_gpu
+
+        out = {"ok": True}
+        for model in sorted({e["model"] for e in entries}):
+            mine = [e for e in entries if e["model"] == model]
+            expected = {e["quantization"]: self.root / e["expected"] for e in mine if e.get("expected") and not e.get("variant")}
+            out[model] = llm_gpu.torch_side(self.root / mine[0]["dir"], expected)
+        return out
+
+    # ---- files ------------------------------------------------------------------------------
+    def finish(self) -> int:
+        ok = all(step.get("ok") for record in self.results.values() for step in record.values() if isinstance(step, dict))
+        # the run side imports nothing of the tvm package (its runtime library comes through tvm_ffi)
+        self.env["tvm_package_modules"] = sorted(m for m in sys.modules if m == "tvm" or m.startswith("tvm."))[:5]
+        summary = {"bundle": self.index.get("created"), "env": self.env, "ok": ok, "results": self.results}
+        (self.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+        (self.out / "checks.json").write_text(json.dumps(self.checks, indent=1) + "\n")
+        table = summary_table(self.results)
+        env = "\n".join(f"- {k}: {v}" for k, v in self.env.items())
+        (self.out / "report.md").write_text(f"# mlcpipe bundle job\n\n{env}\n\n## Summary\n\n{table}\n\n"
+                                            + bench_tables(self.results) + "\n## Details\n\n" + "\n".join(self.sections))
+        print(table, flush=True)
+        print(f"[job] {'ALL PASSED' if ok else 'FAILURES'}; files in {self.out}", flush=True)
+        return 0 if ok else 1
+
+
+def summary_table(results: dict) -> str:
+    rows = ["| artifact | run (max rel err, tokens) | check | profile (prefill / decode tok/s) | bench |", "|---|---|---|---|---|"]
+    for name, record in results.items():
+        if not record.get("device", {"ok": True}).get("ok"):
+            rows.append(f"| {name} | not run here: {record['device']['error']} | | | |")
+            continue
+        cells = []
+        for step in STEPS:
+            r = record.get(step)
+            if r is None:
+                cells.append("-")
+            elif not r.get("ok") and "error" in r:
+                cells.append(f"FAIL: {r['error'][:80]}")
+            elif step == "run":
+                cells.append(f"{'pass' if r['ok'] else 'FAIL'} {r['max_rel']:.1e} (tol {r['tolerance']:.0e}), "
+                             f"{r['tokens_agree']}/{r['tokens_decided']} tokens")
+            elif step == "check":
+                cells.append(("pass: " if r["ok"] else "FAIL: ") + r["summary"].split(": ", 1)[-1])
+            elif step == "profile":
+                cells.append(f"{r['prefill_tok_s']} / {r['decode_tok_s']}")
+            else:
+                cells.append("ok" if r.get("ok") else "FAIL")
+        rows.append(f"| {name} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def bench_tables(results: dict) -> str:
+    """The benchmark's tables (benchmarks/llm_gpu.py renders them), or nothing."""
+    if not any("bench" in r for r in results.values()):
+        return ""
+    try:
+        from benchmarks import llm_gpu
+    except ImportError:
+        return ""
+    return llm_gpu.render(results) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m pipeline.device.job", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bundle", type=Path, required=True)
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--steps", default=",".join(STEPS), help="comma-separated: " + ", ".join(STEPS))
+    parser.add_argument("--kinds", default=None, help="only artifacts of these target kinds (default: all)")
+    parser.add_argument("--budget-s", type=float, default=450.0, help="stop starting new steps after this many seconds")
+    args = parser.parse_args(argv)
+    steps = tuple(s.strip() for s in args.steps.split(",") if s.strip())
+    bad = [s for s in steps if s not in STEPS]
+    if bad:
+        print(f"error: --steps {bad[0]!r}: allowed {', '.join(STEPS)}", file=sys.stderr)
+        return 2
+    kinds = tuple(k.strip() for k in args.kinds.split(",")) if args.kinds else None
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+        return Job(args.bundle, args.out, steps, kinds, args.budget_s).run()
+    except BundleError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

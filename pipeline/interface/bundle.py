@@ -1,0 +1,275 @@
+"""`mlcpipe bundle`: what a GPU machine without apache-tvm needs to check, run, profile and benchmark
+mlcpipe's CUDA artifacts with one command, packed into one folder:
+
+    run.sh                  the command (`bash run.sh`; results to $OUT): the job of pipeline/device/job.py
+    bundle.json             what is inside, and what each artifact's job steps are
+    artifacts/<name>/       the artifacts (cuda for `arch`, one fatbin arch; portable llvm ones), less tir/
+    expected/<model>-<quant>.npz  the llvm build's prompt, tokens and logits of the same synthetic weights
+    site/                   the run-side code (pipeline/, benchmarks/, configs/), tvm_ffi built for the
+                            device's Python, and the pure-Python packages it needs
+    tvm_runtime/            libtvm_runtime.so, libtvm_runtime_cuda.so, libcudart (no compiler)
+
+Artifacts come from the build cache (`ensure_artifact`: rebuilt only when code or config change).
+The folder is written beside its final place and renamed over it; at most `max_mib`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import importlib.util
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+
+import numpy as np
+
+from ..artifact import BUNDLE_INDEX, RUN_FIELDS, atomic_directory, file_digests, read_manifest, write_json
+from ..config import REPO_ROOT, load_model_config, short_repr
+from ..device.job import BUNDLE_FORMAT, teacher_forced
+from ..errors import ArtifactError, OptionValueError
+
+DEFAULT_SETS = ("llama-3.2-1b:q4f16_1,q4f32_1,q0f16", "llama-tiny:q4f16_1")
+DEFAULT_GRAPH = ("llama-3.2-1b:q4f16_1",)  # also built with cuda_graph, for decode with and without
+DEFAULT_CPU = ("llama-tiny",)  # also shipped as a portable llvm build (runs on any x86-64-v3 CPU)
+DEFAULT_BENCH = ("llama-3.2-1b",)  # benchmarked against PyTorch on the GPU
+CUDA_ARCH = "sm_90"  # H100
+PORTABLE_MCPU = "haswell"  # AVX2 + FMA + F16C: the llvm builds a bundle ships run on any recent x86-64
+DEVICE_PYTHON = "3.12"  # /opt/torch/.venv/bin/python3 of the lent GPU machines
+MAX_MIB = 60
+PURE_PACKAGES = ("typing_extensions", "yaml", "click")  # tvm_ffi's, the config reader's, the CLI's
+FFI_LEFT_OUT = {"include", "src", "3rdparty", "cython", "stub", "share", "__pycache__", "CMakeLists.txt"}
+CODE = ("pipeline", "benchmarks")
+
+
+def parse_sets(texts: tuple[str, ...] | list[str], flag: str = "--set") -> list[tuple[str, str]]:
+    """["model:q1,q2", ...] -> [(model, quant), ...], each checked against the model's config."""
+    from ..config import check_quantization
+
+    pairs = []
+    for text in texts:
+        model, sep, quants = text.partition(":")
+        if not sep or not model or not quants.strip(","):
+            raise OptionValueError(f"{short_repr(text)}: expected MODEL:QUANT[,QUANT...], e.g. llama-tiny:q4f16_1", flag)
+        config = load_model_config(model)
+        for quant in (q.strip() for q in quants.split(",") if q.strip()):
+            check_quantization(config, quant)
+            pairs.append((model, quant))
+    return pairs
+
+
+def _entry_name(model: str, quant: str, kind: str, variant: str = "") -> str:
+    return "-".join(p for p in (model, quant, kind, variant) if p)
+
+
+def _copy_artifact(src: Path, dest: Path) -> None:
+    """The artifact as the run side needs it: everything but the TIR snapshots (compile side)."""
+    shutil.copytree(src, dest, ignore=lambda d, names: ["tir"] if Path(d) == src else [])
+
+
+def _python_files(src: Path, dest: Path) -> None:
+    for path in sorted(src.rglob("*.py")):
+        if "__pycache__" in path.parts:
+            continue
+        target = dest / path.relative_to(src)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(path, target)
+
+
+def _pure_package(name: str, dest: Path) -> None:
+    """A pure-Python package (or module) as installed here, its Python files only (PyYAML's C
+    extension is optional: it falls back to its pure-Python loader)."""
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.origin is None:
+        raise ArtifactError(f"bundle: the Python package {name!r} is not installed here (pip install {name})")
+    origin = Path(spec.origin)
+    if spec.submodule_search_locations:
+        _python_files(origin.parent, dest / name)
+    else:
+        shutil.copy2(origin, dest / origin.name)
+
+
+def _ffi_from_dir(src: Path, dest: Path) -> None:
+    def ignore(directory, names):
+        return [n for n in names if n in FFI_LEFT_OUT or n.endswith((".pyi", ".pyc"))]
+
+    shutil.copytree(src, dest / "tvm_ffi", ignore=ignore)
+
+
+def _ffi_wheel(version: str, python: str, cache: Path, log) -> Path:
+    """The apache-tvm-ffi wheel of `version` for CPython `python` (x86-64 manylinux), downloaded
+    once into `cache`."""
+    tag = "cp" + python.replace(".", "")
+    found = sorted(cache.glob(f"apache_tvm_ffi-{version}-{tag}-*.whl"))
+    if found:
+        return found[0]
+    cache.mkdir(parents=True, exist_ok=True)
+    log(f"[mlcpipe] downloading apache-tvm-ffi=={version} for Python {python}")
+    command = [sys.executable, "-m", "pip", "download", "-q", f"apache-tvm-ffi=={version}", "--no-deps", "--only-binary=:all:",
+               "--python-version", python, "--implementation", "cp", "--platform", "manylinux_2_28_x86_64",
+               "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux2014_x86_64", "-d", str(cache)]
+    done = subprocess.run(command, capture_output=True, text=True)
+    found = sorted(cache.glob(f"apache_tvm_ffi-{version}-{tag}-*.whl"))
+    if done.returncode != 0 or not found:
+        last = (done.stderr.strip().splitlines() or ["no wheel"])[-1]
+        raise ArtifactError(f"bundle: cannot get apache-tvm-ffi=={version} for Python {python}: {last} "
+                            "(give one with --ffi-wheel, or --python current)")
+    return found[0]
+
+
+def _ffi_from_wheel(wheel: Path, dest: Path) -> None:
+    with zipfile.ZipFile(wheel) as archive:
+        for info in archive.infolist():
+            parts = Path(info.filename).parts
+            if not parts or parts[0] != "tvm_ffi" or info.is_dir() or set(parts) & FFI_LEFT_OUT or info.filename.endswith(".pyi"):
+                continue
+            target = dest / info.filename
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(archive.read(info))
+            if info.external_attr >> 16 & 0o111:
+                target.chmod(0o755)
+
+
+def _tvm_runtime(dest: Path) -> None:
+    """TVM's runtime library and cuda's (the backend's RUNTIME_LIBRARIES), with the libcudart it links."""
+    from ..backends.cuda import CUDART, RUNTIME_LIBRARIES
+    from ..device.tvm_runtime import CORE, library_dir
+
+    dest.mkdir()
+    for name in (CORE, *RUNTIME_LIBRARIES):
+        shutil.copy2(library_dir() / name, dest / name)
+    cudart = _find_cudart(CUDART, library_dir() / RUNTIME_LIBRARIES[0])
+    if cudart is not None:
+        shutil.copy2(cudart, dest / CUDART)
+
+
+def _find_cudart(name: str, linking: Path) -> Path | None:
+    """`name` as the loader finds it for `linking` here (ldd), else the CUDA toolkit's."""
+    try:
+        out = subprocess.run(["ldd", str(linking)], capture_output=True, text=True).stdout
+    except OSError:
+        out = ""
+    for line in out.splitlines():
+        if line.strip().startswith(name) and "=>" in line:
+            path = line.split("=>", 1)[1].split("(")[0].strip()
+            if Path(path).is_file():
+                return Path(path)
+    for root in (os.environ.get("CUDA_HOME"), "/usr/local/cuda"):
+        for sub in ("lib64", "lib"):
+            if root and (Path(root) / sub / name).is_file():
+                return Path(root) / sub / name
+    return None
+
+
+RUN_SH = """#!/usr/bin/env bash
+# mlcpipe bundle {created}: the GPU work in one command, on a machine without apache-tvm.
+#   bash run.sh [--steps run,check,profile,bench] [--kinds cuda,llvm] [--budget-s 450]
+# Results go to $OUT (else ./bundle-out); the job: pipeline/device/job.py.
+set -uo pipefail
+here="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
+want="{python}"  # the Python this bundle's tvm_ffi is built for
+py="${{MLCPIPE_PYTHON:-/opt/torch/.venv/bin/python3}}"
+[ -x "$py" ] || py="$(command -v python3)"
+if [ "$("$py" -c 'import sys; print("%d.%d" % sys.version_info[:2])')" != "$want" ]; then
+  echo "error: $py is Python $("$py" -c 'import platform; print(platform.python_version())'); this bundle's tvm_ffi is built for Python $want (set MLCPIPE_PYTHON, or rebuild with mlcpipe bundle --python)" >&2
+  exit 2
+fi
+export PYTHONPATH="$here/site${{PYTHONPATH:+:$PYTHONPATH}}" MLCPIPE_TVM_RUNTIME="$here/tvm_runtime" TVM_USE_RUNTIME_LIB=1 PYTHONUNBUFFERED=1
+out="${{OUT:-$PWD/bundle-out}}"
+mkdir -p "$out"
+"$py" -m pipeline.device.job --bundle "$here" --out "$out" "$@" 2>&1 | tee "$out/log.txt"
+exit "${{PIPESTATUS[0]}}"
+"""
+
+
+def bundle(out: Path | None = None, sets: list[str] | tuple[str, ...] = DEFAULT_SETS, graph: list[str] | tuple[str, ...] = DEFAULT_GRAPH,
+           cpu_models: list[str] | tuple[str, ...] = DEFAULT_CPU, bench_models: list[str] | tuple[str, ...] = DEFAULT_BENCH,
+           python: str = DEVICE_PYTHON, ffi_wheel: Path | None = None,
+           prompt_len: int = 300, prefill_chunk: int = 128, steps: int = 6, max_mib: float = MAX_MIB,
+           log: Callable[[str], None] = print) -> tuple[Path, int]:
+    """Build (or reuse) the artifacts, record the llvm expectations, pack; returns (folder, bytes)."""
+    from ..backends import RunOptions, backend
+    from ..targets import preset_peak_gbps
+    from .artifacts import default_cache_dir, ensure_artifact
+
+    pairs = parse_sets(sets)
+    graph_pairs = set(parse_sets(graph, "--graph"))
+    if not graph_pairs <= set(pairs):
+        raise OptionValueError(f"{sorted(graph_pairs - set(pairs))[0]}: not in the bundle's --set", "--graph")
+    if python != "current" and not (python.count(".") == 1 and all(p.isdigit() for p in python.split("."))):
+        raise OptionValueError(f"{short_repr(python)}: expected a Python version such as 3.12, or 'current'", "--python")
+    if not 1 <= steps <= 64 or prompt_len < 1 or prefill_chunk < 1:
+        raise OptionValueError(f"--steps {steps} / --prompt-len {prompt_len} / --prefill-chunk {prefill_chunk}: "
+                               "allowed steps 1..64, the others >= 1")
+    python_version = f"{sys.version_info[0]}.{sys.version_info[1]}" if python == "current" else python
+    out = Path(out) if out is not None else Path(os.environ.get("MLCPIPE_ARTIFACTS", REPO_ROOT / "artifacts")) / "bundle"
+    cuda = {"arch": CUDA_ARCH, "fatbin_archs": [CUDA_ARCH]}
+    entries: list[tuple[dict, Path]] = []
+    for model, quant in pairs:
+        found = ensure_artifact(model, quant, "cuda", log=log, overrides=cuda)
+        entries.append(({"model": model, "quantization": quant, "kind": "cuda", "bench": model in bench_models}, found))
+        if (model, quant) in graph_pairs:
+            found = ensure_artifact(model, quant, "cuda", log=log, overrides={**cuda, "cuda_graph": True})
+            entries.append(({"model": model, "quantization": quant, "kind": "cuda", "variant": "cuda-graph", "check": False,
+                             "profile": False, "bench": model in bench_models}, found))
+        if model in cpu_models:
+            found = ensure_artifact(model, quant, "llvm", log=log, overrides={"mcpu": PORTABLE_MCPU})
+            entries.append(({"model": model, "quantization": quant, "kind": "llvm", "variant": "portable"}, found))
+    # what the llvm build of this machine computes for the same prompt and weights
+    expected: dict[tuple[str, str], dict[str, np.ndarray]] = {}
+    for model, quant in pairs:
+        art = ensure_artifact(model, quant, "llvm", log=log)
+        engine = backend("llvm").open_engine(art, "synthetic", 0, RunOptions(prefill_chunk=prefill_chunk))
+        length = min(prompt_len, engine.context_window - steps - 1)
+        prompt = [int(t) for t in np.random.default_rng(0).integers(0, engine.vocab_size, size=length)]
+        log(f"[mlcpipe] recording the llvm tokens and logits of {model} {quant} ({length} prompt tokens, {steps} steps)")
+        tokens, logits = teacher_forced(engine, prompt, steps)
+        expected[(model, quant)] = {"prompt": np.asarray(prompt, np.int32), "tokens": tokens, "logits": logits,
+                                    "prefill_chunk": np.int32(engine.prefill_chunk)}
+        del engine
+    created = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    with atomic_directory(out, kind="bundle") as tmp:
+        index = []
+        for entry, src in entries:
+            name = _entry_name(entry["model"], entry["quantization"], entry["kind"], entry.get("variant", ""))
+            _copy_artifact(src, tmp / "artifacts" / name)
+            (tmp / "expected").mkdir(exist_ok=True)
+            record = expected[(entry["model"], entry["quantization"])]
+            recorded = f"expected/{entry['model']}-{entry['quantization']}.npz"  # one per model and quantization
+            if not (tmp / recorded).exists():
+                np.savez(tmp / recorded, **record)
+            manifest = read_manifest(src, RUN_FIELDS)
+            index.append({**entry, "name": name, "dir": f"artifacts/{name}", "expected": recorded,
+                          "prefill_chunk": int(record["prefill_chunk"]), "manifest_target": manifest["target"],
+                          "peak_gbps": preset_peak_gbps(manifest.get("target_name", ""))})
+        site = tmp / "site"
+        for package in CODE:
+            _python_files(REPO_ROOT / package, site / package)
+        shutil.copytree(REPO_ROOT / "configs", site / "configs")
+        for name in PURE_PACKAGES:
+            _pure_package(name, site)
+        import tvm_ffi
+
+        ffi_version = metadata.version("apache-tvm-ffi")
+        if python == "current" and ffi_wheel is None:
+            _ffi_from_dir(Path(tvm_ffi.__file__).parent, site)
+        else:
+            _ffi_from_wheel(ffi_wheel or _ffi_wheel(ffi_version, python_version, default_cache_dir().parent / "wheels", log), site)
+        _tvm_runtime(tmp / "tvm_runtime")
+        (tmp / "run.sh").write_text(RUN_SH.format(created=created, python=python_version))
+        (tmp / "run.sh").chmod(0o755)
+        write_json(tmp / BUNDLE_INDEX, {
+            "format": BUNDLE_FORMAT, "created": created, "python": python_version, "apache-tvm-ffi": ffi_version,
+            "prompt_len": prompt_len, "steps": steps, "artifacts": index,
+            "files": file_digests(tmp, exclude=(BUNDLE_INDEX,)),
+        })
+        size = sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file() and not p.is_symlink())
+        if size > max_mib * 2**20:
+            raise ArtifactError(f"bundle {out}: {size / 2**20:.1f} MiB; allowed at most {max_mib:g} MiB "
+                                "(fewer --set entries, or raise --max-mib where the device takes more)")
+    log(f"[mlcpipe] bundle {out}: {len(index)} artifacts, {size / 2**20:.1f} MiB; on the GPU machine: bash {out.name}/run.sh")
+    return out, size

@@ -1,0 +1,161 @@
+"""`mlcpipe bundle` and its job, tested here rather than hoped for on a GPU machine: the bundle is
+unpacked into a fresh folder and run by a Python that has no apache-tvm (a new venv with NumPy and
+ml_dtypes only); its llvm part runs, checks and profiles there and gives the normal run's tokens;
+its cuda part ends in one line per artifact where there is no GPU; the size limit holds."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import venv
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pipeline.backends.cuda import cuda_present
+from tests.helpers.cli import mlcpipe
+
+SET = "llama-tiny:q4f32_1"
+pytestmark = pytest.mark.nvcc  # the bundle ships cuda builds
+
+
+@pytest.fixture(scope="module")
+def bundle(tmp_path_factory):
+    from pipeline.interface.bundle import bundle as make
+
+    out = tmp_path_factory.mktemp("bundle") / "b"
+    path, size = make(out, sets=[SET], graph=[SET], cpu_models=["llama-tiny"], bench_models=["llama-tiny"], python="current",
+                      prompt_len=200, prefill_chunk=64, steps=5, log=lambda *_: None)
+    return path, size
+
+
+@pytest.fixture(scope="module")
+def bare_python(tmp_path_factory) -> tuple[Path, dict]:
+    """A new venv without pip or apache-tvm, seeing only NumPy and ml_dtypes of this one."""
+    import ml_dtypes
+
+    root = tmp_path_factory.mktemp("bare")
+    venv.create(root / "venv", with_pip=False)
+    deps = root / "deps"
+    deps.mkdir()
+    for module in (np, ml_dtypes):
+        source = Path(module.__file__).parent
+        (deps / source.name).symlink_to(source)
+        libs = source.parent / f"{source.name}.libs"
+        if libs.is_dir():
+            (deps / libs.name).symlink_to(libs)
+    python = root / "venv" / "bin" / "python"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "MLCPIPE_", "VIRTUAL_ENV"))}
+    env.update({"PYTHONPATH": str(deps), "MLCPIPE_PYTHON": str(python), "TVM_NUM_THREADS": "2"})
+    assert subprocess.run([str(python), "-c", "import tvm_ffi"], env=env, capture_output=True).returncode != 0
+    assert subprocess.run([str(python), "-c", "import tvm"], env=env, capture_output=True).returncode != 0
+    return python, env
+
+
+def test_bundle_runs_without_apache_tvm(bundle, bare_python, tmp_path):
+    path, _ = bundle
+    unpacked = tmp_path / "unpacked"
+    shutil.copytree(path, unpacked, symlinks=True)
+    python, env = bare_python
+    out = tmp_path / "out"
+    done = subprocess.run(["bash", str(unpacked / "run.sh")], capture_output=True, text=True, env={**env, "OUT": str(out)}, cwd=tmp_path)
+    summary = json.loads((out / "summary.json").read_text())
+    results = summary["results"]
+    assert summary["env"]["tvm_package_modules"] == [], "the run side imported the tvm package"
+    portable = results["llama-tiny-q4f32_1-llvm-portable"]
+    assert portable["run"]["ok"] and portable["run"]["max_rel"] < 1e-4 and portable["run"]["tokens_decided"] >= 3, portable["run"]
+    assert portable["check"]["ok"], portable["check"]
+    assert portable["profile"]["ok"] and portable["profile"]["decode_tok_s"] > 0
+    assert (out / "profile-llama-tiny-q4f32_1-llvm-portable.json.gz").is_file() and (out / "log.txt").is_file()
+    assert "### profile: llama-tiny-q4f32_1-llvm-portable" in (out / "report.md").read_text()
+    cuda = [name for name, r in results.items() if r.get("kind") == "cuda"]
+    assert sorted(cuda) == ["llama-tiny-q4f32_1-cuda", "llama-tiny-q4f32_1-cuda-cuda-graph"]
+    if not cuda_present():  # the CUDA parts end in their one-line error, the job says it failed
+        assert done.returncode == 1, done.stdout + done.stderr
+        for name in cuda:
+            assert results[name]["device"] == {"ok": False, "error": "ArtifactError: artifact target 'cuda' cannot run on this "
+                                               "machine (runnable here: llvm)", "seconds": results[name]["device"]["seconds"]}
+            assert set(results[name]) == {"model", "quantization", "kind", "variant", "device"}
+    assert len(list(out.iterdir())) <= 8
+
+    # `mlcpipe run` from the bundle, in the bare Python, gives the normal install's tokens
+    art = unpacked / "artifacts" / "llama-tiny-q4f32_1-llvm-portable"
+    args = ["run", "--artifact", str(art), "--weights", "synthetic", "--prompt-tokens", "3,1,4,1,5", "--max-new-tokens", "8"]
+    bare_env = {**env, "PYTHONPATH": f"{unpacked / 'site'}:{env['PYTHONPATH']}", "MLCPIPE_TVM_RUNTIME": str(unpacked / "tvm_runtime")}
+    bare = subprocess.run([str(python), "-m", "pipeline.cli", *args], capture_output=True, text=True, env=bare_env)
+    normal = mlcpipe(*args)
+    assert bare.returncode == 0 and normal.returncode == 0, bare.stderr + normal.stderr
+    assert bare.stdout.split() == normal.stdout.split() and len(bare.stdout.split()[-1].split(",")) == 8
+
+
+def test_bundle_holds_what_the_gpu_needs(bundle):
+    path, size = bundle
+    index = json.loads((path / "bundle.json").read_text())
+    entries = {a["name"]: a for a in index["artifacts"]}
+    graph, plain = entries["llama-tiny-q4f32_1-cuda-cuda-graph"], entries["llama-tiny-q4f32_1-cuda"]
+    assert plain["manifest_target"]["arch"] == "sm_90" and graph["check"] is False
+    # TVM's RewriteCUDAGraph put capture / replay into the cuda_graph build's VM code only
+    uses_graphs = [b"vm.builtin.cuda_graph.run_or_capture" in (path / a["dir"] / "lib.so").read_bytes() for a in (graph, plain)]
+    assert uses_graphs == [True, False]
+    for entry in entries.values():
+        art = path / entry["dir"]
+        assert not (art / "tir").exists() and (art / "reference" / "kernels.so").is_file()
+        expected = np.load(path / entry["expected"])
+        assert expected["logits"].shape == (5, 512) and len(expected["prompt"]) == 200 and int(expected["prefill_chunk"]) == 64
+    runtime = {p.name for p in (path / "tvm_runtime").iterdir()}
+    assert {"libtvm_runtime.so", "libtvm_runtime_cuda.so"} <= runtime <= {"libtvm_runtime.so", "libtvm_runtime_cuda.so", "libcudart.so.13"}
+    everything = [p.relative_to(path).as_posix() for p in path.rglob("*") if p.is_file()]
+    assert not [p for p in everything if "libtvm_compiler" in p or p.startswith("site/tvm/")]
+    assert set(index["files"]) | {"bundle.json"} == set(everything)
+    assert size == sum((path / p).stat().st_size for p in everything) and size < 25 * 2**20
+
+
+def test_bundle_size_limit_and_bad_input(bundle, tmp_path):
+    from pipeline.errors import ArtifactError
+    from pipeline.interface.bundle import bundle as make
+
+    out = tmp_path / "small"
+    with pytest.raises(ArtifactError, match=r"^bundle .*small: \d+\.\d MiB; allowed at most 1 MiB"):
+        make(out, sets=[SET], graph=[], cpu_models=[], python="current", steps=2, max_mib=1, log=lambda *_: None)
+    assert not out.exists() and list(tmp_path.iterdir()) == []  # nothing left behind
+    bad = mlcpipe("bundle", "--set", "llama-tiny", "--out", str(out))
+    assert bad.returncode == 2 and "'llama-tiny': expected MODEL:QUANT[,QUANT...]" in bad.stderr
+    bad = mlcpipe("bundle", "--set", "llama-tiny:q9", "--out", str(out))
+    assert bad.returncode == 2 and "q9" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    # a folder mlcpipe did not make is not replaced
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("keep")
+    bad = mlcpipe("bundle", "--set", SET, "--graph", SET, "--python", "current", "--out", str(tmp_path / "mine"))
+    assert bad.returncode == 2 and "holds files mlcpipe did not create" in bad.stderr
+    assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
+
+
+def test_run_sh_refuses_another_python(bundle, tmp_path):
+    """run.sh compares the Python it finds with the one the bundle's tvm_ffi is built for (here
+    this one's; a copy of run.sh saying 3.99 stands for a bundle made for another)."""
+    path, _ = bundle
+    mine = f"{sys.version_info[0]}.{sys.version_info[1]}"
+    script = (path / "run.sh").read_text()
+    assert f'want="{mine}"' in script
+    (tmp_path / "run.sh").write_text(script.replace(f'want="{mine}"', 'want="3.99"'))
+    done = subprocess.run(["bash", str(tmp_path / "run.sh")], capture_output=True, text=True, cwd=tmp_path,
+                          env={**os.environ, "MLCPIPE_PYTHON": sys.executable, "OUT": str(tmp_path / "o")})
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith(f"error: {sys.executable} is Python {sys.version.split()[0]}; this bundle's tvm_ffi is built for Python 3.99")
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.long
+def test_default_bundle_fits_the_device_limit():
+    """The default set (1B at q4f16_1, q4f32_1, q0f16, its cuda_graph q4f16_1, llama-tiny) for the
+    device's Python 3.12: at most 60 MiB (the device takes 64 MiB with the checkout)."""
+    from pipeline.interface.bundle import bundle as make
+
+    path, size = make(log=print)
+    assert size <= 60 * 2**20
+    index = json.loads((path / "bundle.json").read_text())
+    assert index["python"] == "3.12" and any(p.name.startswith("core.cpython-312") for p in (path / "site" / "tvm_ffi").iterdir())
