@@ -22,6 +22,7 @@ from .model.create import create_model
 from .model.sampler import attach_sampler
 from .passes import run_pipeline
 from .passes.function_table import DEFAULT_MAX_BATCH_SIZE, AttachMetadata, add_kv_cache_alias
+from .passes.kv_cache_fixes import WINDOW_ATTR
 from .quantization import QUANTIZATIONS
 from .reference import KERNELS as REFERENCE_KERNELS
 from .reference import LIBRARY as REFERENCE_LIBRARY
@@ -49,6 +50,8 @@ def export_model(config: ModelConfig, quant: str, target: tvm.target.Target):
         model = create_model(config, quant, target)
         mod, named_params, _ = model.export_tvm(spec=model.get_default_spec(), allow_extern=True)
     mod = attach_sampler(mod, target, config.vocab_size, max_batch_size(config))  # MLC-LLM's sampler functions
+    if config.sliding_window:  # the window TVM's KV cache kernels are made with (passes/kv_cache_fixes.py)
+        mod = mod.with_attr(WINDOW_ATTR, config.sliding_window)
     return add_kv_cache_alias(mod), named_params
 
 

@@ -24,7 +24,19 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 CONFIG_DIR = Path(os.environ.get("MLCPIPE_CONFIGS", REPO_ROOT / "configs"))
 MODELS_DIR = CONFIG_DIR / "models"
 
-SUPPORTED_ARCHITECTURES = ("llama",)
+# The architectures (one module each in pipeline/model/) and the YAML fields each adds to the
+# common ones (config.json's names), with their defaults. SmolLM2 and Mistral are `llama`.
+ARCHITECTURE_FIELDS: dict[str, dict[str, Any]] = {
+    "llama": {},
+    "qwen2": {},  # q/k/v projections with bias
+    "qwen3": {"attention_bias": False},  # q/k RMSNorm over head_dim
+    "gemma3": {  # sliding-window layers with their own rope theta, q/k norms, sandwich norms, GeGLU
+        "sliding_window": 512, "sliding_window_pattern": 6, "layer_types": None, "rope_local_base_freq": 10000.0,
+        "query_pre_attn_scalar": None, "hidden_activation": "gelu_pytorch_tanh",
+    },
+}
+SUPPORTED_ARCHITECTURES = tuple(ARCHITECTURE_FIELDS)
+LAYER_TYPES = ("full_attention", "sliding_attention")
 DEFAULT_MAX_BATCH_SIZE = 80  # MLC-LLM's compile-time batch bound (`max_batch_size` of its model configs)
 DEFAULT_CONV_TEMPLATE = "LM"  # plain completion (pipeline/conv_templates.py)
 
@@ -165,12 +177,39 @@ class ModelConfig:
     eos_token_id: int | tuple[int, ...] = 2
     pad_token_id: int = 0
     conv_template: ConvTemplate | None = None  # resolved from a name or an inline mapping
+    # architecture fields (ARCHITECTURE_FIELDS; the defaults here mean "not this architecture's")
+    layer_types: tuple[str, ...] = ()  # per layer: full_attention or sliding_attention (empty: all full)
+    sliding_window: int = 0  # keys a sliding_attention layer sees, its own included
+    rope_local_base_freq: float = 0.0  # rope theta of the sliding layers
+    query_pre_attn_scalar: float = 0.0  # attention scale scalar^-0.5 (0: head_dim)
+    hidden_activation: str = "silu"  # of the gated MLP: silu or gelu_pytorch_tanh
     source: str = ""  # the YAML file this came from
 
+    @property
+    def qkv_bias(self) -> bool:
+        return self.architecture == "qwen2"
+
+    @property
+    def qk_norm(self) -> bool:
+        return self.architecture in ("qwen3", "gemma3")
+
+    @property
+    def sm_scale(self) -> float:
+        return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
+
+    def layer_is_sliding(self, layer: int) -> bool:
+        return bool(self.layer_types) and self.layer_types[layer] == "sliding_attention"
+
     def as_dict(self) -> dict[str, Any]:
-        """Every field (JSON types); `parse_model_config` of it gives this config back."""
+        """Every field of its architecture (JSON types); `parse_model_config` of it gives this
+        config back."""
         out = dataclasses.asdict(self)
         out.pop("source")
+        if self.architecture != "gemma3":
+            for key in ("layer_types", "sliding_window", "rope_local_base_freq", "query_pre_attn_scalar", "hidden_activation"):
+                out.pop(key)
+        else:
+            out["layer_types"] = list(self.layer_types)
         out["quantizations"] = list(self.quantizations)
         if isinstance(self.eos_token_id, tuple):
             out["eos_token_id"] = list(self.eos_token_id)
@@ -392,16 +431,20 @@ def parse_model_config(raw: Any, path: str) -> ModelConfig:
     for field in _REQUIRED:
         if field not in raw:
             raise ConfigError(f"{path}: field '{field}' is missing")
+    if raw["architecture"] not in SUPPORTED_ARCHITECTURES:
+        raise _err(path, "architecture", raw["architecture"], f"allowed: {list(SUPPORTED_ARCHITECTURES)}")
+    family = ARCHITECTURE_FIELDS[raw["architecture"]]
     known = set(_REQUIRED) | {
         "display_name", "rope_scaling", "tie_word_embeddings", "page_size", "max_batch_size",
         *_GENERATION_FIELDS, *_TOKEN_ID_DEFAULTS, "conv_template",
         "position_embedding_base", *_MLC_DERIVED,  # as mlc-chat-config.json's model_config has them
-    }
+    } | set(family)
     unknown = sorted(set(raw) - known, key=str)
     if unknown:
-        raise _err(path, unknown[0], raw[unknown[0]], f"unknown field; allowed: {sorted(known)}")
-    if raw["architecture"] not in SUPPORTED_ARCHITECTURES:
-        raise _err(path, "architecture", raw["architecture"], f"allowed: {list(SUPPORTED_ARCHITECTURES)}")
+        others = [a for a, fields in ARCHITECTURE_FIELDS.items() if unknown[0] in fields]
+        why = (f"not a field of architecture {raw['architecture']!r} (it is {', '.join(repr(a) for a in others)}'s)" if others
+               else "unknown field")
+        raise _err(path, unknown[0], raw[unknown[0]], f"{why}; allowed: {sorted(known)}")
     check_path_name(path, "name", raw["name"])
 
     ints = {field: _positive_int(path, raw, field) for field in _INT_FIELDS}
@@ -459,6 +502,7 @@ def parse_model_config(raw: Any, path: str) -> ModelConfig:
         else _token_id(path, "eos_token_id", eos, vocab)
     )
     conv = parse_conv_template(raw.get("conv_template", DEFAULT_CONV_TEMPLATE), path, vocab)
+    architecture = _architecture_fields(path, raw, family, ints)
 
     return ModelConfig(
         name=raw["name"],
@@ -473,10 +517,42 @@ def parse_model_config(raw: Any, path: str) -> ModelConfig:
         max_batch_size=max_batch,
         conv_template=conv,
         source=path,
+        **architecture,
         **generation,
         **tokens,
         **ints,
     )
+
+
+def _architecture_fields(path: str, raw: dict, family: dict, ints: dict) -> dict[str, Any]:
+    """The ModelConfig fields of the architecture's own YAML fields (ARCHITECTURE_FIELDS)."""
+    values = {key: raw.get(key, default) for key, default in family.items()}
+    if "attention_bias" in values and values["attention_bias"] is not False:
+        raise _err(path, "attention_bias", values["attention_bias"], "allowed: false (q/k/v/o projections without bias)")
+    if "sliding_window" not in family:
+        return {}
+    layers = ints["num_hidden_layers"]
+    window = _positive_int(path, values, "sliding_window")
+    if ints["prefill_chunk_size"] > window:  # the paged KV cache masks a chunk's own tokens causally, not by window
+        raise _err(path, "prefill_chunk_size", ints["prefill_chunk_size"],
+                   f"must be <= sliding_window ({window}): a prefill chunk attends to itself without the window")
+    if values["layer_types"] is not None:
+        types = _strings(path, "layer_types", values["layer_types"])
+        if len(types) != layers or any(t not in LAYER_TYPES for t in types):
+            raise _err(path, "layer_types", values["layer_types"],
+                       f"expected num_hidden_layers ({layers}) entries, each one of {list(LAYER_TYPES)}")
+        if "sliding_window_pattern" in raw:
+            raise ConfigError(f"{path}: field 'sliding_window_pattern': give layer_types or sliding_window_pattern, not both")
+    else:
+        pattern = _positive_int(path, values, "sliding_window_pattern")
+        types = tuple("full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(layers))
+    scalar = values["query_pre_attn_scalar"]
+    scalar = ints["head_dim"] if scalar is None else _positive_float(path, values, "query_pre_attn_scalar")
+    activation = values["hidden_activation"]
+    if activation not in ("gelu_pytorch_tanh", "silu"):
+        raise _err(path, "hidden_activation", activation, "allowed: 'gelu_pytorch_tanh', 'silu'")
+    return {"layer_types": types, "sliding_window": window, "hidden_activation": activation, "query_pre_attn_scalar": float(scalar),
+            "rope_local_base_freq": _positive_float(path, values, "rope_local_base_freq")}
 
 
 def resolve_model_path(model: str) -> Path:

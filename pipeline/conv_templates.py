@@ -44,6 +44,31 @@ CONV_TEMPLATES: dict[str, dict[str, Any]] = {
         "stop_str": [],
         "stop_token_ids": [128001, 128008, 128009],
     },
+    # ChatML as Qwen2 / Qwen2.5 / Qwen3 use it (<|endoftext|> = 151643, <|im_end|> = 151645).
+    "qwen2": {
+        "system_template": "<|im_start|>system\n{system_message}<|im_end|>\n",
+        "system_message": "You are a helpful assistant.",
+        "add_role_after_system_message": True,
+        "roles": {"user": "<|im_start|>user", "assistant": "<|im_start|>assistant"},
+        "seps": ["<|im_end|>\n"],
+        "role_content_sep": "\n",
+        "role_empty_sep": "\n",
+        "stop_str": ["<|endoftext|>", "<|im_end|>"],
+        "stop_token_ids": [151643, 151645],
+    },
+    # Gemma instruction turns (MLC-LLM's gemma_instruction: <bos> = 2 first; stop at <eos> = 1, <end_of_turn> = 107).
+    "gemma_instruction": {
+        "system_template": "{system_message}",
+        "system_message": "",
+        "system_prefix_token_ids": [2],
+        "add_role_after_system_message": True,
+        "roles": {"user": "<start_of_turn>user", "assistant": "<start_of_turn>model"},
+        "seps": ["<end_of_turn>\n"],
+        "role_content_sep": "\n",
+        "role_empty_sep": "\n",
+        "stop_str": ["<end_of_turn>"],
+        "stop_token_ids": [1, 107],
+    },
     # Plain completion (MLC-LLM's "LM"): the text as is, bos 1 before it, stop at eos 2.
     "LM": {
         "system_template": "{system_message}",

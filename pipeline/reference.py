@@ -17,6 +17,7 @@ from pathlib import Path
 import tvm
 
 from .kernel_info import is_thread_bound, signature_of
+from .passes.kv_cache_fixes import DEFAULT_WINDOW, prefill_paged_cpu
 
 DIRECTORY = "reference"
 LIBRARY = f"{DIRECTORY}/kernels.so"
@@ -47,12 +48,13 @@ def attention_counterparts(model_config: dict, dtype: str) -> dict[str, tvm.tirx
 
     h_kv, h_q, d = model_config["num_key_value_heads"], model_config["num_attention_heads"], model_config["head_dim"]
     rope = model_config.get("rope_scaling") or {}
+    window, page = model_config.get("sliding_window") or DEFAULT_WINDOW, model_config.get("page_size", 16)
     return {
-        "batch_prefill_paged_kv": kc._attention_prefill_cpu(h_kv, h_q, d, dtype, False, rope),
+        "batch_prefill_paged_kv": prefill_paged_cpu(h_kv, h_q, d, dtype, page, False, window),
         "batch_decode_paged_kv": kc._attention_decode_cpu(h_kv, h_q, d, dtype, False, rope),
         "batch_prefill_ragged_kv": kc._attention_prefill_ragged_cpu(h_kv, h_q, d, d, dtype, rope),
         "tir_attention_merge_state": kc._merge_state_inplace_cpu(dtype),
-        "batch_prefill_paged_kv_sliding_window": kc._attention_prefill_cpu(h_kv, h_q, d, dtype, True, rope),
+        "batch_prefill_paged_kv_sliding_window": prefill_paged_cpu(h_kv, h_q, d, dtype, page, True, window),
         "batch_decode_paged_kv_sliding_window": kc._attention_decode_cpu(h_kv, h_q, d, dtype, True, rope),
     }
 

@@ -29,18 +29,6 @@ _SAFETENSORS_DTYPES = {
     "I64": np.int64, "I32": np.int32, "I16": np.int16, "I8": np.int8, "U8": np.uint8,
 }
 # HF config.json key -> ModelConfig attribute that must agree.
-_HF_FIELDS = {
-    "hidden_size": "hidden_size",
-    "intermediate_size": "intermediate_size",
-    "num_hidden_layers": "num_hidden_layers",
-    "num_attention_heads": "num_attention_heads",
-    "num_key_value_heads": "num_key_value_heads",
-    "head_dim": "head_dim",
-    "vocab_size": "vocab_size",
-    "tie_word_embeddings": "tie_word_embeddings",
-    "rope_theta": "rope_theta",
-    "rms_norm_eps": "rms_norm_eps",
-}
 
 
 # Every dtype of the safetensors format -> bytes per element (the size check needs it for all).
@@ -141,41 +129,36 @@ def _read_safetensors_header(file: Path) -> tuple[dict, int]:
 
 
 def check_hf_config(config: ModelConfig, hf_dir: Path) -> None:
+    """The checkpoint's config.json describes the model of `config`: every field mlcpipe reads
+    from it (hf_config.model_fields, 4.x or 5.x form) equals the YAML's; one line otherwise."""
+    from .hf_config import model_fields
+
     path = Path(hf_dir) / "config.json"
     if not path.is_file():
         raise ArtifactError(f"{hf_dir}: config.json missing (expected a Hugging Face checkpoint directory)")
-    hf = read_json(path, "Hugging Face config")
-    if not isinstance(hf, dict):
-        raise ConfigError(f"{path}: expected a JSON object at top level, got {type(hf).__name__}")
-    for key, attr in _HF_FIELDS.items():
-        if key not in hf:
-            continue
-        ours, theirs = getattr(config, attr), hf[key]
-        kind_ok = isinstance(theirs, bool) if isinstance(ours, bool) else (
-            not isinstance(theirs, bool) and isinstance(theirs, (int, float)) and math.isfinite(theirs))
-        if not kind_ok:
-            expected = "true or false" if isinstance(ours, bool) else "a finite number"
-            raise ConfigError(f"{path}: field '{key}': got {short_repr(theirs)}; expected {expected}")
-    if "head_dim" not in hf and isinstance(hf.get("hidden_size"), int) and isinstance(hf.get("num_attention_heads"), int):
-        hf["head_dim"] = hf["hidden_size"] // max(hf["num_attention_heads"], 1)
-    hf.setdefault("tie_word_embeddings", False)
-    for key, attr in _HF_FIELDS.items():
-        if key not in hf:
-            continue
-        ours = getattr(config, attr)
-        theirs = hf[key]
-        same = abs(float(theirs) - float(ours)) <= 1e-9 * max(1.0, abs(float(ours))) if isinstance(ours, float) else theirs == ours
+    theirs_all = model_fields(read_json(path, "Hugging Face config"), str(path))
+    ours_all = config.as_dict()
+    for key, theirs in theirs_all.items():
+        ours = ours_all.get(key)
+        if isinstance(ours, float) and isinstance(theirs, int | float):
+            same = abs(float(theirs) - ours) <= 1e-9 * max(1.0, abs(ours))
+        else:
+            same = theirs == ours
         if not same:
             raise ConfigError(f"{path}: field '{key}': got {short_repr(theirs)}, but {config.source} says {ours!r}")
 
 
 def synthetic_source(config: ModelConfig, seed: int = 0) -> Callable[[str, tuple[int, ...]], np.ndarray]:
-    """Seeded random float32 weights (per-tensor seed from its name, so order does not matter)."""
+    """Seeded random float32 checkpoint tensors (per-tensor seed from its name, so order does not
+    matter): matrices N(0, 0.02), biases N(0, 0.1), norm weights whose effective scale is about 1
+    (around 1, or around 0 where the architecture adds 1: Gemma)."""
+    offsets = {n: ws.offset for ws in WEIGHT_MAPS[config.architecture](config) for n in ws.hf_names}
 
     def get(name: str, shape: tuple[int, ...]) -> np.ndarray:
         rng = np.random.default_rng([seed, *name.encode()])
-        if len(shape) == 1:  # norm weights around 1
-            return (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+        if len(shape) == 1:
+            center = 0.0 if name.endswith(".bias") else 1.0 - offsets.get(name, 0.0)
+            return (center + 0.1 * rng.standard_normal(shape)).astype(np.float32)
         return (rng.standard_normal(shape, dtype=np.float32) * np.float32(0.02))
 
     return get
@@ -235,7 +218,7 @@ def logical_weights(config: ModelConfig, source: str | Path, seed: int = 0, limi
             values = np.asarray(array, dtype=np.float32)
             _check_values(f"{tensors.index[hf_name][0]}: tensor '{hf_name}'", values, limit)
             parts.append(values)
-        yield ws.name, parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+        yield ws.name, _logical(ws, parts)
 
 
 def synthetic_stored(config: ModelConfig, quant: str, seed: int = 0, workers: int | None = None) -> dict[str, np.ndarray]:
@@ -256,9 +239,14 @@ def synthetic_stored(config: ModelConfig, quant: str, seed: int = 0, workers: in
 
 
 def _synthetic_tensor(get, ws) -> np.ndarray:
-    """A logical parameter of seeded synthetic weights (its HF parts concatenated)."""
-    parts = [get(hf_name, shape) for hf_name, shape in zip(ws.hf_names, ws.hf_shapes)]
-    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+    """A logical parameter of seeded synthetic weights."""
+    return _logical(ws, [get(hf_name, shape) for hf_name, shape in zip(ws.hf_names, ws.hf_shapes)])
+
+
+def _logical(ws, parts: list[np.ndarray]) -> np.ndarray:
+    """The logical parameter of its checkpoint tensors: concatenated, plus the source's offset."""
+    value = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+    return value + np.float32(ws.offset) if ws.offset else value
 
 
 def expected_parameters(config: ModelConfig, quant: str) -> list[tuple[str, tuple[int, ...], str]]:

@@ -24,7 +24,7 @@ from tests.helpers.cli import mlcpipe, write_yaml
         ({"num_key_value_heads": 3}, r"field 'num_key_value_heads': got 3; must divide num_attention_heads"),
         ({"vocab_size": None}, r"field 'vocab_size' is missing"),
         ({"quantizations": ["q3f16_0"]}, r"field 'quantizations': got 'q3f16_0'; allowed: \['q0f16'"),
-        ({"architecture": "gpt2"}, r"field 'architecture': got 'gpt2'; allowed: \['llama'\]"),
+        ({"architecture": "gpt2"}, r"field 'architecture': got 'gpt2'; allowed: \['llama', 'qwen2', 'qwen3', 'gemma3'\]"),
         ({"hidden_sise": 12}, r"field 'hidden_sise': got 12; unknown field"),
         ({"rope_scaling": {"rope_type": "yarn"}}, r"field 'rope_scaling.rope_type': got 'yarn'"),
         ({"prefill_chunk_size": 4096}, r"field 'prefill_chunk_size': got 4096; must be <= context_window_size"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import click
 
-from . import build, bundle, check, convert_weights, mlc, nightly, profile, run, tune
+from . import build, bundle, check, convert_weights, import_config, mlc, nightly, profile, run, tune
 from .common import UserErrors
 
 
@@ -20,6 +20,7 @@ def main(threads: int | None) -> None:
 
 
 for _command in (build.build, tune.tune, convert_weights.convert_weights, run.run, check.check, profile.profile,
-                 nightly.nightly, nightly.verify, mlc.mlc_check, mlc.webllm, bundle.bundle):
+                 nightly.nightly, nightly.verify, mlc.mlc_check, mlc.webllm, bundle.bundle,
+                 import_config.import_config):
     main.add_command(_command)
 del _command

@@ -5,9 +5,13 @@ from __future__ import annotations
 from ..config import ModelConfig
 from ..quantization import QUANTIZATIONS
 from ..quantization.relax_modules import quantize_model
+from .gemma3 import Gemma3ForCausalLM
 from .llama import LlamaForCausalLM
+from .qwen2 import Qwen2ForCausalLM
+from .qwen3 import Qwen3ForCausalLM
 
-MODULES = {"llama": LlamaForCausalLM}  # architecture -> Relax nn.Module class
+# architecture -> Relax nn.Module class (one module per family)
+MODULES = {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM, "qwen3": Qwen3ForCausalLM, "gemma3": Gemma3ForCausalLM}
 
 
 def create_model(config: ModelConfig, quant: str, target):

@@ -17,14 +17,20 @@ def nt_matmul(x: nn.Tensor, weight: nn.Tensor, out_dtype: str) -> nn.Tensor:
 
 
 class Linear(nn.Module):
-    """Bias-free linear layer, weight (out, in), float32 accumulation."""
+    """Linear layer, weight (out, in), float32 accumulation; with `bias`, a bias (out,) added in the
+    model dtype (quantization keeps it unquantized)."""
 
-    def __init__(self, in_features: int, out_features: int, dtype: str):
+    def __init__(self, in_features: int, out_features: int, dtype: str, bias: bool = False):
         self.in_features, self.out_features, self.dtype = in_features, out_features, dtype
         self.weight = nn.Parameter((out_features, in_features), dtype)
+        self.bias = nn.Parameter((out_features,), dtype) if bias else None
 
     def forward(self, x: nn.Tensor) -> nn.Tensor:
-        return nt_matmul(x, self.weight, self.dtype)
+        return with_bias(nt_matmul(x, self.weight, self.dtype), self.bias)
+
+
+def with_bias(y: nn.Tensor, bias: nn.Parameter | None) -> nn.Tensor:
+    return y if bias is None else y + bias
 
 
 class Embedding(nn.Module):

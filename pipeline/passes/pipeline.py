@@ -1,7 +1,8 @@
 """The phased Relax -> TIR pipeline, with an optional IR dump after each phase.
 
 Phases (as MLC-LLM orders them):
-  1. fuse-high-level   Relax graph rewrites before lowering (transpose folded into NT_matmul)
+  1. fuse-high-level   Relax graph rewrites before lowering (transpose folded into NT_matmul; TVM's
+                       CPU paged-prefill attention fixed: kv_cache_fixes.py)
   2. lower             Relax ops -> TIR PrimFuncs, FuseOps + FuseTIR (elementwise epilogues)
   3. fuse-tir          dequantize fused into the NT_matmul that consumes it
   4. schedule          our schedule rules for the target (schedules/)
@@ -20,6 +21,7 @@ from tvm import relax
 
 from .function_table import DeferBatchedFunctions, RestoreBatchedFunctions
 from .fuse_dequantize_matmul import FuseDequantizeMatmul
+from .kv_cache_fixes import FixKVCacheKernels
 from .shape_funcs import CanonicalShapeFuncs
 
 
@@ -31,7 +33,7 @@ def phase_passes(target_kind: str, tuning=None, on_kernel=None, after_memory_pla
     return [
         # the batched functions are lowered last: kernels they share with prefill/decode keep
         # their names and `seq_len` dims (function_table.py)
-        ("fuse-high-level", [DeferBatchedFunctions, relax.transform.FuseTransposeMatmul()]),
+        ("fuse-high-level", [FixKVCacheKernels, DeferBatchedFunctions, relax.transform.FuseTransposeMatmul()]),
         (
             "lower",
             [

@@ -9,7 +9,7 @@ from tvm import te, tirx
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn import op
 
-from ..model.layers import Embedding, Linear, nt_matmul
+from ..model.layers import Embedding, Linear, nt_matmul, with_bias
 from .group_quant import STORAGE_DTYPE, GroupQuantize
 
 
@@ -51,14 +51,15 @@ def take_dequantize_te(scheme: GroupQuantize, q_weight: te.Tensor, q_scale: te.T
 class GroupQuantLinear(nn.Module):
     """y = x @ dequantize(q_weight, q_scale)^T, accumulated in float32."""
 
-    def __init__(self, in_features: int, out_features: int, scheme: GroupQuantize):
+    def __init__(self, in_features: int, out_features: int, scheme: GroupQuantize, bias: bool = False):
         self.in_features, self.out_features, self.scheme = in_features, out_features, scheme
         self.q_weight = nn.Parameter((out_features, in_features // scheme.elems_per_word), STORAGE_DTYPE)
         self.q_scale = nn.Parameter((out_features, in_features // scheme.group_size), scheme.model_dtype)
+        self.bias = nn.Parameter((out_features,), scheme.model_dtype) if bias else None  # not quantized
 
     def forward(self, x: nn.Tensor) -> nn.Tensor:
         w = op.tensor_expr_op(functools.partial(dequantize_te, self.scheme), "dequantize", [self.q_weight, self.q_scale])
-        return nt_matmul(x, w, self.scheme.model_dtype)
+        return with_bias(nt_matmul(x, w, self.scheme.model_dtype), self.bias)
 
 
 class GroupQuantEmbedding(nn.Module):
@@ -81,7 +82,7 @@ class GroupQuantEmbedding(nn.Module):
 def _replace_children(module: nn.Module, scheme: GroupQuantize) -> None:
     for attr, child in list(vars(module).items()):
         if isinstance(child, Linear):
-            setattr(module, attr, GroupQuantLinear(child.in_features, child.out_features, scheme))
+            setattr(module, attr, GroupQuantLinear(child.in_features, child.out_features, scheme, bias=child.bias is not None))
         elif isinstance(child, Embedding):
             setattr(module, attr, GroupQuantEmbedding(child.num, child.dim, scheme))
         elif isinstance(child, nn.ModuleList):
