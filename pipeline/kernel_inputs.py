@@ -21,6 +21,7 @@ from .model.sampler_spec import kernel_args as sampler_kernel_args
 
 KV_CACHE_CREATE = "vm.builtin.paged_attention_kv_cache_create"  # the KV cache's create call (its kernels are its arguments)
 HISTORY = 9  # cached tokens before the new ones in paged-attention inputs
+SLIDING_OFFSET = 5  # where a sliding window starts in its first page, in sliding-window kernels' inputs
 SCALARS = {"causal": 1, "rotary_mode": 0, "rope_scale": 1.0, "rope_theta": 10000.0, "sm_scale": 0.125, "apply_rope": 1, "batch_size": 1}
 _OPS = {
     "add": lambda a, b: a + b, "sub": lambda a, b: a - b, "mul": lambda a, b: a * b,
@@ -132,8 +133,10 @@ def kernel_args(signature: dict, n: int, seed: int = 0, heads: dict[str, int] | 
             flat = np.asarray(index_values[name], np.int32)
             if flat.shape == tuple(shape):  # given whole (tree_order, copy_src_dst_pos)
                 values = flat.copy()
-            elif len(shape) == 2:  # e.g. length_info (3, B) when sliding windows are compiled in
-                values[0, : flat.size] = flat[: shape[1]]
+            elif len(shape) == 2:  # length_info (3, B) of a sliding-window kernel: last page length, window
+                values[0, : flat.size] = flat[: shape[1]]  # offset in the first page, sink length
+                if name == "length_info" and shape[0] == 3:
+                    values[1, :] = min(SLIDING_OFFSET, kv_len - 1)  # the window starts inside the first page
             else:
                 values[: min(flat.size, shape[0])] = flat[: shape[0]]
             args.append(values)

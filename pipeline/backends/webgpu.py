@@ -215,6 +215,50 @@ def _wheel_sources() -> dict[str, Path]:
     return sources
 
 
+# Fixes to TVM 0.27's runtime sources, applied to the staged tree before emcc compiles them: (file,
+# text, replacement), each text found exactly once. The paged KV cache's plain aux-data manager (every
+# device but CUDA and the CPU: WebGPU, Metal) copies a depth's page indptr / page indices / length
+# info for the per-layer sliding window into the same device arrays as the full layers' ones, so a
+# model with both kinds of layer (Gemma 3) reads the sliding layers' pages in its global layers once
+# the window leaves a page behind. Here the second copy of each per forward goes to spare arrays.
+_PLAIN_AUX = "src/runtime/vm/attn_utils.h"
+RUNTIME_PATCHES = (
+    (_PLAIN_AUX, "    cur_append_length_indptr_device_ = Tensor::Empty({reserved_num_seqs + 1}, dtype_aux_, device);",
+     "    for (int d = 0; d < kPagedKVCacheMaxBlockDepth; ++d) {  // mlcpipe: spares for the sliding-window copies\n"
+     "      mlcpipe_spare_page_indptr_.push_back(Tensor::Empty({reserved_num_seqs + 1}, dtype_aux_, device));\n"
+     "      mlcpipe_spare_page_indices_.push_back(Tensor::Empty({num_total_pages}, dtype_aux_, device));\n"
+     "      mlcpipe_spare_length_info_.push_back(Tensor::Empty({3, reserved_num_seqs}, dtype_aux_, device));\n"
+     "    }\n"
+     "    cur_append_length_indptr_device_ = Tensor::Empty({reserved_num_seqs + 1}, dtype_aux_, device);"),
+    (_PLAIN_AUX, "  void ResetAttnAuxDataCopy() final {}",
+     "  void ResetAttnAuxDataCopy() final { std::fill(mlcpipe_copies_.begin(), mlcpipe_copies_.end(), 0); }"),
+    (_PLAIN_AUX, "    Tensor view = page_indptr_on_depths_device_[depth].CreateView(",
+     "    Tensor view = MlcpipeSlot(page_indptr_on_depths_device_, mlcpipe_spare_page_indptr_, 0, depth).CreateView("),
+    (_PLAIN_AUX, "    Tensor view = page_indices_on_depths_device_[depth].CreateView(",
+     "    Tensor view = MlcpipeSlot(page_indices_on_depths_device_, mlcpipe_spare_page_indices_, 1, depth).CreateView("),
+    (_PLAIN_AUX, "    Tensor view = length_info_on_depths_device_[depth].CreateView(",  # last page length, then length info
+     "    Tensor view = MlcpipeSlot(length_info_on_depths_device_, mlcpipe_spare_length_info_, 2, depth).CreateView("),
+    (_PLAIN_AUX, "  void CommitAttnAuxDataCopy() final {}",
+     "  void CommitAttnAuxDataCopy() final {}\n"
+     "  // mlcpipe: the first copy of a kind on a depth in a forward goes to `first`, a second to `spare`\n"
+     "  Tensor& MlcpipeSlot(std::vector<Tensor>& first, std::vector<Tensor>& spare, int kind, int depth) {\n"
+     "    int& copies = mlcpipe_copies_[kind * kPagedKVCacheMaxBlockDepth + depth];\n"
+     "    return copies++ == 0 ? first[depth] : spare[depth];\n"
+     "  }\n"
+     "  std::vector<Tensor> mlcpipe_spare_page_indptr_, mlcpipe_spare_page_indices_, mlcpipe_spare_length_info_;\n"
+     "  std::vector<int> mlcpipe_copies_ = std::vector<int>(3 * kPagedKVCacheMaxBlockDepth, 0);"),
+)
+
+
+def _patch_runtime(tree: Path) -> None:
+    for rel, text, replacement in RUNTIME_PATCHES:
+        path = tree / rel
+        source = path.read_text()
+        if source.count(text) != (1 if "length_info_on_depths_device_[depth].CreateView(" not in text else 2):
+            raise RuntimeError(f"TVM's {rel} changed ({text.strip()[:60]!r} not found as expected): review RUNTIME_PATCHES")
+        path.write_text(source.replace(text, replacement))
+
+
 def _source_files(root: Path):
     for dirpath, dirnames, filenames in os.walk(root):
         dirnames[:] = sorted(d for d in dirnames if d != "__pycache__")
@@ -227,6 +271,7 @@ def _runtime_key(sources: dict[str, Path], version: str) -> str:
     digest = hashlib.sha256()
     digest.update(version.encode())
     digest.update(" ".join(_COMPILE_FLAGS).encode())
+    digest.update(repr(RUNTIME_PATCHES).encode())
     for stage, root in [*sorted(sources.items()), ("<own>", _OWN_HEADERS)]:
         for path in _source_files(root):
             digest.update(f"{stage}/{path.relative_to(root)}\0".encode())
@@ -249,6 +294,7 @@ def _stage(tree: Path, sources: dict[str, Path]) -> None:
     (tree / "3rdparty/tvm-ffi/3rdparty/dlpack").mkdir(parents=True)
     (tree / "3rdparty/tvm-ffi/3rdparty/dlpack/include").symlink_to(tree / "3rdparty/tvm-ffi/include")
     shutil.copytree(_OWN_HEADERS, tree, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.md", "*.cjs", "__pycache__"))
+    _patch_runtime(tree)
 
 
 _RESOLVED: dict[tuple[str, str], list[Path]] = {}  # (emcc, cache dir) -> objects, per process

@@ -90,6 +90,33 @@ def test_family_matches_transformers(family, quant, tmp_path):
     assert tokens == [int(np.argmax(w)) for w in want]
 
 
+# relative logit error allowed per WebGPU adapter (SwiftShader's exp / sin approximations: docs/webgpu.md)
+WEBGPU_TOLERANCE = {"gles": TOLERANCE, "swiftshader": 2e-3}
+
+
+@pytest.mark.dawn
+@pytest.mark.parametrize("quant", [pytest.param("q0f32", marks=pytest.mark.long), "q4f32_1"])
+def test_family_matches_transformers_on_webgpu(family, quant, tmp_path):
+    """The webgpu build of each family, run whole in Dawn on both software adapters (Gemma 3's
+    sliding layers need the fixed web runtime: backends/webgpu.py RUNTIME_PATCHES)."""
+    cfg, root, model, imported = family
+    weights, art = tmp_path / "w", tmp_path / "art"
+    for args in (("convert-weights", "--model", str(imported), "--quant", quant, "--source", str(root / "hf"), "--output", str(weights)),
+                 ("build", "--model", str(imported), "--quant", quant, "--target", "webgpu", "--output", str(art))):
+        done = mlcpipe(*args)
+        assert done.returncode == 0, done.stderr
+    reference = quantized(type(model).from_pretrained(root / "hf").float().eval(), quant) if quant != "q0f32" else model
+    for adapter, tolerance in WEBGPU_TOLERANCE.items():
+        logits = tmp_path / f"logits-{adapter}.npy"
+        done = mlcpipe("run", "--artifact", str(art), "--weights", str(weights), "--prompt-tokens", ",".join(map(str, PROMPT)),
+                       "--max-new-tokens", str(STEPS), "--save-logits", str(logits), "--adapter", adapter)
+        assert done.returncode == 0, done.stderr
+        tokens = [int(t) for t in done.stdout.split()[-1].split(",")]
+        want = reference_logits(reference, PROMPT, tokens[:-1])
+        errors = np.abs(np.load(logits) - want).max(axis=1) / np.abs(want).max(axis=1)
+        assert errors.max() < tolerance, (adapter, errors)
+
+
 def test_gemma3_test_sees_the_window_and_the_local_theta(tmp_path):
     """The comparison above fails for a Gemma 3 whose window or local rope theta is off: the
     tiny model's prompt reaches beyond the window, so both matter."""
