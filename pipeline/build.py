@@ -17,7 +17,7 @@ from .artifact import ARTIFACT_FORMAT, MANIFEST, RUNTIME_CONFIG, TENSOR_CACHE, A
 from .backends import backend
 from .kernel_info import kernel_roles, kv_cache_kernel_slots, launch_config
 from .config import REPO_ROOT, ModelConfig, check_quantization
-from .mlc_contract import mlc_chat_config
+from .mlc_contract import MLC_MODEL_TYPES, mlc_chat_config
 from .model.create import create_model
 from .model.sampler import attach_sampler
 from .passes import run_pipeline
@@ -75,7 +75,7 @@ def model_metadata(config: ModelConfig, quant: str, named_params) -> dict[str, A
     """What `_metadata` returns, less `memory_usage` (added by the pass after memory planning):
     the fields MLC-LLM's ModelMetadata::FromJSON reads (cpp/metadata/model.cc)."""
     return {
-        "model_type": config.architecture,
+        "model_type": MLC_MODEL_TYPES[config.architecture],
         "quantization": quant,
         "context_window_size": config.context_window_size,
         "sliding_window_size": -1,

@@ -21,6 +21,8 @@ from .errors import ArtifactError
 from .tensor_cache import read_tensor_cache
 
 MLC_CHAT_CONFIG_VERSION = "0.1.0"
+# mlcpipe architecture -> the model_type MLC-LLM's registry names it by
+MLC_MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
 # The tokenizer files MLC-LLM's gen_config copies from a checkpoint, in its order.
 # MLC-LLM's TokenizerInfo defaults (what it writes when there is no tokenizer.json to look at).
 DEFAULT_TOKENIZER_INFO = {"token_postproc_method": "byte_fallback", "prepend_space_in_encode": False,
@@ -127,7 +129,7 @@ def mlc_chat_config(config: ModelConfig, quant: str, model_dir: Path | None = No
     conv = config.conv_template or parse_conv_template(DEFAULT_CONV_TEMPLATE, config.source, config.vocab_size)
     return {
         "version": MLC_CHAT_CONFIG_VERSION,
-        "model_type": config.architecture,
+        "model_type": MLC_MODEL_TYPES[config.architecture],
         "quantization": quant,
         "model_config": mlc_model_config(config),
         "vocab_size": config.vocab_size,

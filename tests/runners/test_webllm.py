@@ -120,3 +120,51 @@ def test_cli_webllm_and_mlc_check(webllm_model, tmp_path):
     result = runner.invoke(main, ["mlc-check", "--model-dir", str(broken)])
     assert result.exit_code == 2
     assert result.output.strip() == f"error: {broken}: tokenizer file(s) 'tokenizer.json' listed in 'tokenizer_files' are missing"
+
+
+@pytest.mark.parametrize("family, seed", [("qwen3-tiny", 3), ("gemma3-tiny", 7)])  # seeds whose greedy tokens vary
+def test_webllm_runs_model_families(family, seed, tmp_path):
+    """WebLLM generates transformers' greedy tokens for tiny Qwen3 and Gemma 3 builds (q4f32_1:
+    no shader-f16 needed), a prompt past the prefill chunk and Gemma's window: a transformers
+    checkpoint (own lm_head: tied random weights repeat tokens) through import-config,
+    convert-weights and build, a word-level tokenizer beside it."""
+    import torch
+    import yaml
+
+    from pipeline.config import load_model_config
+    from tests.helpers.checkpoints import transformers_checkpoint
+    from tests.helpers.cli import mlcpipe
+
+    cfg = load_model_config(family)
+    hf = tmp_path / "hf"
+    model = transformers_checkpoint(hf, cfg, seed=seed, tie_word_embeddings=False)
+    write_word_tokenizer(hf, cfg)
+    done = mlcpipe("import-config", str(hf), "-o", str(tmp_path / "imported.yaml"), "--name", f"{family}-webllm")
+    assert done.returncode == 0, done.stderr
+    raw = yaml.safe_load((tmp_path / "imported.yaml").read_text())
+    (tmp_path / "model.yaml").write_text(yaml.safe_dump({**raw, "conv_template": "LM"}))  # the prompt as is
+    for args in (("convert-weights", "--model", str(tmp_path / "model.yaml"), "--quant", QUANT, "--source", str(hf), "--output", str(tmp_path / "model")),
+                 ("build", "--model", str(tmp_path / "model.yaml"), "--quant", QUANT, "--target", "webgpu", "--output", str(tmp_path / "art"))):
+        done = mlcpipe(*args)
+        assert done.returncode == 0, done.stderr
+    from pipeline.quantization import QUANTIZATIONS
+
+    scheme = QUANTIZATIONS[QUANT]
+    with torch.no_grad():
+        for _, param in model.named_parameters():
+            if param.ndim == 2:
+                param.copy_(torch.from_numpy(scheme.dequantize_weight(*scheme.quantize_weight(param.numpy()))))
+    prompt = [int(t) for t in np.random.default_rng(31).integers(3, cfg.vocab_size, size=100)]
+    ids, want = list(prompt), []
+    with torch.no_grad():
+        for _ in range(NEW_TOKENS):
+            logits = model(torch.tensor([ids])).logits[0, -1].numpy()
+            top2 = np.sort(logits)[-2:]
+            assert top2[1] - top2[0] > 2 * TOLERANCE * np.abs(logits).max(), "near-tie in the reference: pick another seed"
+            want.append(int(np.argmax(logits)))
+            ids.append(want[-1])
+    out = webllm_complete(tmp_path / "art", tmp_path / "model", " ".join(f"w{t}" for t in prompt), NEW_TOKENS, ignore_eos=True)
+    assert out.prompt_tokens == len(prompt)
+    got = [int(word[1:]) for word in out.text.split()]
+    assert got == want, f"WebLLM {got} vs transformers {want}"
+    assert len(set(want)) > NEW_TOKENS // 2, want
