@@ -34,7 +34,12 @@ def run(engine: str, variant: str, settings: Settings, rebuild: bool = False) ->
 
             result = run_engine(settings, variant, rebuild)
         elif engine == "pytorch":
-            from .peers.torch_llama import run as run_engine
+            from .common import load_config
+
+            if load_config(settings.model).architecture == "llama":  # the hand-written Llama (int4 too)
+                from .peers.torch_llama import run as run_engine
+            else:  # transformers' own model of the family
+                from .peers.transformers_model import run as run_engine
 
             result = run_engine(settings, variant)
         elif engine == "llama.cpp":

@@ -163,3 +163,22 @@ def model_yaml(hf: dict, path: str, name: str, generation: dict | None = None) -
         template = "LM"
     return {"name": name, "display_name": name, **fields, "context_window_size": context, "prefill_chunk_size": chunk,
             "page_size": 16, "quantizations": quants, **tokens, "conv_template": template}
+
+
+def transformers_fields(cfg) -> tuple[str, dict[str, Any]]:
+    """(transformers model_type, config fields) of a ModelConfig: what `AutoConfig.for_model` takes
+    to build the same model (the inverse of `model_fields`)."""
+    model_type = {v: k for k, v in HF_MODEL_TYPES.items() if k != "mistral"}[cfg.architecture]
+    fields = dict(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
+        num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, rms_norm_eps=cfg.rms_norm_eps,
+        rope_theta=cfg.rope_theta, tie_word_embeddings=cfg.tie_word_embeddings, max_position_embeddings=cfg.context_window_size,
+        bos_token_id=cfg.bos_token_id, eos_token_id=cfg.eos_token_id, pad_token_id=cfg.pad_token_id,
+    )
+    if cfg.rope_scaling is not None:
+        fields["rope_scaling"] = cfg.rope_scaling.as_dict()
+    if cfg.architecture == "gemma3":
+        fields.update(sliding_window=cfg.sliding_window, layer_types=list(cfg.layer_types), rope_local_base_freq=cfg.rope_local_base_freq,
+                      query_pre_attn_scalar=int(cfg.query_pre_attn_scalar), hidden_activation=cfg.hidden_activation)
+    return model_type, fields

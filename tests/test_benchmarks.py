@@ -188,3 +188,26 @@ def test_rounds_alternate_the_engine_order_and_merge(monkeypatch, tmp_path):
     assert bench.merge_rounds([{"error": "x", "decode_ms": []}, {"error": "y", "decode_ms": []}])["error"] == "x"
     with pytest.raises(SystemExit, match="--rounds: got 0; allowed: an integer >= 1"):
         bench.main(["--model", MODEL, "--rounds", "0"])
+
+
+@pytest.mark.parametrize("model_name", ["qwen2-tiny", "gemma3-tiny"])
+def test_transformers_peer_is_the_same_model(artifacts, model_name):
+    """For the families, the PyTorch peer is transformers' own model with the same synthetic
+    weights: its logits are mlcpipe's q0f32 logits (a prompt past the chunk and Gemma's window)."""
+    torch = _torch()
+    from benchmarks.peers.transformers_model import Session, load
+    from pipeline.config import load_model_config
+    from pipeline.runtime import Engine
+
+    torch.set_num_threads(2)
+    config = load_model_config(model_name)
+    art, _, _ = build_artifact(model_name, "q0f32", log=lambda *_: None)
+    session = Session(load(config, "fp32", seed=0))
+
+    class Peer:  # _compare's interface: reset(), forward(tokens) -> logits with a .numpy()
+        reset = staticmethod(session.reset)
+
+        def forward(self, tokens):
+            return torch.from_numpy(session.forward(tokens))
+
+    _compare(Engine(art, "synthetic", seed=0), Peer(), prompt_tokens(config.vocab_size, 90, seed=0), DECODE_STEPS, 1e-4)

@@ -159,3 +159,21 @@ def test_unknown_mcpu_is_refused(tmp_path):
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()]
     assert "field 'mcpu': got 'foobar'; not a CPU LLVM knows for" in proc.stderr
     assert not (tmp_path / "a").exists()
+
+
+@pytest.mark.parametrize(
+    "architecture, changes, expected",
+    [
+        ("llama", {"sliding_window": 32}, r"field 'sliding_window': got 32; not a field of architecture 'llama' \(it is 'gemma3''s\)"),
+        ("qwen3", {"attention_bias": True}, r"field 'attention_bias': got True; allowed: false"),
+        ("gemma3", {"prefill_chunk_size": 64, "sliding_window": 32}, r"field 'prefill_chunk_size': got 64; must be <= sliding_window \(32\)"),
+        ("gemma3", {"layer_types": ["full_attention"]}, r"field 'layer_types': .*expected num_hidden_layers \(2\) entries"),
+        ("gemma3", {"hidden_activation": "relu"}, r"field 'hidden_activation': got 'relu'; allowed: 'gelu_pytorch_tanh', 'silu'"),
+        ("gemma3", {"layer_types": ["full_attention"] * 2, "sliding_window_pattern": 2}, r"give layer_types or sliding_window_pattern, not both"),
+    ],
+)
+def test_family_fields_are_checked(tmp_path, architecture, changes, expected):
+    path = write_yaml(tmp_path, architecture=architecture, rope_scaling=None, **changes)
+    with pytest.raises(ConfigError, match=expected) as info:
+        load_model_config(str(path))
+    assert str(info.value).startswith(str(path)) and "\n" not in str(info.value)

@@ -121,10 +121,6 @@ def write_word_tokenizer(path: Path, cfg: ModelConfig) -> Path:
     return path
 
 
-# mlcpipe architecture -> transformers model_type
-HF_MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
-
-
 def transformers_checkpoint(path: Path, cfg: ModelConfig, seed: int = 0, **overrides):
     """A random checkpoint of `cfg`'s family written by transformers itself (`from_config` +
     `save_pretrained`, float32); returns the transformers model. Matrices N(0, 1/in); norm
@@ -133,18 +129,10 @@ def transformers_checkpoint(path: Path, cfg: ModelConfig, seed: int = 0, **overr
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    fields = dict(
-        vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, intermediate_size=cfg.intermediate_size,
-        num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
-        num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, rms_norm_eps=cfg.rms_norm_eps,
-        rope_theta=cfg.rope_theta, tie_word_embeddings=cfg.tie_word_embeddings, max_position_embeddings=cfg.context_window_size,
-        bos_token_id=cfg.bos_token_id, eos_token_id=cfg.eos_token_id, pad_token_id=cfg.pad_token_id,
-    )
-    if cfg.architecture == "gemma3":
-        fields.update(sliding_window=cfg.sliding_window, layer_types=list(cfg.layer_types), rope_local_base_freq=cfg.rope_local_base_freq,
-                      query_pre_attn_scalar=int(cfg.query_pre_attn_scalar), hidden_activation=cfg.hidden_activation)
-    fields.update(overrides)
-    config = AutoConfig.for_model(HF_MODEL_TYPES[cfg.architecture], **fields)
+    from pipeline.hf_config import transformers_fields
+
+    model_type, fields = transformers_fields(cfg)
+    config = AutoConfig.for_model(model_type, **{**fields, **overrides})
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config).float().eval()
     gemma = cfg.architecture == "gemma3"
