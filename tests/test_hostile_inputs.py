@@ -496,7 +496,7 @@ def hf_config_not_json(ctx):
 def hf_config_number_as_text(ctx):
     hf = ctx.checkpoint()
     ctx.edit_json(hf / "config.json", lambda c: c.update(rms_norm_eps="tiny"))
-    return _convert(ctx, hf), r"config\.json: field 'rms_norm_eps': got 'tiny'; expected a finite number"
+    return _convert(ctx, hf), r"config\.json: field 'rms_norm_eps': got 'tiny'; expected a positive number"
 
 
 # ---- tokenizer.json ------------------------------------------------------------------------------

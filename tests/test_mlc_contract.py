@@ -168,8 +168,10 @@ def test_yaml_chat_fields_accepted(tmp_path):
     assert conv["name"] is None and conv["seps"] == ["\n", "</s>"] and conv["system_prefix_token_ids"] is None
     assert conv["role_templates"] == {"user": "{user_message}", "assistant": "{assistant_message}", "tool": "{tool_message}"}
     assert parse_model_config(data["model_config"], "x").config_hash() == cfg.config_hash()
-    for name in CONV_TEMPLATES:  # every named template is valid for a model with Llama 3's vocabulary
-        load_model_config(str(write_yaml(tmp_path, vocab_size=128256, conv_template=name)))
+    for name in CONV_TEMPLATES:  # every named template is valid for a vocabulary as large as Gemma 3's
+        load_model_config(str(write_yaml(tmp_path, vocab_size=262144, conv_template=name)))
+    with pytest.raises(ConfigError, match=r"conv_template.stop_token_ids': got 151643; .* vocab_size=128256"):
+        load_model_config(str(write_yaml(tmp_path, vocab_size=128256, conv_template="qwen2")))
 
 
 @pytest.mark.parametrize(
@@ -189,7 +191,7 @@ def test_yaml_chat_fields_accepted(tmp_path):
         ({"max_batch_size": 0}, r"field 'max_batch_size': got 0; expected a positive integer"),
         ({"tensor_parallel_shards": 2}, r"field 'tensor_parallel_shards': got 2; allowed: 1"),
         ({"position_embedding_base": 10000.0}, r"field 'position_embedding_base': got 10000.0; must equal rope_theta"),
-        ({"conv_template": "llama-9"}, r"field 'conv_template': got 'llama-9'; allowed: a mapping or one of \['LM', 'llama-3'"),
+        ({"conv_template": "llama-9"}, r"field 'conv_template': got 'llama-9'; allowed: a mapping or one of \['LM', 'gemma_instruction', 'llama-3', 'llama-3_1', 'qwen2'\]"),
         ({"conv_template": "llama-3"}, r"field 'conv_template.system_prefix_token_ids': got 128000; expected a token id in \[0, vocab_size=512\)"),
         ({"conv_template": 7}, r"field 'conv_template': got 7; expected a template name or a mapping"),
         ({"conv_template": {"roles": {"user": "U"}, "seps": [""]}}, r"field 'conv_template.roles': got \{'user': 'U'\}; must map 'user' and 'assistant'"),

@@ -346,7 +346,9 @@ def test_default_matrix_and_workflow(source):
     import yaml
 
     ids = [c.id for c in load_matrix().cells]
-    assert len(ids) == 12 and "llama-3.2-1b-q4f16_1-webgpu" in ids and "llama-3.2-1b-q0f16-metal" in ids
+    families = ["llama-3.2-1b", "qwen2.5-0.5b", "qwen3-0.6b", "gemma-3-1b", "smollm2-1.7b"]
+    assert ids == [f"{m}-{q}-{t}" for m in families for t in ("metal", "cuda", "webgpu", "llvm")
+                   for q in ("q0f16", "q4f16_1", "q4f32_1")]
     proc = mlcpipe("nightly", "--list-cells", check_rc=0)
     assert json.loads(proc.stdout) == ids
     flow = yaml.safe_load((REPO / ".github" / "workflows" / "nightly.yml").read_text())
