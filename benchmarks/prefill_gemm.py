@@ -1,10 +1,11 @@
-"""Prefill GEMM rules side by side on one target CPU: each 1B prefill matmul built by every rule.
+"""Prefill GEMM (or decode GEMV) rules side by side on one target CPU: each 1B matmul built by every rule.
 
     python -m benchmarks.prefill_gemm [--mcpu haswell] [--quants q4f32_1,q0f16] [--tokens 128]
         [--rules PrefillGEMM,PrefillGEMMF32] [--repeat 5] [-o benchmarks/results/prefill-gemm-haswell.md]
+    python -m benchmarks.prefill_gemm --decode --quants q4f16_1 --rules DecodeGEMVQ4F32,DecodeGEMVQ4VNNI
 
-Builds each prefill NT matmul of the model (lm_head left out: the model runs it on one token)
-with each rule's default knobs for `--mcpu` (which the host must be able to run: e.g. haswell,
+Builds each prefill NT matmul of the model (lm_head left out: the model runs it on one token;
+`--decode`: each one-token matmul, lm_head included) with each rule's default knobs for `--mcpu` (which the host must be able to run: e.g. haswell,
 AVX2 + FMA only, on any AVX2 host), checks every rule's output against the first rule's, and
 times each (pipeline.tune.time_kernel_ms: best of `repeat`, the thread pool as set by
 TVM_NUM_THREADS). Prints a Markdown table.
@@ -30,6 +31,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--rules", default="PrefillGEMM,PrefillGEMMF32")
     ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--decode", action="store_true", help="the one-token (decode) matmuls instead of the prefill ones")
     ap.add_argument("-o", "--output")
     args = ap.parse_args(argv)
 
@@ -47,7 +49,8 @@ def main(argv=None) -> int:
     if any(r is None for r in rules):
         print(f"error: --rules {args.rules}: unknown rule name", file=sys.stderr)
         return 2
-    lines = [f"# Prefill GEMM rules on mcpu={args.mcpu}, {args.tokens} tokens", "", "```",
+    title = "Decode GEMV rules" if args.decode else "Prefill GEMM rules"
+    lines = [f"# {title} on mcpu={args.mcpu}, {1 if args.decode else args.tokens} token(s)", "", "```",
              "python -m benchmarks.prefill_gemm " + " ".join(argv if argv is not None else sys.argv[1:]), "```", "",
              f"- date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}; host CPU: {cpu_model()}, llvm target CPU {cpu_llvm()}, "
              f"TVM_NUM_THREADS={os.environ.get('TVM_NUM_THREADS', 'unset')}; best of {args.repeat}, ms per call", "",
@@ -58,7 +61,7 @@ def main(argv=None) -> int:
         for name, func in sorted(kernels.items()):
             info = match_nt_matmul(func) if "NT_matmul" in name else None
             role = role_of_param(getattr(info.weight, "name", str(info.weight)), name) if info is not None else None
-            if info is None or not symbolic_dims(func) or role == "lm_head":
+            if info is None or (bool(symbolic_dims(func)) == args.decode) or (role == "lm_head" and not args.decode):
                 continue
             inputs = random_args(func, {d: args.tokens for d in symbolic_dims(func)}, seed=1)
             times, first = [], None

@@ -80,15 +80,18 @@ def detect_host(cpuinfo: str | None = None, llvm_cpu: str | None = None, machine
     """The host CPU as LLVM names it (`llvm_get_system_cpu`), taken when every feature LLVM gives
     that name is in the CPU's /proc/cpuinfo flags (a VM can hide features LLVM's CPUID model
     assumes); else x86: the most capable named CPU the flags allow; aarch64: `generic` with the
-    flags' dotprod / i8mm / bf16 / fullfp16 / sve as `mattr`."""
+    flags' dotprod / i8mm / bf16 / fullfp16 / sve as `mattr`. A given `cpuinfo` describes another
+    machine: LLVM's answer for this one is not asked, and the machine follows the text."""
     if cpuinfo is None:
         path = Path("/proc/cpuinfo")
         cpuinfo = path.read_text() if path.exists() else ""
-    if llvm_cpu is None:
-        from tvm.target import codegen
+        if llvm_cpu is None:
+            from tvm.target import codegen
 
-        llvm_cpu = codegen.llvm_get_system_cpu()
-    machine = machine or platform.machine()
+            llvm_cpu = codegen.llvm_get_system_cpu()
+        machine = machine or platform.machine()
+    elif machine is None:
+        machine = "aarch64" if any(line.startswith("Features") for line in cpuinfo.splitlines()) else "x86_64"
     flags = cpu_flags(cpuinfo)
     arm = machine in ("aarch64", "arm64")
     triple, table = ("aarch64-linux-gnu", _ARM_FEATURE_FLAGS) if arm else ("x86_64-linux-gnu", _X86_FEATURE_FLAGS)

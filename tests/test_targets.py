@@ -56,7 +56,10 @@ def test_aarch64_without_a_name_gets_its_features():
 
 
 def test_flag_fallback_without_llvm_answer():
+    # another machine's flags: whatever this host is (Zen 3, Sapphire Rapids, aarch64), LLVM's answer for it is not taken
     assert detect_host_cpu("flags\t: fpu avx2 fma f16c avx512f avx512bw avx512vl avx512_fp16 amx_bf16\n") == "sapphirerapids"
+    assert detect_host("flags\t: fpu avx2 fma f16c avx512f avx512bw avx512vl avx512_fp16 amx_bf16\n").source == "flags"
+    assert detect_host("Features\t: fp asimd asimddp i8mm\n") == HostCPU("generic", ("+dotprod", "+i8mm"), "flags")
     assert detect_host("flags\t: fpu avx2 fma f16c\n", llvm_cpu="", machine="x86_64").mcpu == "haswell"
     assert detect_host("flags\t: fpu sse2\n", llvm_cpu="", machine="x86_64").mcpu == "x86-64"
 

@@ -24,8 +24,8 @@ from .microkernels import LANES, RESIDUAL, int8_dot, int8_isa, prefetch_next_tas
 
 # (block_m, row_vecs) when the knobs say 0; the most block_m x row_vecs whose f32 and two planes'
 # int32 accumulators (16 lanes each) fit the vector registers (AVX-VNNI 16 x 256 bits, NEON 32 x 128)
-DEFAULT_TILE = {"avx512": (4, 2), "avxvnni": (2, 1), "arm": (2, 1)}
-MAX_TILE = {"avx512": 64, "avxvnni": 2, "arm": 2}
+DEFAULT_TILE = {"avx512": (4, 2), "avxvnni": (2, 1), "arm": (2, 1), "avx2": (2, 1)}
+MAX_TILE = {"avx512": 64, "avxvnni": 2, "arm": 2, "avx2": 2}
 REPACKED_BLOCK = 128 * 1024  # default row_vecs: at most this many bytes of a task's repacked rows (K x 16 per row vector)
 
 

@@ -34,28 +34,42 @@ VPDPBUSD = "llvm.x86.avx512.vpdpbusd.512"  # (i32x16 acc, u8x64, s8x64): 4 produ
 
 def int8_isa(target: Target) -> str | None:
     """The CPU's int8 dot product: 'avx512' (AVX512-VNNI), 'avxvnni' (VEX VPDPBUSD on 256 bits,
-    Intel client parts), 'arm' (aarch64 SDOT, FEAT_DotProd) or None."""
+    Intel client parts), 'arm' (aarch64 SDOT, FEAT_DotProd), 'avx2' (AVX2-only CPUs, no dot product
+    instruction: VPMADDUBSW + VPMADDWD, llama.cpp's AVX2 arithmetic; Zen 2/3, Haswell..Comet Lake;
+    AVX-512 CPUs without VNNI keep their f32 rules) or None."""
     has = codegen.target_has_features
     if has("avx512vnni", target):
         return "avx512"
     if has("avxvnni", target):
         return "avxvnni"
-    if str(target.attrs.get("mtriple", "") or "").startswith("aarch64") and has("dotprod", target):
-        return "arm"
+    if str(target.attrs.get("mtriple", "") or "").startswith("aarch64"):
+        return "arm" if has("dotprod", target) else None
+    if has("avx2", target) and not has("avx512f", target):
+        return "avx2"
     return None
+
+
+PMADDUBSW = "llvm.x86.avx2.pmadd.ub.sw"  # (u8x32, s8x32) -> i16x16: sums of adjacent pairs, saturating
+PMADDWD = "llvm.x86.avx2.pmadd.wd"  # (i16x16, i16x16) -> i32x8: sums of adjacent pairs
 
 
 def int8_dot(isa: str, acc, u8, s8):
     """acc (i32x16) + per lane the sum of its 4 adjacent byte products u8 x s8 (64 bytes each).
-    On aarch64 SDOT multiplies signed bytes: callers' u8 values are below 128 (q4 nibbles)."""
+    On aarch64 SDOT multiplies signed bytes: callers' u8 values are below 128 (q4 nibbles). On
+    AVX2 a pair's sum is an i16 (VPMADDUBSW saturates): exact for u8 <= 15 (nibbles) and |s8| <= 127."""
     if isa == "avx512":
         return T.call_llvm_pure_intrin("int32x16", VPDPBUSD, acc, u8, s8)
-    parts, name, lanes = {"avxvnni": (2, "llvm.x86.avx512.vpdpbusd.256", 8), "arm": (4, "llvm.aarch64.neon.sdot.v4i32.v16i8", 4)}[isa]
-    nbytes = 4 * lanes
 
     def piece(v, i, width):
         return T.Shuffle([v], list(range(i * width, (i + 1) * width)))
 
+    if isa == "avx2":
+        ones = T.broadcast(T.int16(1), 16)
+        return T.Shuffle([piece(acc, i, 8) + T.call_llvm_pure_intrin(
+            "int32x8", PMADDWD, T.call_llvm_pure_intrin("int16x16", PMADDUBSW, piece(u8, i, 32), piece(s8, i, 32)), ones)
+            for i in range(2)], list(range(LANES)))
+    parts, name, lanes = {"avxvnni": (2, "llvm.x86.avx512.vpdpbusd.256", 8), "arm": (4, "llvm.aarch64.neon.sdot.v4i32.v16i8", 4)}[isa]
+    nbytes = 4 * lanes
     return T.Shuffle([T.call_llvm_pure_intrin(f"int32x{lanes}", name, piece(acc, i, lanes), piece(u8, i, nbytes), piece(s8, i, nbytes))
                       for i in range(parts)], list(range(LANES)))
 RESIDUAL = 256.0  # the second activation plane counts in units of a / 256

@@ -26,6 +26,10 @@ HOST_VNNI = tvm.target.codegen.target_has_features("avx512vnni", HOST)
 ZEN4 = tvm.target.Target({"kind": "llvm", "mcpu": "znver4"})  # VNNI, no AMX
 SPR = tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids"})
 needs_vnni = pytest.mark.skipif(not HOST_VNNI, reason="this CPU has no AVX512-VNNI")
+ZEN3 = tvm.target.Target({"kind": "llvm", "mcpu": "znver3"})  # AVX2 only: VPMADDUBSW + VPMADDWD (compiled, asm checked)
+# the same arithmetic run on any AVX2 host (a znver3 build may use AMD-only SSE4A `insertq`: illegal on Intel)
+AVX2 = tvm.target.Target({"kind": "llvm", "mcpu": "haswell"})
+needs_avx2 = pytest.mark.skipif(not tvm.target.codegen.target_has_features("avx2", HOST), reason="this CPU has no AVX2")
 
 
 def _outputs(func, args, target=HOST):
@@ -61,19 +65,21 @@ def _tiny():
     return load_model_config("llama-tiny")
 
 
-@needs_vnni
-# the default (one plane, two up to 4 tokens); one plane at every token count; two planes
-@pytest.mark.parametrize("knobs", [{}, {"block_m": 6, "row_vecs": 1, "low_batch": 0}, {"block_m": 2, "row_vecs": 4, "planes": 2}])
-def test_q4_vnni_prefill_is_its_int8_arithmetic(knobs, kernels):
+# the default (one plane, two up to 4 tokens); one plane at every token count; two planes; AVX2's tiles
+@pytest.mark.parametrize("knobs, target", [
+    pytest.param({}, HOST, marks=needs_vnni), pytest.param({"block_m": 6, "row_vecs": 1, "low_batch": 0}, HOST, marks=needs_vnni),
+    pytest.param({"block_m": 2, "row_vecs": 4, "planes": 2}, HOST, marks=needs_vnni),
+    pytest.param({}, AVX2, marks=needs_avx2), pytest.param({"block_m": 1, "planes": 2}, AVX2, marks=needs_avx2)])
+def test_q4_vnni_prefill_is_its_int8_arithmetic(knobs, target, kernels):
     taken = emulated = 0
     for name, func in kernels.items():
         info = match(func)
-        sch = dataclasses.replace(PrefillGEMMQ4VNNI(), **knobs).apply(func, HOST, False)
+        sch = dataclasses.replace(PrefillGEMMQ4VNNI(), **knobs).apply(func, target, False)
         assert sch is not None, name
         for tokens in (1, 7, 40, 130):  # partial token blocks, past 128
             args = random_args(func, {"seq_len": tokens}, seed=tokens)
             exact = _outputs(func, args)
-            got = _outputs(sch.mod["main"], args)
+            got = _outputs(sch.mod["main"], args, target)
             # two int8 planes: ~16-bit activations (f16's own rounding); one: ~0.4% of the group's largest value
             rule = dataclasses.replace(PrefillGEMMQ4VNNI(), **knobs)
             planes = 2 if rule.planes == 2 or tokens <= rule.low_batch else 1
@@ -87,15 +93,15 @@ def test_q4_vnni_prefill_is_its_int8_arithmetic(knobs, kernels):
     assert taken == 5 and emulated == 4  # qkv, o_proj, gate_up, down, batch_verify's lm_head (bare: emulated)
 
 
-@needs_vnni
-def test_q4_vnni_prefill_full_size_down_proj():
+@pytest.mark.parametrize("target", [pytest.param(HOST, marks=needs_vnni, id="host-vnni"), pytest.param(AVX2, marks=needs_avx2, id="haswell")])
+def test_q4_vnni_prefill_full_size_down_proj(target):
     from pipeline.config import load_model_config
 
     funcs = _prefill(unscheduled_kernels(load_model_config("llama-3.2-1b"), "q4f16_1", HOST))
     name, func = next((n, f) for n, f in funcs.items() if (match(f).n, match(f).k) == (2048, 8192))
     args = random_args(func, {"seq_len": 33}, seed=2)
     want = _outputs(func, args)
-    got = _outputs(PrefillGEMMQ4VNNI().apply(func, HOST, False).mod["main"], args)
+    got = _outputs(PrefillGEMMQ4VNNI().apply(func, target, False).mod["main"], args, target)
     np.testing.assert_allclose(got, want, atol=1e-2 * np.abs(want).max(), err_msg=name)
 
 
@@ -118,10 +124,11 @@ def test_default_row_vectors_keep_a_tasks_repacked_rows_in_l2():
     assert tasks(by_shape[(2048, 8192)]) == 2048 // 16 and tasks(by_shape[(2048, 8192)], row_vecs=2) == 2048 // 32
 
 
-@pytest.mark.parametrize("isa", ["avxvnni", "arm"])
+@pytest.mark.parametrize("isa", ["avxvnni", "arm", "avx2"])
 def test_int8_rules_on_avx_vnni_and_aarch64_dotprod(isa):
-    """Intel client parts (AVX-VNNI, 256-bit VEX VPDPBUSD) and aarch64 with FEAT_DotProd (SDOT)
-    take both q4 int8 rules, with ISA-sized tiles; checked in the assembly (no such CPU here)."""
+    """Intel client parts (AVX-VNNI, 256-bit VEX VPDPBUSD), aarch64 with FEAT_DotProd (SDOT) and
+    AVX2-only CPUs (Zen 3: VPMADDUBSW + VPMADDWD on 256 bits) take both q4 int8 rules, with
+    ISA-sized tiles; checked in the assembly."""
     import re
 
     from schedules.llvm.gemv_q4_vnni import DecodeGEMVQ4VNNI
@@ -130,6 +137,7 @@ def test_int8_rules_on_avx_vnni_and_aarch64_dotprod(isa):
         "avxvnni": (tvm.target.Target({"kind": "llvm", "mcpu": "alderlake"}), r"\{vex\}\s+vpdpbusd\s+[^\n]*%ymm"),
         "arm": (tvm.target.Target({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "generic", "mattr": ["+neon", "+dotprod"]}),
                 r"sdot\s+v\d+\.4s, v\d+\.16b, v\d+\.16b"),
+        "avx2": (ZEN3, r"vpmaddubsw\s+[^\n]*%ymm"),
     }[isa]
     funcs = {n: f for n, f in unscheduled_kernels(_tiny(), "q4f16_1", target).items() if "NT_matmul" in n}
     prefill = next(f for f in funcs.values() if "seq_len" in f.script())
@@ -143,3 +151,4 @@ def test_int8_rules_on_avx_vnni_and_aarch64_dotprod(isa):
         asm = lib.mod.inspect_source("s")
         assert len(re.findall(pattern, asm)) >= 4, type(rule).__name__
         assert "vpdpbusd\t%zmm" not in asm and "zmm" not in asm  # no AVX-512 on these CPUs
+        assert isa != "avx2" or ("vpdpbusd" not in asm and "vpmaddwd" in asm)  # and no VNNI on Zen 3

@@ -98,10 +98,11 @@ def test_gemv_at_1b_shapes(target):
 
 def test_rule_choice_per_cpu(tiny_config):
     """q4f32_1 decode: this rule on CPUs without AMX, DecodeGEMVQ4 (tuned there) with AMX. q4f16_1
-    decode: the int8 rule where the CPU has VNNI, this rule where it has no int8 dot product."""
+    decode: the int8 rule where the CPU has VNNI or is AVX2-only (VPMADDUBSW), this rule on AVX-512
+    without VNNI."""
     f32 = next(iter(_decode(unscheduled_kernels(tiny_config, "q4f32_1", ZEN5)).values()))
     f16 = next(iter(_decode(unscheduled_kernels(tiny_config, "q4f16_1", ZEN5)).values()))
-    for target, f32_rule, f16_rule in ((ZEN5, "DecodeGEMVQ4F32", "DecodeGEMVQ4VNNI"), (HASWELL, "DecodeGEMVQ4F32", "DecodeGEMVQ4F32"),
+    for target, f32_rule, f16_rule in ((ZEN5, "DecodeGEMVQ4F32", "DecodeGEMVQ4VNNI"), (HASWELL, "DecodeGEMVQ4F32", "DecodeGEMVQ4VNNI"),
                                        (SKYLAKE, "DecodeGEMVQ4F32", "DecodeGEMVQ4F32"), (SPR, "DecodeGEMVQ4", "DecodeGEMVQ4VNNI")):
         assert schedule_func(f32, target)[1]["rule"] == f32_rule, str(target)
         assert schedule_func(f16, target)[1]["rule"] == f16_rule, str(target)

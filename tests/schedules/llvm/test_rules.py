@@ -149,10 +149,11 @@ def test_registry_order_and_knob_spaces(tiny_kernels):
     f32 = "PrefillGEMMF32" if has("avx512f", TARGET) or (has("avx2", TARGET) and has("fma", TARGET)) else "PrefillGEMM"  # f32 register tiles, else portable
     amx = "PrefillGEMMAMX" if has("amx-bf16", TARGET) else f32
     q4_gemv = "DecodeGEMVQ4" if has("amx-tile", TARGET) else "DecodeGEMVQ4F32"  # f32 arithmetic: as tuned on AMX CPUs, else prefetched rows
-    vnni = "DecodeGEMVQ4VNNI" if has("avx512vnni", TARGET) else q4_gemv
-    # q4 prefill of f16 models: AMX where the CPU has it, else VNNI int8 dot products, else f32
+    int8 = has("avx512vnni", TARGET) or has("avxvnni", TARGET) or (has("avx2", TARGET) and not has("avx512f", TARGET))
+    vnni = "DecodeGEMVQ4VNNI" if int8 else q4_gemv
+    # q4 prefill of f16 models: AMX where the CPU has it, else int8 dot products (VNNI, AVX2's VPMADDUBSW), else f32
     bf16 = "PrefillGEMMBF16" if has("avx512bf16", TARGET) else f32
-    q4_prefill = amx if amx != f32 else ("PrefillGEMMQ4VNNI" if has("avx512vnni", TARGET) else bf16)
+    q4_prefill = amx if amx != f32 else ("PrefillGEMMQ4VNNI" if int8 else bf16)
     q0_prefill = amx if amx != f32 else bf16  # f16 models: AMX, else AVX512-BF16, else f32
     expected_rules = {  # f32-activation models keep f32 math
         "q4f16_1": (q4_prefill, vnni), "q4f32_1": (f32, q4_gemv),

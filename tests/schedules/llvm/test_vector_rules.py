@@ -30,15 +30,20 @@ HAS_VNNI = tvm.target.codegen.target_has_features("avx512vnni", TARGET)
 HAS_AMX = tvm.target.codegen.target_has_features("amx-bf16", TARGET)
 needs_vnni = pytest.mark.skipif(not HAS_VNNI, reason="this CPU has no AVX512-VNNI")
 needs_amx = pytest.mark.skipif(not HAS_AMX, reason="this CPU has no AMX-BF16")
+# The AVX2-only class (Zen 3): its int8 arithmetic (VPMADDUBSW + VPMADDWD) runs on any AVX2 host as a
+# Haswell build (a znver3 build may use AMD-only SSE4A, e.g. `insertq`: an illegal instruction on Intel)
+AVX2 = tvm.target.Target({"kind": "llvm", "mcpu": "haswell"})
+needs_avx2 = pytest.mark.skipif(not tvm.target.codegen.target_has_features("avx2", TARGET), reason="this CPU has no AVX2")
+INT8_TARGETS = [pytest.param(TARGET, marks=needs_vnni, id="host-vnni"), pytest.param(AVX2, marks=needs_avx2, id="haswell")]
 
 
-def _build(func):
-    return tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=TARGET)
+def _build(func, target=TARGET):
+    return tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=target)
 
 
-def _outputs(func, args):
+def _outputs(func, args, target=TARGET):
     tensors = [tvm.runtime.tensor(a.copy()) for a in args]
-    _build(func)["main"](*tensors)
+    _build(func, target)["main"](*tensors)
     return tensors[-1].numpy().astype(np.float32)
 
 
@@ -87,15 +92,15 @@ def _emulated_kernel(args, info, planes: int = 2) -> np.ndarray:
     return y.astype(np.float64)
 
 
-@needs_vnni
+@pytest.mark.parametrize("target", INT8_TARGETS)
 @pytest.mark.parametrize("knobs", [{}, {"rows": 1, "prefetch": 0, "planes": 1}, {"rows": 4, "prefetch": 16}])
-def test_vnni_gemv_is_exact_int8_activation_arithmetic(knobs, kernels):
+def test_vnni_gemv_is_exact_int8_activation_arithmetic(knobs, target, kernels):
     taken = 0
     for name, func in _decode(kernels["q4f16_1"]).items():
-        sch = DecodeGEMVQ4VNNI(**knobs).apply(func, TARGET, False)
+        sch = DecodeGEMVQ4VNNI(**knobs).apply(func, target, False)
         assert sch is not None, name
         args = random_args(func, {}, seed=5)
-        got = _outputs(sch.mod["main"], args)
+        got = _outputs(sch.mod["main"], args, target)
         exact = _outputs(func, args)
         planes = knobs.get("planes", 2)
         # one int8 plane stays within ~1% of the max; two planes (~16-bit activations) within f16 rounding
@@ -106,8 +111,8 @@ def test_vnni_gemv_is_exact_int8_activation_arithmetic(knobs, kernels):
     assert taken >= 4
 
 
-@needs_vnni
-def test_vnni_gemv_full_size_shapes():
+@pytest.mark.parametrize("target", INT8_TARGETS)
+def test_vnni_gemv_full_size_shapes(target):
     """Llama-3.2-1B gate_up (16384x2048, cast epilogue) and down (2048x8192, cast + residual add)."""
     from pipeline.config import load_model_config
 
@@ -117,7 +122,7 @@ def test_vnni_gemv_full_size_shapes():
         if (info.n, info.k) not in ((16384, 2048), (2048, 8192)):
             continue
         args = random_args(func, {}, seed=1)
-        got = _outputs(DecodeGEMVQ4VNNI().apply(func, TARGET, False).mod["main"], args)  # this CPU's defaults
+        got = _outputs(DecodeGEMVQ4VNNI().apply(func, target, False).mod["main"], args, target)  # the CPU's defaults
         want = _emulated_kernel(args, info)
         np.testing.assert_allclose(got.reshape(-1), want, rtol=2e-3, atol=2e-3 * np.abs(want).max(), err_msg=name)
         taken += 1
@@ -233,6 +238,12 @@ def test_amx_prefill_full_size_down_proj():
 
 
 @needs_amx
+def schedule_func_rule(func, target) -> str:
+    from schedules import schedule_func
+
+    return schedule_func(func, target)[1]["rule"]
+
+
 def test_vector_rules_decline_what_they_do_not_handle(kernels):
     q4_decode = next(iter(_decode(kernels["q4f16_1"]).values()))
     q4_prefill = next(iter(_prefill(kernels["q4f16_1"]).values()))
@@ -240,7 +251,9 @@ def test_vector_rules_decline_what_they_do_not_handle(kernels):
     f32_prefill = next(iter(_prefill(kernels["q4f32_1"]).values()))
     f32_decode = next(iter(_decode(kernels["q4f32_1"]).values()))
     norm = next(f for n, f in kernels["q4f16_1"].items() if n.startswith("rms_norm"))
-    # CPU features: no VNNI -> the float q4 rule; no AMX -> the VNNI int8 GEMM, neither -> the f32 GEMM
+    # CPU features: AVX-512 without VNNI -> the float q4 rule; no AMX -> the VNNI int8 GEMM, neither -> the f32 GEMM;
+    # AVX2 only (no AVX-512) -> both int8 rules on VPMADDUBSW
+    assert schedule_func_rule(q4_decode, AVX2) == "DecodeGEMVQ4VNNI" and schedule_func_rule(q4_prefill, AVX2) == "PrefillGEMMQ4VNNI"
     assert DecodeGEMVQ4VNNI().apply(q4_decode, NO_VNNI, False) is None
     assert PrefillGEMMAMX().apply(q4_prefill, NO_AMX, False) is None
     from schedules import schedule_func
