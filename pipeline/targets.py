@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 import platform
 from pathlib import Path
 from typing import Any
@@ -55,7 +56,7 @@ _ARM_FEATURE_FLAGS = {"neon": "asimd", "fullfp16": "asimdhp", "dotprod": "asimdd
 class HostCPU:
     mcpu: str
     mattr: tuple[str, ...] = ()  # LLVM features added to a generic CPU (aarch64 hosts LLVM cannot name)
-    source: str = "llvm"  # "llvm": LLVM's host detection, confirmed by the flags; "flags": from the flags
+    source: str = "llvm"  # "llvm": LLVM's host detection, confirmed by the flags; "flags": from the flags; "env": HOST_CPU_ENV
 
 
 def cpu_flags(cpuinfo: str) -> set[str]:
@@ -76,12 +77,31 @@ def _llvm_features_present(cpu: str, triple: str, table: dict[str, str], flags: 
     return all(flag in flags for feature, flag in table.items() if codegen.target_has_features(feature, target))
 
 
+HOST_CPU_ENV = "MLCPIPE_HOST_CPU"  # an LLVM CPU name `auto` stands for (e.g. haswell: AVX2 code on any AVX2 host)
+
+
+def _host_from_env() -> HostCPU | None:
+    name = os.environ.get(HOST_CPU_ENV, "")
+    if not name:
+        return None
+    from tvm.target import codegen
+
+    triple = codegen.llvm_get_system_triple()
+    if name == "native" or not codegen.llvm_is_valid_cpu(name, triple):
+        raise ConfigError(f"environment {HOST_CPU_ENV}={name!r}: not a CPU LLVM knows for {triple} (e.g. haswell, znver3, sapphirerapids)")
+    return HostCPU(name, source="env")
+
+
 def detect_host(cpuinfo: str | None = None, llvm_cpu: str | None = None, machine: str | None = None) -> HostCPU:
     """The host CPU as LLVM names it (`llvm_get_system_cpu`), taken when every feature LLVM gives
     that name is in the CPU's /proc/cpuinfo flags (a VM can hide features LLVM's CPUID model
     assumes); else x86: the most capable named CPU the flags allow; aarch64: `generic` with the
     flags' dotprod / i8mm / bf16 / fullfp16 / sve as `mattr`. A given `cpuinfo` describes another
-    machine: LLVM's answer for this one is not asked, and the machine follows the text."""
+    machine: LLVM's answer for this one is not asked, and the machine follows the text. Without
+    one, MLCPIPE_HOST_CPU (an LLVM CPU name) overrides the detection: the suite and `auto` builds
+    take another CPU class's code paths (haswell: the AVX2-only rules on any AVX2 host)."""
+    if cpuinfo is None and (forced := _host_from_env()) is not None:
+        return forced
     if cpuinfo is None:
         path = Path("/proc/cpuinfo")
         cpuinfo = path.read_text() if path.exists() else ""

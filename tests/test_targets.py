@@ -13,6 +13,7 @@ import pytest
 import tvm
 from tvm.target import Target, codegen
 
+from pipeline.errors import ConfigError
 from pipeline.targets import HostCPU, detect_host, detect_host_cpu, load_target
 
 CPUINFO = Path(__file__).parent / "data" / "cpuinfo"
@@ -73,3 +74,14 @@ def test_this_machine_uses_llvms_name():
         assert host.mcpu == llvm
     assert load_target("llvm", {"mcpu": "skylake-avx512"}).target["mcpu"] == "skylake-avx512"  # --mcpu still overrides
     assert tvm.target.Target(target.target).kind.name == "llvm"
+
+
+def test_host_cpu_override_forces_another_cpu_class(monkeypatch):
+    """MLCPIPE_HOST_CPU=haswell: `auto` builds (and the suite) take the AVX2-only class's code paths."""
+    monkeypatch.setenv("MLCPIPE_HOST_CPU", "haswell")
+    assert detect_host() == HostCPU("haswell", source="env") and load_target("llvm").target["mcpu"] == "haswell"
+    assert detect_host("flags\t: fpu sse2\n", llvm_cpu="", machine="x86_64").mcpu == "x86-64"  # given flags: not this host
+    for bad in ("native", "zen9"):
+        monkeypatch.setenv("MLCPIPE_HOST_CPU", bad)
+        with pytest.raises(ConfigError, match=rf"^environment MLCPIPE_HOST_CPU='{bad}': not a CPU LLVM knows for "):
+            load_target("llvm")
