@@ -39,23 +39,66 @@ _SAFETENSORS_ITEMSIZE = {
 MAX_SAFETENSORS_HEADER = 100_000_000  # the safetensors library's own limit
 
 
+SAFETENSORS_INDEX = "model.safetensors.index.json"
+
+
 class SafetensorsDir:
-    """Every tensor of a directory of *.safetensors files (sharded or not), read lazily. Each
-    header is checked against its file before any tensor is read: header length within the file,
-    a JSON object, known dtypes, data_offsets [start, end] inside the data, disjoint and covering it
-    without gaps, each end - start = prod(shape) * itemsize; ArtifactError naming file and tensor."""
+    """The tensors of a checkpoint directory, read lazily: with `model.safetensors.index.json`, the
+    files its `weight_map` names and each tensor from the file it names (other *.safetensors
+    files, e.g. a stale shard beside a fresh download, are not read); without one, every
+    *.safetensors file, a tensor in two of them an error naming both. Each header is checked
+    against its file before any tensor is read: header length within the file, a JSON object,
+    known dtypes, data_offsets [start, end] inside the data, disjoint and covering it without
+    gaps, each end - start = prod(shape) * itemsize; ArtifactError naming file and tensor."""
 
     def __init__(self, path: Path):
         self.path = Path(path)
+        self.index: dict[str, tuple[Path, dict, int]] = {}
+        weight_map = self._weight_map()
+        if weight_map is not None:
+            headers = {}
+            for file_name in sorted(set(weight_map.values())):
+                file = self.path / file_name
+                if not file.is_file():
+                    needing = sorted(n for n, f in weight_map.items() if f == file_name)
+                    raise ArtifactError(f"{self.path / SAFETENSORS_INDEX}: shard '{file_name}' is missing "
+                                        f"({len(needing)} tensors need it, e.g. '{needing[0]}')")
+                headers[file_name] = _read_safetensors_header(file)
+            for name, file_name in weight_map.items():
+                header, base = headers[file_name]
+                if name not in header or name == "__metadata__":
+                    raise ArtifactError(f"{self.path / SAFETENSORS_INDEX}: tensor '{name}' is not in '{file_name}', the shard it names")
+                self.index[name] = (self.path / file_name, header[name], base)
+            return
         files = sorted(self.path.glob("*.safetensors"))
         if not files:
             raise ArtifactError(f"{self.path}: no *.safetensors files")
-        self.index: dict[str, tuple[Path, dict, int]] = {}
         for file in files:
             header, base = _read_safetensors_header(file)
             for name, info in header.items():
-                if name != "__metadata__":
-                    self.index[name] = (file, info, base)
+                if name == "__metadata__":
+                    continue
+                if name in self.index:
+                    raise ArtifactError(f"{self.path}: tensor '{name}' is in both '{self.index[name][0].name}' and '{file.name}' "
+                                        f"(no {SAFETENSORS_INDEX} says which to use)")
+                self.index[name] = (file, info, base)
+
+    def _weight_map(self) -> dict[str, str] | None:
+        """The index's tensor -> file map (validated), or None without an index."""
+        path = self.path / SAFETENSORS_INDEX
+        if not path.is_file():
+            return None
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, ValueError) as exc:
+            raise ArtifactError(f"{path}: not valid JSON ({exc})") from None
+        weight_map = data.get("weight_map") if isinstance(data, dict) else None
+        if not isinstance(weight_map, dict) or not weight_map:
+            raise ArtifactError(f"{path}: field 'weight_map': got {weight_map!r}; expected a mapping of tensor names to shard files")
+        for name, file_name in weight_map.items():
+            if not isinstance(file_name, str) or Path(file_name).name != file_name or not file_name.endswith(".safetensors"):
+                raise ArtifactError(f"{path}: field 'weight_map.{name}': got {file_name!r}; expected a *.safetensors file name in this directory")
+        return weight_map
 
     def __contains__(self, name: str) -> bool:
         return name in self.index
@@ -190,9 +233,16 @@ def value_limit(quant: str) -> tuple[float, str] | None:
     return None
 
 
-def logical_weights(config: ModelConfig, source: str | Path, seed: int = 0, limit: tuple[float, str] | None = None):
+# checkpoint tensors that are buffers, not parameters (older transformers saved RoPE's inverse frequencies)
+IGNORED_TENSOR_SUFFIXES = (".rotary_emb.inv_freq",)
+
+
+def logical_weights(config: ModelConfig, source: str | Path, seed: int = 0, limit: tuple[float, str] | None = None,
+                    allow_unused: bool = False, log=None):
     """Yield (logical name, float32 array) for every logical parameter of the model; checkpoint
-    tensors must be finite and, with `limit` (see `value_limit`), within it."""
+    tensors must be finite and, with `limit` (see `value_limit`), within it. A checkpoint tensor
+    the model does not use (an extra layer, another model's head) is an error naming it before
+    any tensor is read; `allow_unused` lists them through `log` instead."""
     sources = WEIGHT_MAPS[config.architecture](config)
     if str(source) == "synthetic":
         get = synthetic_source(config, seed)
@@ -201,6 +251,15 @@ def logical_weights(config: ModelConfig, source: str | Path, seed: int = 0, limi
         return
     check_hf_config(config, Path(source))
     tensors = SafetensorsDir(Path(source))
+    used = {hf_name for ws in sources for hf_name in ws.hf_names}
+    unused = sorted(n for n in tensors.index if n not in used and not n.endswith(IGNORED_TENSOR_SUFFIXES))
+    if unused:
+        shown = ", ".join(f"'{n}'" for n in unused[:5]) + (f" and {len(unused) - 5} more" if len(unused) > 5 else "")
+        if not allow_unused:
+            raise ArtifactError(f"{source}: {len(unused)} tensors the model ({config.name}, {config.num_hidden_layers} layers) does not use: "
+                                f"{shown} (a checkpoint of another size or model? --allow-unused converts without them)")
+        if log is not None:
+            log(f"[mlcpipe] --allow-unused: {len(unused)} checkpoint tensors left out: {', '.join(unused)}")
     for ws in sources:
         parts = []
         for hf_name, shape in zip(ws.hf_names, ws.hf_shapes):
@@ -260,13 +319,14 @@ def expected_parameters(config: ModelConfig, quant: str) -> list[tuple[str, tupl
 
 
 def convert_weights(
-    config: ModelConfig, quant: str, source: str | Path, output: Path, seed: int = 0, log=print
+    config: ModelConfig, quant: str, source: str | Path, output: Path, seed: int = 0, log=print, allow_unused: bool = False
 ) -> Path:
     """Quantize `source` ("synthetic" or a HF dir) into `output`: a model directory MLC-LLM and
     WebLLM load (shards + tensor-cache.json + mlc-chat-config.json + the checkpoint's tokenizer
     files, listed in the config's `tokenizer_files`; none for synthetic weights). `output` must be
     new, empty or an mlcpipe weights directory, and neither be nor contain nor lie inside `source`;
-    it is locked while converting and replaced in one step."""
+    it is locked while converting and replaced in one step. Checkpoint tensors the model does not
+    use are an error unless `allow_unused` (logical_weights)."""
     from tvm.contrib import tvmjs
 
     check_quantization(config, quant)
@@ -283,7 +343,7 @@ def convert_weights(
         stored: dict[str, np.ndarray] = {}
         total_params = 0
         limit = value_limit(quant)
-        for name, weight in logical_weights(config, source, seed, limit=limit):
+        for name, weight in logical_weights(config, source, seed, limit=limit, allow_unused=allow_unused, log=log):
             total_params += weight.size
             for stored_name, array in scheme.quantize_param(name, weight).items():
                 with np.errstate(over="ignore"):  # a q4f16_1 scale's largest dequantized value, (14 - 7) * scale

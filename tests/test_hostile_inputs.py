@@ -418,6 +418,52 @@ def convert_q4f16_scale_rounding_past_f16(ctx):
 
 # ---- malformed safetensors ------------------------------------------------------------------------
 
+def _sharded(ctx, change=None, shards: int = 2) -> Path:
+    weights = random_hf_weights(ctx.shared.cfg, seed=2)
+    if change:
+        change(weights)
+    return write_hf_checkpoint(ctx.tmp / "hf", ctx.shared.cfg, weights, shards=shards)
+
+
+@case()
+def convert_index_naming_a_missing_shard(ctx):
+    hf = _sharded(ctx)
+    (hf / "model-00002-of-00002.safetensors").unlink()
+    return _convert(ctx, hf), r"model\.safetensors\.index\.json: shard 'model-00002-of-00002\.safetensors' is missing \(\d+ tensors need it"
+
+
+@case()
+def convert_index_naming_the_wrong_shard(ctx):
+    hf = _sharded(ctx)
+    ctx.edit_json(hf / "model.safetensors.index.json", lambda d: d["weight_map"].update({"model.norm.weight": "model-00001-of-00002.safetensors"}))
+    return _convert(ctx, hf), r"index\.json: tensor 'model\.norm\.weight' is not in 'model-00001-of-00002\.safetensors', the shard it names"
+
+
+@case()
+def convert_index_climbing_out(ctx):
+    hf = _sharded(ctx)
+    ctx.edit_json(hf / "model.safetensors.index.json", lambda d: d["weight_map"].update({"model.norm.weight": "../x.safetensors"}))
+    return _convert(ctx, hf), r"index\.json: field 'weight_map\.model\.norm\.weight': got '\.\./x\.safetensors'; expected a \*\.safetensors file name"
+
+
+@case()
+def convert_tensor_in_two_files_without_index(ctx):
+    hf = ctx.checkpoint()
+    save_file({"model.norm.weight": np.ones(ctx.shared.cfg.hidden_size, np.float32)}, str(hf / "model-stale.safetensors"))
+    return _convert(ctx, hf), r"tensor 'model\.norm\.weight' is in both 'model-stale\.safetensors' and 'model\.safetensors' \(no model\.safetensors\.index\.json"
+
+
+@case()
+def convert_checkpoint_with_an_extra_layer(ctx):
+    layers = ctx.shared.cfg.num_hidden_layers
+
+    def extra(w):
+        for name in [n for n in w if n.startswith("model.layers.0.")]:
+            w[name.replace("model.layers.0.", f"model.layers.{layers}.")] = w[name].copy()
+    hf = ctx.checkpoint(extra)
+    return _convert(ctx, hf), rf"\d+ tensors the model \(llama-tiny, {layers} layers\) does not use: 'model\.layers\.{layers}\..*--allow-unused"
+
+
 @case()
 def safetensors_empty_file(ctx):
     hf = ctx.checkpoint()
@@ -758,6 +804,26 @@ def test_f32_quantizations_take_weights_beyond_f16(shared, tmp_path):
     assert stored["model.norm.weight"][0] == np.float32(1e5)
 
 
+def test_the_index_decides_which_file_a_tensor_comes_from(shared, tmp_path):
+    """A stale shard beside an indexed checkpoint is not read; without an index, `--allow-unused`
+    converts a checkpoint with an extra layer and lists what it left out."""
+    from pipeline.weights import convert_weights, load_stored_weights
+
+    weights = random_hf_weights(shared.cfg, seed=2)
+    hf = write_hf_checkpoint(tmp_path / "hf", shared.cfg, weights, shards=2)
+    save_file({"model.norm.weight": np.full(shared.cfg.hidden_size, 3.0, np.float32)}, str(hf / "model-stale.safetensors"))
+    stored = load_stored_weights(convert_weights(shared.cfg, "q0f32", hf, tmp_path / "w", log=lambda *_: None))
+    assert np.array_equal(stored["model.norm.weight"], weights["model.norm.weight"])
+    layers = shared.cfg.num_hidden_layers
+    weights[f"model.layers.{layers}.mlp.down_proj.weight"] = weights["model.layers.0.mlp.down_proj.weight"]
+    weights["model.layers.0.self_attn.rotary_emb.inv_freq"] = np.ones(4, np.float32)  # a buffer, not a parameter: ignored
+    hf = write_hf_checkpoint(tmp_path / "hf2", shared.cfg, weights)
+    logged = []
+    mlcpipe_out = convert_weights(shared.cfg, "q0f32", hf, tmp_path / "w2", log=logged.append, allow_unused=True)
+    assert any(f"1 checkpoint tensors left out: model.layers.{layers}.mlp.down_proj.weight" in line for line in logged)
+    assert np.array_equal(load_stored_weights(mlcpipe_out)["model.norm.weight"], weights["model.norm.weight"])
+
+
 def test_safetensors_metadata_and_shards_are_read(shared, tmp_path):
     """Valid files pass the header checks: `__metadata__`, several shards, an empty tensor."""
     from pipeline.weights import SafetensorsDir
@@ -766,6 +832,9 @@ def test_safetensors_metadata_and_shards_are_read(shared, tmp_path):
     hf = write_hf_checkpoint(tmp_path / "hf", shared.cfg, weights, shards=3)
     save_file({"empty": np.zeros((0, 4), np.float32), "one": np.ones(3, np.float16)}, str(hf / "extra.safetensors"),
               metadata={"format": "pt"})
+    index = json.loads((hf / "model.safetensors.index.json").read_text())
+    index["weight_map"].update({"empty": "extra.safetensors", "one": "extra.safetensors"})
+    (hf / "model.safetensors.index.json").write_text(json.dumps(index))
     tensors = SafetensorsDir(hf)
     assert tensors.get("empty").shape == (0, 4) and tensors.get("one").tolist() == [1, 1, 1]
     assert np.array_equal(tensors.get("model.norm.weight"), weights["model.norm.weight"])

@@ -15,8 +15,9 @@ from .common import DEFAULT_MODEL, Command, log
 @click.option("--source", required=True, help="Hugging Face checkpoint dir (config.json + *.safetensors) or 'synthetic'.")
 @click.option("--output", type=click.Path(path_type=Path), required=True, help="Output dir for shards + tensor-cache.json.")
 @click.option("--seed", default=0, show_default=True, help="Seed for --source synthetic.")
-def convert_weights(model, quant, source, output, seed):
+@click.option("--allow-unused", is_flag=True, help="Convert a checkpoint holding tensors the model does not use (listed), instead of refusing it.")
+def convert_weights(model, quant, source, output, seed, allow_unused):
     """Quantize weights into MLC's tensor-cache format."""
     from ..interface.convert_weights import convert_weights as run_convert
 
-    click.echo(str(run_convert(model, quant, source, output, seed=seed, log=log)))
+    click.echo(str(run_convert(model, quant, source, output, seed=seed, log=log, allow_unused=allow_unused)))
