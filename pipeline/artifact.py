@@ -378,6 +378,51 @@ def write_json(path: Path, data: Any) -> None:
     path.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
 
 
+def write_file_atomic(path: str | Path, data: str | bytes) -> Path:
+    """`data` into a temp file beside `path`, then renamed over it: a full disk or a kill leaves
+    the earlier file whole. OSError becomes ArtifactError in one line naming the file."""
+    path = Path(path)
+    tmp = temp_sibling(path)
+    try:
+        with open(tmp, "xb") as f:
+            f.write(data.encode() if isinstance(data, str) else data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except OSError as exc:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise ArtifactError(f"{path}: could not write it: {_reason(exc)} (nothing was changed)") from None
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
+    return path
+
+
+def check_distinct_paths(inputs: dict[str, Path | None], outputs: dict[str, Path | None]) -> None:
+    """Refuse (ValueError, one line) before any work an output that is one of the inputs, or two
+    outputs on one path; each output's directory must be writable."""
+    def same(a: Path, b: Path) -> bool:
+        try:
+            return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
+        except OSError:
+            return False
+
+    given = [(flag, Path(p)) for flag, p in outputs.items() if p is not None]
+    for i, (flag, out) in enumerate(given):
+        for in_flag, src in inputs.items():
+            if src is not None and same(out, Path(src)):
+                raise ValueError(f"{flag} {out}: is the input {in_flag} {src}; write the output elsewhere")
+        for other_flag, other in given[:i]:
+            if same(out, other):
+                raise ValueError(f"{flag} {out}: is also {other_flag}'s output; give each output its own file")
+        parent = out.parent if str(out.parent) else Path(".")
+        if parent.is_dir() and not os.access(parent, os.W_OK | os.X_OK):
+            raise ValueError(f"{flag} {out}: directory {parent} is not writable")
+
+
 MAX_JSON_BYTES = 256 << 20  # a manifest, tensor cache or profile is far smaller; refuse to parse more
 
 

@@ -674,6 +674,26 @@ def profile_output_is_a_directory(ctx):
     return ["profile", "--artifact", str(art), *PROFILE_SMALL, "-o", str(ctx.tmp / "reports")], r"-o .*reports: is a directory"
 
 
+@case()
+def compare_output_is_its_input(ctx):
+    argv = _compare(ctx)
+    return argv + ["-o", argv[2]], r"-o .*a\.json: is the input BEFORE .*a\.json; write the output elsewhere"
+
+
+@case()
+def render_output_is_its_input(ctx):
+    path = str(ctx.profile("a.json"))
+    return ["profile", "render", path, "-o", path], r"-o .*a\.json: is the input PROFILE_JSON"
+
+
+@case()
+def profile_report_and_json_on_one_path(ctx):
+    art = ctx.art()
+    out = str(ctx.tmp / "p.json")
+    return (["profile", "--artifact", str(art), *PROFILE_SMALL, "-o", out, "--save-json", out],
+            r"--save-json .*p\.json: is also -o's output; give each output its own file")
+
+
 # ---- YAML ------------------------------------------------------------------------------------------
 
 def _build_yaml(ctx, path: Path) -> list[str]:
@@ -802,6 +822,30 @@ def test_f32_quantizations_take_weights_beyond_f16(shared, tmp_path):
     hf = write_hf_checkpoint(tmp_path / "hf", shared.cfg, weights)
     stored = load_stored_weights(convert_weights(shared.cfg, "q4f32_1", hf, tmp_path / "w", log=lambda *_: None))
     assert stored["model.norm.weight"][0] == np.float32(1e5)
+
+
+def test_a_failed_write_leaves_the_earlier_file_whole(tmp_path, monkeypatch):
+    """Outputs go to a temp file beside the target and are renamed: a full disk (ENOSPC at the
+    flush) is one line naming the file, the earlier report intact and no temp file left."""
+    import errno
+    import os
+
+    from pipeline.artifact import write_file_atomic
+    from pipeline.errors import ArtifactError
+
+    report = tmp_path / "report.md"
+    report.write_text("the earlier report\n")
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(ArtifactError, match=r"report\.md: could not write it: No space left on device \(nothing was changed\)$"):
+        write_file_atomic(report, "x" * 100_000)
+    assert report.read_text() == "the earlier report\n" and sorted(p.name for p in tmp_path.iterdir()) == ["report.md"]
+    monkeypatch.undo()
+    write_file_atomic(report, "new")
+    assert report.read_text() == "new" and oct(report.stat().st_mode & 0o777) == "0o644"
 
 
 def test_the_index_decides_which_file_a_tensor_comes_from(shared, tmp_path):

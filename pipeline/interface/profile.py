@@ -40,8 +40,11 @@ def profile(artifact: Path | None, model: str, quant: str | None, target_name: s
     from ..profiler.reports import render
     from ..profiler.schema import save_profile
 
+    from ..artifact import check_distinct_paths, write_file_atomic
+
     output_file(output, "-o", "report.md")
     output_file(save_json, "--save-json", "profile.json")
+    check_distinct_paths({}, {"-o": output, "--save-json": save_json})
     if artifact is None:  # the compile side only when there is no artifact to profile
         from .artifacts import ensure_artifact
 
@@ -77,20 +80,22 @@ def profile(artifact: Path | None, model: str, quant: str | None, target_name: s
         save_profile(data, save_json)
     text = render(data, fmt or "md", peak_gbps=peak_gbps)
     if output:
-        output.write_text(text)
+        write_file_atomic(output, text)
     return text
 
 
 def render(profile_json: Path, fmt: str = "md", peak_gbps: float | None = None, output: Path | None = None) -> str:
     """A saved profile JSON in another format; written to `output` when given, and returned."""
     from ..profiler.reports import render as render_profile
+    from ..artifact import check_distinct_paths, write_file_atomic
     from ..profiler.schema import load_profile
 
     output_file(output, "-o", "report.md")
+    check_distinct_paths({"PROFILE_JSON": profile_json}, {"-o": output})
     data = load_profile(profile_json)
     text = render_profile(data, fmt, peak_gbps=peak_gbps if peak_gbps is not None else data.get("peak_gbps"))
     if output:
-        output.write_text(text)
+        write_file_atomic(output, text)
     return text
 
 
@@ -98,13 +103,15 @@ def compare(before: Path, after: Path, output: Path | None = None, allow_differe
     """A/B report of two profile JSON files; written to `output` when given, and returned."""
     from ..profiler.compare import check_comparable
     from ..profiler.compare import compare as compare_profiles
+    from ..artifact import check_distinct_paths, write_file_atomic
     from ..profiler.schema import load_profile
 
     output_file(output, "-o", "compare.md")
+    check_distinct_paths({"BEFORE": before, "AFTER": after}, {"-o": output})
     a, b = load_profile(before), load_profile(after)
     if not allow_different:
         check_comparable(a, b, str(before), str(after))
     text = compare_profiles(a, b, name_a=before.stem, name_b=after.stem)
     if output:
-        output.write_text(text)
+        write_file_atomic(output, text)
     return text

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ..artifact import file_digests, read_manifest, sha256_file, write_json
+from ..artifact import file_digests, read_manifest, sha256_file, write_file_atomic, write_json
 from ..profiler.compare import compare, drift_pct, gfm_table, kernel_rows
 from ..profiler.schema import load_profile
 from .matrix import Matrix
@@ -82,7 +82,7 @@ def cell_regression(cur_dir: Path, prev_dir: Path, cur: dict, prev: dict) -> dic
         }
         report = cur_dir / "regressions" / f"{cur['cell']}.md"
         report.parent.mkdir(exist_ok=True)
-        report.write_text(compare(a, b, name_a=f"previous ({prev_dir.name})", name_b=f"current ({cur_dir.name})") + "\n")
+        write_file_atomic(report, compare(a, b, name_a=f"previous ({prev_dir.name})", name_b=f"current ({cur_dir.name})") + "\n")
         out["report"] = f"regressions/{cur['cell']}.md"
     return out
 
@@ -227,7 +227,7 @@ def write_reports(out: Path, matrix: Matrix, records: list[dict], previous: Path
         "cells": records,
         "regressions": regressions(out, previous, records) if previous else None,
     }
-    (out / SUMMARY).write_text(summary_markdown(index))
+    write_file_atomic(out / SUMMARY, summary_markdown(index))
     artifacts = tuple(r["artifact"] for r in records if r.get("artifact"))
     index["files"] = file_digests(out, exclude=(INDEX,), skip_dirs=artifacts, skip_hidden=True)
     tmp = out / f".{INDEX}.tmp"

@@ -39,8 +39,10 @@ def _conformance(artifact: Path, settings: dict, out: Path) -> dict[str, Any]:
 
     report = check_artifact(artifact, tuple(settings["sizes"]), settings.get("kernels"),
                             progress=lambda i, n, name: print(f"[check {i + 1}/{n}] {name}", flush=True))
-    (out / "conformance.json").write_text(report_json(report) + "\n")
-    (out / "conformance.txt").write_text(report.table() + "\n\n" + report.summary + "\n")
+    from ..artifact import write_file_atomic
+
+    write_file_atomic(out / "conformance.json", report_json(report) + "\n")
+    write_file_atomic(out / "conformance.txt", report.table() + "\n\n" + report.summary + "\n")
     counts: dict[str, int] = {}
     for r in report.results:
         counts[r.status] = counts.get(r.status, 0) + 1
@@ -61,7 +63,9 @@ def _profile(artifact: Path, settings: dict, out: Path) -> dict[str, Any]:
                    progress=lambda label, done, n: print(f"[profile {done}/{n}] {label}", flush=True))
     data["peak_gbps"] = preset_peak_gbps(data["target_name"])
     save_profile(data, out / "profile.json")
-    (out / "profile.md").write_text(render(data, "md", peak_gbps=data["peak_gbps"]))
+    from ..artifact import write_file_atomic
+
+    write_file_atomic(out / "profile.md", render(data, "md", peak_gbps=data["peak_gbps"]))
     m = data["metrics"]
     headline = {
         "prompt_len": settings["prompt_len"], "gen_len": settings["gen_len"],

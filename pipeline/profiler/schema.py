@@ -102,8 +102,10 @@ _KIND_NAMES = {str: "a string", dict: "an object", list: "a list"}
 
 
 def save_profile(data: dict, path: str | Path) -> None:
+    from ..artifact import write_file_atomic
+
     validate(data)
-    Path(path).write_text(json.dumps(data, indent=1) + "\n")
+    write_file_atomic(path, json.dumps(data, indent=1) + "\n")
 
 
 def device_kernel_name(profile: dict, kernel: str) -> str:
