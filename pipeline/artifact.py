@@ -550,8 +550,14 @@ def verified(artifact: Path, manifest: dict[str, Any], rel: Any, field: str) -> 
 
 
 def verified_library(artifact: Path, manifest: dict[str, Any]) -> Path:
-    """The artifact's library, verified (see `verified`) before it is loaded or uploaded."""
-    return verified(artifact, manifest, manifest["library"], "library")
+    """The artifact's library, verified before it is loaded or uploaded: its digest (`verified`),
+    then its bytes against the manifest (library.check_library_file: container and machine of the
+    target, the functions, `_metadata`'s quantization and parameters)."""
+    from .library import check_library_file
+
+    path = verified(artifact, manifest, manifest["library"], "library")
+    check_library_file(path, manifest)
+    return path
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:

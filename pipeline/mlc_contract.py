@@ -15,7 +15,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from .artifact import MANIFEST, RUNTIME_CONFIG, TENSOR_CACHE, TOKENIZER_FILES, confined, read_json, read_manifest
+from .artifact import MANIFEST, RUNTIME_CONFIG, TENSOR_CACHE, TOKENIZER_FILES, confined, read_json, read_manifest, verified
 from .config import DEFAULT_CONV_TEMPLATE, ModelConfig, parse_conv_template, short_repr
 from .errors import ArtifactError
 from .tensor_cache import read_tensor_cache
@@ -240,18 +240,19 @@ def check_model_dir(weights_dir: str | Path) -> dict[str, Any]:
 
 
 def check_library(artifact: str | Path) -> dict[str, Any]:
-    """The artifact's library exports every function MLC-LLM / WebLLM call (from the manifest's
-    `functions`, which `mlcpipe build` records) and has the library file. Returns the manifest;
-    raises MLCContractError (one line) otherwise."""
+    """The artifact's library defines every function MLC-LLM / WebLLM call, read from the library
+    itself (its Relax VM executable, never loaded), and matches its manifest (library.py: container,
+    `_metadata`). Returns the manifest; raises MLCContractError (one line) otherwise."""
+    from .library import check_library_file
+
     manifest = read_manifest(Path(artifact))
-    functions = manifest.get("functions")
-    if not isinstance(functions, list):
-        raise MLCContractError(f"{Path(artifact) / MANIFEST}: field 'functions' missing; rebuild the artifact")
-    missing = [name for name in REQUIRED_FUNCTIONS if name not in functions]
-    if missing:
-        raise MLCContractError(f"{artifact}: library lacks function(s) {', '.join(map(repr, missing))} "
-                               f"that MLC-LLM / WebLLM call (has: {', '.join(sorted(functions))})")
     library = manifest.get("library")
     if not library or not confined(Path(artifact), library, f"{Path(artifact) / MANIFEST}: field 'library'").is_file():
         raise MLCContractError(f"{artifact}: library file {short_repr(library)} missing")
+    path = verified(Path(artifact), manifest, library, "library")
+    functions = check_library_file(path, manifest).functions
+    missing = [name for name in REQUIRED_FUNCTIONS if name not in functions]
+    if missing:
+        raise MLCContractError(f"{path}: library lacks function(s) {', '.join(map(repr, missing))} "
+                               f"that MLC-LLM / WebLLM call (has: {', '.join(sorted(functions))})")
     return manifest

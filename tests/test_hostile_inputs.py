@@ -250,6 +250,33 @@ def check_library_truncated(ctx):
     return ["check", "--artifact", str(art), "--kernels", "rms_norm"], r"lib\.so: 4096 bytes, .*manifest\.json records \d+"
 
 
+def _library_with_its_digest(ctx, change) -> Path:
+    """A copy of the artifact whose lib.so `change(bytes)` replaced, the manifest's digest updated to match."""
+    art = ctx.art()
+    data = change((art / "lib.so").read_bytes())
+    (art / "lib.so").write_bytes(data)
+    ctx.edit_json(art / "manifest.json", lambda m: m["files"].update({"lib.so": {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}}))
+    return art
+
+
+@case(subprocess_run=True)
+def mlc_check_library_of_junk_with_its_digest(ctx):
+    art = _library_with_its_digest(ctx, lambda data: b"junk")
+    return ["mlc-check", "--artifact", str(art)], r"lib\.so: not a TVM model library \(unknown, 4 bytes"
+
+
+@case(subprocess_run=True)
+def run_library_truncated_with_its_digest(ctx):
+    art = _library_with_its_digest(ctx, lambda data: data[: len(data) * 3 // 4])
+    return run_args(art), r"lib\.so: truncated ELF library: its headers reach byte \d+"
+
+
+@case(subprocess_run=True)
+def check_library_of_another_quantization(ctx):
+    art = _library_with_its_digest(ctx, lambda data: data.replace(b'"quantization": "q4f32_1"', b'"quantization": "q0f32__"'))
+    return ["check", "--artifact", str(art), "--kernels", "rms_norm"], r"lib\.so: built for quantization 'q0f32__'; the manifest says 'q4f32_1'"
+
+
 @case()
 def check_reference_record_edited(ctx):
     art = ctx.art()

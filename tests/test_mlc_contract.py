@@ -270,34 +270,76 @@ def test_check_model_dir_names_missing_file(model_dir, tmp_path, remove, expecte
     assert isinstance(info.value, ArtifactError)  # the CLI reports it as a one-line error
 
 
-def fake_artifact(tmp_path: Path, functions: list[str]) -> Path:
-    art = tmp_path / "art"
-    art.mkdir()
-    (art / "lib.so").write_bytes(b"")
-    (art / "manifest.json").write_text(json.dumps({"library": "lib.so", "functions": functions}))
+def spoiled_library(artifact: Path, tmp_path: Path, old: bytes, new: bytes, functions: list[str] | None = None) -> Path:
+    """A copy of `artifact` whose library has `old` replaced by `new` (same length) and whose
+    manifest records the new digest (the digest alone no longer tells), optionally other `functions`."""
+    import hashlib
+
+    art = Path(shutil.copytree(artifact, tmp_path / "art"))
+    data = (art / "lib.so").read_bytes()
+    assert len(old) == len(new) and old in data
+    data = data.replace(old, new)
+    (art / "lib.so").write_bytes(data)
+    manifest = json.loads((art / "manifest.json").read_text())
+    manifest["files"]["lib.so"] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    if functions is not None:
+        manifest["functions"] = functions
+    (art / "manifest.json").write_text(json.dumps(manifest))
     return art
 
 
-def test_check_library_complete(tmp_path):
-    manifest = check_library(fake_artifact(tmp_path, sorted(REQUIRED_FUNCTIONS) + ["create_paged_kv_cache"]))
-    assert manifest["library"] == "lib.so"
+def test_check_library_reads_the_library(artifact):
+    manifest = check_library(artifact)
+    assert set(REQUIRED_FUNCTIONS) <= set(manifest["functions"])
 
 
 @pytest.mark.parametrize("drop", ["batch_verify", "_metadata", "apply_bitmask_inplace"])
-def test_check_library_names_missing_function(tmp_path, drop):
-    art = fake_artifact(tmp_path, [f for f in REQUIRED_FUNCTIONS if f != drop])
-    with pytest.raises(MLCContractError, match=rf"library lacks function\(s\) '{drop}' that MLC-LLM / WebLLM call") as info:
+def test_check_library_names_missing_function(artifact, tmp_path, drop):
+    """The function list comes from the library's executable, not from the manifest."""
+    listed = [f for f in json.loads((artifact / "manifest.json").read_text())["functions"] if f != drop]
+    art = spoiled_library(artifact, tmp_path, drop.encode(), drop[:-1].encode() + b"X", functions=listed)
+    with pytest.raises(MLCContractError, match=rf"lib\.so: library lacks function\(s\) '{drop}' that MLC-LLM / WebLLM call") as info:
         check_library(art)
     assert "\n" not in str(info.value)
 
 
-def test_check_library_without_functions_or_library(tmp_path):
-    art = fake_artifact(tmp_path, list(REQUIRED_FUNCTIONS))
+@pytest.mark.parametrize("old, new, expected", [
+    (b"\x7fELF", b"\x00asm", r"lib\.so: a wasm file; a llvm artifact's library is ELF \(library of another target\?\)"),
+    (b'"quantization": "q4f32_1"', b'"quantization": "q4f16_1"', r"lib\.so: built for quantization 'q4f16_1'; the manifest says 'q4f32_1'"),
+    (b'"name": "model.norm.weight"', b'"name": "model.norm.weighX"', r"lib\.so: built for another model \('llama': parameter 'model\.norm\.weighX'"),
+    (b"batch_decode", b"batch_decodX", r"lib\.so: lacks function\(s\) 'batch_decode' the manifest lists"),
+])
+def test_a_library_that_is_not_the_manifests_is_refused(artifact, tmp_path, old, new, expected):
+    """Its digest updated in the manifest, a library of another target, quantization or model (or
+    build) is still refused, in one line, before TVM loads it: mlc-check, run and check alike."""
+    from pipeline.artifact import read_manifest, verified_library
+
+    art = spoiled_library(artifact, tmp_path, old, new)
+    with pytest.raises(ArtifactError, match=expected):
+        check_library(art)
+    with pytest.raises(ArtifactError, match=expected):
+        verified_library(art, read_manifest(art))
+
+
+def test_check_library_without_library_or_of_junk(artifact, tmp_path):
+    import hashlib
+
+    art = Path(shutil.copytree(artifact, tmp_path / "art"))
+    (art / "lib.so").write_bytes(b"junk")
+    manifest = json.loads((art / "manifest.json").read_text())
+    manifest["files"]["lib.so"] = {"sha256": hashlib.sha256(b"junk").hexdigest(), "bytes": 4}
+    (art / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ArtifactError, match=r"lib\.so: not a TVM model library \(unknown, 4 bytes: no Relax VM executable in it\)"):
+        check_library(art)
+    whole = (artifact / "lib.so").read_bytes()
+    for cut in (len(whole) - 100, len(whole) // 2):  # a truncated library would crash the loader (SIGBUS)
+        (art / "lib.so").write_bytes(whole[:cut])
+        manifest["files"]["lib.so"] = {"sha256": hashlib.sha256(whole[:cut]).hexdigest(), "bytes": cut}
+        (art / "manifest.json").write_text(json.dumps(manifest))
+        with pytest.raises(ArtifactError, match=rf"lib\.so: truncated ELF library: its headers reach byte \d+, the file has {cut}$"):
+            check_library(art)
     (art / "lib.so").unlink()
     with pytest.raises(MLCContractError, match=r"library file 'lib.so' missing"):
-        check_library(art)
-    (art / "manifest.json").write_text(json.dumps({"library": "lib.so"}))
-    with pytest.raises(MLCContractError, match=r"field 'functions' missing"):
         check_library(art)
     with pytest.raises(ArtifactError, match=r"not an mlcpipe artifact"):
         check_library(tmp_path)
