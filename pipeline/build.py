@@ -16,7 +16,7 @@ from tvm import relax
 from .artifact import ARTIFACT_FORMAT, MANIFEST, RUNTIME_CONFIG, TENSOR_CACHE, ArtifactError, atomic_directory, check_not_inside, file_digests, write_json
 from .backends import backend
 from .kernel_info import kernel_roles, kv_cache_kernel_slots, launch_config
-from .config import REPO_ROOT, ModelConfig, check_quantization
+from .config import REPO_ROOT, ModelConfig, check_quantization, kv_cache_bytes
 from .mlc_contract import MLC_MODEL_TYPES, mlc_chat_config
 from .model.create import create_model
 from .model.sampler import attach_sampler
@@ -198,6 +198,8 @@ def build(
 
             keep_params(output, tmp, [(n, list(shape), dtype) for n, shape, dtype in expected_parameters(config, quant)], log)
         log(f"[mlcpipe] exporting {config.name} ({quant}) for {target.name} {target.target}")
+        kv = kv_cache_bytes(config.as_dict(), config.context_window_size, 2 if QUANTIZATIONS[quant].model_dtype == "float16" else 4)
+        log(f"[mlcpipe] its KV cache at context_window_size {config.context_window_size}: {kv / 2**20:.1f} MiB (run allocates it whole)")
         mod, named_params = export_model(config, quant, tvm_target)
         fused: list[dict[str, Any]] = []
         kv_slots: list = []

@@ -73,6 +73,20 @@ class _NoAliasLoader(yaml.SafeLoader):
                 event.start_mark)
         return super().compose_node(parent, index)
 
+    def construct_mapping(self, node, deep=False):
+        """A mapping whose key appears twice is refused (YAML says keys are unique; PyYAML keeps the last)."""
+        if isinstance(node, yaml.MappingNode):
+            seen = {}
+            for key_node, _ in node.value:
+                if isinstance(key_node, yaml.ScalarNode):
+                    key = key_node.value
+                    if key in seen:
+                        raise yaml.constructor.ConstructorError(
+                            None, None, f"key {key!r} appears twice (first on line {seen[key] + 1}); a key may appear once",
+                            key_node.start_mark)
+                    seen[key] = key_node.start_mark.line
+        return super().construct_mapping(node, deep=deep)
+
 
 def load_yaml(path: Path, what: str = "YAML") -> Any:
     """A YAML file parsed safely: at most MAX_YAML_BYTES, no aliases; ConfigError (one line,
@@ -101,6 +115,16 @@ def load_yaml(path: Path, what: str = "YAML") -> Any:
         raise ConfigError(f"{path}: invalid YAML{where}: {short_text(problem, 200)}") from None
     except RecursionError:
         raise ConfigError(f"{path}: invalid YAML: nested too deeply") from None
+
+
+def kv_cache_bytes(model_config: dict, context: int, dtype_bytes: int) -> int:
+    """Bytes of a paged KV cache of `context` tokens: layers x (K, V) x KV heads x head_dim x the
+    pages' tokens x dtype_bytes."""
+    page = int(model_config.get("page_size", 16))
+    tokens = -(-context // page) * page
+    return (int(model_config["num_hidden_layers"]) * 2 * int(model_config["num_key_value_heads"]) * int(model_config["head_dim"])
+            * tokens * dtype_bytes)
+
 
 
 @dataclasses.dataclass(frozen=True)
@@ -233,6 +257,13 @@ _INT_FIELDS = (
     "context_window_size",
     "prefill_chunk_size",
 )
+# Upper bounds, far above any released model (a typo like 1e12 is one line, not a TVM failure):
+# vocabularies reach 262144, hidden sizes 16384, contexts 10M tokens only with tricks mlcpipe lacks.
+_INT_LIMITS = {
+    "hidden_size": 1 << 16, "intermediate_size": 1 << 18, "num_hidden_layers": 1024, "num_attention_heads": 1024,
+    "num_key_value_heads": 1024, "head_dim": 1024, "vocab_size": 1 << 22, "context_window_size": 1 << 21,
+    "prefill_chunk_size": 1 << 21, "page_size": 1024,
+}
 _REQUIRED = ("name", "architecture", *_INT_FIELDS, "rms_norm_eps", "rope_theta", "quantizations")
 # Generation defaults: field -> (MLC-LLM's system default, check, what is allowed). The ranges are
 # WebLLM's (postInitAndCheckGenerationConfigValues), which refuses a config outside them.
@@ -272,6 +303,9 @@ def _positive_int(path: str, raw: dict, field: str) -> int:
     value = raw[field]
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
         raise _err(path, field, value, "expected a positive integer")
+    limit = _INT_LIMITS.get(field)
+    if limit is not None and value > limit:
+        raise _err(path, field, value, f"expected a positive integer <= {limit}")
     return value
 
 

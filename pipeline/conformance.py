@@ -17,7 +17,7 @@ from .artifact import RUN_FIELDS, RUNTIME_CONFIG, read_json, read_manifest, veri
 from .config import short_repr
 from .device import tvm_runtime as rt
 from .errors import ArtifactError
-from .kernel_inputs import kernel_args, symbolic_dims
+from .kernel_inputs import kernel_args, kernel_args_bytes, symbolic_dims
 from .quantization import QUANTIZATIONS, TOLERANCE
 from .roles import WEIGHT_ROLES
 
@@ -170,6 +170,21 @@ def _compare(got: list, want: list, tolerance: dict[str, float] | None = None, f
     return worst_abs, worst_rel, ok
 
 
+def _check_memory(reference, names: list[str], skips: dict, sizes: tuple[int, ...], heads: dict) -> None:
+    """--sizes whose inputs (x3: the reference's and the device's copies, the outputs) do not fit the
+    memory left: one line naming the largest, before anything is allocated."""
+    from .generation import available_memory
+
+    have = available_memory()
+    if have is None:
+        return
+    need, name, size = max(((kernel_args_bytes(reference.signature(n), s, heads), n, s) for n in names if not skips[n] for s in sizes),
+                           default=(0, "", 0))
+    if 3 * need > have:
+        raise ValueError(f"--sizes {','.join(map(str, sizes))}: kernel {name} at {size} tokens needs {3 * need / 2**30:.1f} GiB "
+                         f"of inputs and copies; this machine has {have / 2**30:.1f} GiB available (use smaller --sizes)")
+
+
 def check_artifact(artifact: str | Path, sizes: tuple[int, ...] = (1, 7), pattern: str | None = None, seed: int = 0, progress=None,
                    options=None) -> CheckReport:
     """Every kernel of the artifact's shipped library run on its device (the backend's
@@ -205,6 +220,7 @@ def check_artifact(artifact: str | Path, sizes: tuple[int, ...] = (1, 7), patter
         results = [KernelResult(name, role, "-", status, note=note) for name, role, status, note in rows]
         return CheckReport(str(artifact), kind, False, results, device.not_executed(options))
     skips = {name: reference.kernels[name]["skip"] for name in names}
+    _check_memory(reference, names, skips, sizes, heads)
     if all(skips.values()):  # a check that runs nothing proves nothing
         if hasattr(run, "close"):
             run.close()

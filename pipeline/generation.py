@@ -19,6 +19,7 @@ from pathlib import Path
 import numpy as np
 
 from .artifact import RUN_FIELDS, RUNTIME_CONFIG, read_json, read_manifest, verified
+from .config import kv_cache_bytes
 
 
 def checked_prefill_chunk(requested: int | None, built: int) -> int:
@@ -82,6 +83,17 @@ class PenaltyInputs:
                                           sampling.repetition_penalty]], dtype=np.float32))
 
 
+def available_memory() -> int | None:
+    """Bytes this machine can still give a process (MemAvailable), None where unknown."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
 class Generation(ABC):
     vocab_size: int
     context_window: int
@@ -95,6 +107,12 @@ class Generation(ABC):
         self.vocab_size = int(self.config["vocab_size"])
         self.context_window = int(self.config["context_window_size"])
         self.prefill_chunk = checked_prefill_chunk(prefill_chunk, int(self.config["prefill_chunk_size"]))
+
+    def kv_cache_bytes(self) -> int:
+        """Bytes of the KV cache `reset` allocates: every layer's K and V pages for the whole
+        context window, in the model's dtype (f16 models 2 bytes, f32 models 4)."""
+        return kv_cache_bytes(self.config["model_config"], self.context_window, 2 if self.manifest["quantization"].endswith("f16_1")
+                              or self.manifest["quantization"] == "q0f16" else 4)
 
     def check_tokens(self, tokens: Sequence[int], max_new_tokens: int = 0) -> None:
         if len(tokens) == 0:

@@ -86,6 +86,27 @@ def _page_size(signature: dict) -> int:
     return 16
 
 
+def _symbolic_sizes(signature: dict, n: int, heads: dict[str, int] | None) -> dict[str, int]:
+    """The value of each symbolic dim of `signature` for token count `n` (see kernel_args)."""
+    pages = -(-(n + HISTORY) // _page_size(signature))
+    sizes = {
+        "B": 1, "batch_size": 1, "total_len": n, "qo_len": n, "kv_len": n, "seq_len": n, "ntoken": n,
+        "max_num_pages": pages, "nnz_pages": pages, "num_pages": pages, "N": n, "H": 4, "D": 32,
+    }
+    sizes.update(heads or {})
+    dims = symbolic_dims(signature)
+    return {**{d: n for d in dims}, **{k: v for k, v in sizes.items() if k in dims}}
+
+
+def kernel_args_bytes(signature: dict, n: int, heads: dict[str, int] | None = None) -> int:
+    """Bytes of kernel_args' arrays for token count `n`, computed without allocating them."""
+    if signature.get("sampler"):
+        return 0
+    sizes = _symbolic_sizes(signature, n, heads)
+    return sum(int(np.prod(concrete_shape(p["shape"], sizes), dtype=np.float64)) * np.dtype(p["dtype"] if p["dtype"] != "bfloat16" else "uint16").itemsize
+               for p in signature["params"] if p["shape"] is not None)
+
+
 def kernel_args(signature: dict, n: int, seed: int = 0, heads: dict[str, int] | None = None) -> tuple[list, str]:
     """Inputs for the kernel of `signature` with `n` as the token count; returns (args, label of the sizes).
 
@@ -100,13 +121,7 @@ def kernel_args(signature: dict, n: int, seed: int = 0, heads: dict[str, int] | 
     page = _page_size(signature)
     kv_len = n + HISTORY
     pages = -(-kv_len // page)
-    sizes = {
-        "B": 1, "batch_size": 1, "total_len": n, "qo_len": n, "kv_len": n, "seq_len": n, "ntoken": n,
-        "max_num_pages": pages, "nnz_pages": pages, "num_pages": pages, "N": n, "H": 4, "D": 32,
-    }
-    sizes.update(heads or {})
-    dims = symbolic_dims(signature)
-    sizes = {**{d: n for d in dims}, **{k: v for k, v in sizes.items() if k in dims}}
+    sizes = _symbolic_sizes(signature, n, heads)
     page_order = rng.permutation(pages).astype(np.int32)
     index_values = {
         "q_indptr": [0, n], "kv_indptr": [0, n],

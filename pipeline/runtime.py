@@ -13,7 +13,7 @@ from .artifact import RUNTIME_CONFIG, TENSOR_CACHE, check_output_file, verified_
 from .backends import backend
 from .device import tvm_runtime as rt
 from .errors import ArtifactError
-from .generation import Generation
+from .generation import Generation, available_memory
 
 
 class Engine(Generation):
@@ -120,6 +120,12 @@ class Engine(Generation):
         return self._remote_shapes[dims]
 
     def reset(self) -> None:
+        if self.remote is None and self.manifest["target"]["kind"] == "llvm":  # the CPU's memory, before allocating
+            need, have = self.kv_cache_bytes(), available_memory()
+            if have is not None and need > have:
+                raise ArtifactError(f"{self.artifact}: its KV cache ({self.context_window} tokens, context_window_size) needs "
+                                    f"{need / 2**30:.1f} GiB; this machine has {have / 2**30:.1f} GiB available (rebuild with a "
+                                    "smaller context_window_size)")
         create = self.vm["create_paged_kv_cache"]
         sizes = (1, self.context_window, self.prefill_chunk, int(self.config["page_size"]), 0)
         self.kv_cache = create(*(self.shape(n) for n in sizes))

@@ -20,7 +20,9 @@ def configure(threads: int | None = None) -> int:
         raise ValueError(f"--threads: got {threads}, expected a positive number of threads")
     if threads is None:
         current = os.environ.get(ENV, "").strip()
-        if current.isdigit() and int(current) > 0:
+        if current:
+            if not (current.isascii() and current.isdigit() and int(current) > 0):
+                raise ValueError(f"environment {ENV}={os.environ[ENV]!r}: expected a positive number of threads (or unset it)")
             return int(current)
         threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     os.environ[ENV] = str(threads)

@@ -278,6 +278,30 @@ def check_library_of_another_quantization(ctx):
 
 
 @case()
+def check_sizes_beyond_memory(ctx):
+    return (["check", "--artifact", str(ctx.shared.art), "--sizes", "1,100000000"],
+            r"--sizes 1,100000000: kernel \S+ at 100000000 tokens needs [\d.]+ GiB of inputs and copies; this machine has [\d.]+ GiB available")
+
+
+@case(subprocess_run=True)
+def run_with_tvm_num_threads_not_a_number(ctx):
+    return [{"TVM_NUM_THREADS": "abc"}, "run", "--artifact", str(ctx.shared.art), "--weights", "synthetic", "--prompt-tokens", "1,2"], \
+        r"environment TVM_NUM_THREADS='abc': expected a positive number of threads"
+
+
+@case()
+def yaml_duplicate_key(ctx):
+    path = ctx.model_yaml("vocab_size: 1024\n")
+    return _build_yaml(ctx, path), r"key 'vocab_size' appears twice \(first on line \d+\); a key may appear once"
+
+
+@case()
+def yaml_vocab_size_beyond_any_model(ctx):
+    path = ctx.write("model.yaml", (MODELS_DIR / "llama-tiny.yaml").read_text().replace("vocab_size: 512", "vocab_size: 1000000000000"))
+    return _build_yaml(ctx, path), r"field 'vocab_size': got 1000000000000; expected a positive integer <= 4194304"
+
+
+@case()
 def check_reference_record_edited(ctx):
     art = ctx.art()
     (art / "reference" / "kernels.json").write_text((art / "reference" / "kernels.json").read_text() + " ")
@@ -792,10 +816,12 @@ def _limit(gb: int):
     return apply
 
 
-def invoke(argv: list[str], own_process: bool, memory_gb: int | None) -> tuple[int, str]:
+def invoke(argv: list, own_process: bool, memory_gb: int | None) -> tuple[int, str]:
+    env = argv.pop(0) if argv and isinstance(argv[0], dict) else {}  # a case's environment (own process only)
+    assert own_process or not env
     if own_process:
         proc = subprocess.run([sys.executable, "-m", "pipeline.cli", *argv], capture_output=True, text=True, timeout=300,
-                              env={**os.environ, "TVM_NUM_THREADS": "2"}, preexec_fn=_limit(memory_gb) if memory_gb else None)
+                              env={**os.environ, "TVM_NUM_THREADS": "2", **env}, preexec_fn=_limit(memory_gb) if memory_gb else None)
         return proc.returncode, proc.stderr
     from click.testing import CliRunner
 
@@ -909,3 +935,58 @@ def test_safetensors_metadata_and_shards_are_read(shared, tmp_path):
     tensors = SafetensorsDir(hf)
     assert tensors.get("empty").shape == (0, 4) and tensors.get("one").tolist() == [1, 1, 1]
     assert np.array_equal(tensors.get("model.norm.weight"), weights["model.norm.weight"])
+
+
+def test_a_kv_cache_beyond_memory_is_refused_before_allocation(shared, monkeypatch):
+    """run / profile on the CPU: a context window whose KV cache does not fit the memory left is one
+    line saying how much it needs, before TVM allocates (not std::bad_alloc)."""
+    from pipeline import runtime
+    from pipeline.errors import ArtifactError
+
+    engine = runtime.Engine(shared.art, "synthetic")
+    need = engine.kv_cache_bytes()
+    cfg = shared.cfg
+    assert need == cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * cfg.context_window_size * 4  # q4f32_1: f32 cache
+    monkeypatch.setattr(runtime, "available_memory", lambda: need - 1)
+    with pytest.raises(ArtifactError, match=rf"its KV cache \({cfg.context_window_size} tokens, context_window_size\) needs [\d.]+ GiB; "
+                                             r"this machine has [\d.]+ GiB available \(rebuild with a smaller context_window_size\)$"):
+        engine.generate([1, 2, 3], 2)
+    monkeypatch.setattr(runtime, "available_memory", lambda: need)
+    assert len(engine.generate([1, 2, 3], 2)) == 2
+
+
+def test_prompt_tokens_are_comma_separated_ids_without_gaps(shared):
+    """`--prompt-tokens 1,,2` is a usage error (exit 2), not the prompt 1,2."""
+    from click.testing import CliRunner
+
+    from pipeline.cli import main
+    from pipeline.errors import OptionValueError
+    from pipeline.interface.run import parse_tokens
+
+    assert parse_tokens("1, 2,3") == [1, 2, 3]
+    for bad in ("1,,2", "1,2,", "-1", "1.5", ""):
+        with pytest.raises(OptionValueError, match="expected comma-separated non-negative integers"):
+            parse_tokens(bad)
+    result = CliRunner().invoke(main, ["run", "--artifact", str(shared.art), "--weights", "synthetic", "--prompt-tokens", "1,,2"])
+    assert result.exit_code == 2 and "'1,,2': expected comma-separated non-negative integers" in result.stderr
+
+
+def test_a_full_disk_during_convert_is_one_line_and_leaves_nothing(shared, tmp_path, monkeypatch):
+    """ENOSPC while the shards are written: one line naming the file, exit 2, no output directory."""
+    import errno
+
+    from click.testing import CliRunner
+
+    from pipeline import weights
+    from pipeline.cli import main
+
+    def full(directory):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(directory / "params_shard_0.bin"))
+
+    monkeypatch.setattr(weights, "add_shard_digests", full)
+    result = CliRunner().invoke(main, ["convert-weights", "--model", "llama-tiny", "--quant", "q0f32", "--source", "synthetic",
+                                       "--output", str(tmp_path / "w")])
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1, result.stderr
+    assert re.fullmatch(r"error: \S+params_shard_0\.bin: No space left on device", lines[0]), lines[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # the temp directory is gone, no `w`

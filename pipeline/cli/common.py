@@ -64,6 +64,10 @@ class UserErrors(click.Group):
             return super().invoke(ctx)
         except (ConfigError, ArtifactError, ProfileError, ValueError) as exc:
             fail(exc)
+        except OSError as exc:  # a full or read-only disk, a vanished directory: the file and the reason
+            fail(f"{exc.filename}: {exc.strerror}" if exc.filename and exc.strerror else (exc.strerror or str(exc) or type(exc).__name__))
+        except MemoryError:
+            fail("out of memory (this machine's memory, or the process's limit, is too small for this step)")
 
 
 def device_options(command):

@@ -9,11 +9,11 @@ from .device import backend_of, run_options
 
 
 def parse_tokens(text: str) -> list[int]:
-    """--prompt-tokens: comma-separated token ids."""
-    try:
-        return [int(t) for t in text.replace(" ", "").split(",") if t != ""]
-    except ValueError:
-        raise OptionValueError(f"{text!r}: expected comma-separated integers, e.g. 1,2,3") from None
+    """--prompt-tokens: comma-separated token ids (non-negative integers; no empty entries)."""
+    parts = text.replace(" ", "").split(",")
+    if not all(p.isascii() and p.isdigit() for p in parts):
+        raise OptionValueError(f"{text!r}: expected comma-separated non-negative integers, e.g. 1,2,3")
+    return [int(p) for p in parts]
 
 
 def run(artifact: Path, weights: str | None = None, *, prompt_tokens: str | None = None, prompt: str | None = None,
