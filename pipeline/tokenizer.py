@@ -42,12 +42,22 @@ class Tokenizer:
         return self._tok.decode(ids)
 
 
-def find_tokenizer(explicit: Path | None, weights: str | None) -> Tokenizer | None:
-    """--tokenizer if given, else tokenizer.json beside the weights, else None."""
+def tokenizers_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("tokenizers") is not None
+
+
+def find_tokenizer(explicit: Path | None, weights: str | None, needed: bool = True) -> Tokenizer | None:
+    """--tokenizer if given, else tokenizer.json beside the weights, else None. Not `needed` (the
+    prompt is token ids; text would only decorate the output): None rather than an error where
+    the `tokenizers` package is missing for the weights' tokenizer.json."""
     if explicit is not None:
         if not Path(explicit).is_file():
             raise ArtifactError(f"--tokenizer {explicit}: file not found")
         return Tokenizer(Path(explicit))
     if weights and weights != "synthetic" and (Path(weights) / "tokenizer.json").is_file():
+        if not needed and not tokenizers_installed():
+            return None
         return Tokenizer(Path(weights) / "tokenizer.json")
     return None

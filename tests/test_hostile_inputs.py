@@ -990,3 +990,19 @@ def test_a_full_disk_during_convert_is_one_line_and_leaves_nothing(shared, tmp_p
     assert result.exit_code == 2 and len(lines) == 1, result.stderr
     assert re.fullmatch(r"error: \S+params_shard_0\.bin: No space left on device", lines[0]), lines[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # the temp directory is gone, no `w`
+
+
+def test_token_ids_need_no_tokenizers_package(shared, monkeypatch):
+    """`run --prompt-tokens` with weights holding a tokenizer.json runs where `tokenizers` is not
+    installed (ids need no tokenizer); `--prompt` still says what it needs."""
+    import pipeline.tokenizer as tokenizer_module
+    from pipeline.errors import ArtifactError
+    from pipeline.interface.run import run
+
+    monkeypatch.setattr(tokenizer_module, "tokenizers_installed", lambda: False)
+    assert (shared.w / "tokenizer.json").is_file()
+    text, ids = run(shared.art, str(shared.w), prompt_tokens="1,2,3", max_new_tokens=2)
+    assert text is None and len(ids) == 2
+    monkeypatch.setitem(sys.modules, "tokenizers", None)  # `import tokenizers` fails as if not installed
+    with pytest.raises(ArtifactError, match=r"tokenizer\.json: reading it needs the `tokenizers` package"):
+        run(shared.art, str(shared.w), prompt="hi", max_new_tokens=2)

@@ -32,7 +32,7 @@ def run(artifact: Path, weights: str | None = None, *, prompt_tokens: str | None
         check_logits_path(save_logits)
     if (prompt_tokens is None) == (prompt is None):
         raise OptionError("give exactly one of --prompt-tokens or --prompt")
-    tok = find_tokenizer(tokenizer, weights)
+    tok = find_tokenizer(tokenizer, weights, needed=prompt is not None)
     if prompt is not None:
         if tok is None:
             raise OptionError("--prompt needs a tokenizer: pass --tokenizer path/to/tokenizer.json")
