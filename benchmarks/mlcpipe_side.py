@@ -10,6 +10,7 @@ its build time (artifacts/.bench-cache/, or under $MLCPIPE_ARTIFACTS), so a sche
 from __future__ import annotations
 
 import hashlib
+import os
 import json
 import time
 from pathlib import Path
@@ -46,12 +47,16 @@ def build_artifact(model: str, quant: str, rebuild: bool = False, log=print) -> 
     from pipeline.config import load_model_config
     from pipeline.targets import load_target
 
+    from pipeline.targets import HOST_CPU_ENV
+
     config, target = load_model_config(model), load_target("llvm")
     output = default_output(config, quant, target)
     if not output.is_absolute():
         output = ROOT / output
+    if os.environ.get(HOST_CPU_ENV):  # another CPU class's build (e.g. haswell on an AVX-512 host): its own directory
+        output = output.with_name(f"{output.name}-{target.target['mcpu']}")
     stamp = output.parent / CACHE_DIR / f"{output.name}.json"
-    key = source_hash()
+    key = source_hash() + "-" + str(target.target.get("mcpu"))
     if not rebuild and output.is_dir() and stamp.is_file():
         info = json.loads(stamp.read_text())
         if info.get("source_hash") == key:

@@ -74,7 +74,7 @@ def main(argv=None) -> int:
                 out = run_kernel(lib, inputs, tvm.cpu())
                 if first is None:
                     first = out
-                elif not np.allclose(out, first, atol=2e-3 * float(np.abs(first).max())):
+                elif not np.allclose(out, first, atol=1e-2 * float(np.abs(first).max())):  # int8 activations (Q8): ~1e-2 of the max
                     print(f"error: {type(rule).__name__} disagrees with {type(rules[0]).__name__} on {name}", file=sys.stderr)
                     return 1
                 times.append(time_kernel_ms(lib, inputs, tvm.cpu(), args.repeat))
