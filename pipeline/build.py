@@ -201,6 +201,14 @@ def build(
         kv = kv_cache_bytes(config.as_dict(), config.context_window_size, 2 if QUANTIZATIONS[quant].model_dtype == "float16" else 4)
         log(f"[mlcpipe] its KV cache at context_window_size {config.context_window_size}: {kv / 2**20:.1f} MiB (run allocates it whole)")
         mod, named_params = export_model(config, quant, tvm_target)
+        phases: dict[str, float] = {"export": time.perf_counter() - started}  # seconds per build phase
+        mark = [time.perf_counter()]
+
+        def _timed(phase: str) -> None:
+            now = time.perf_counter()
+            phases[phase] = round(phases.get(phase, 0.0) + now - mark[0], 2)
+            mark[0] = now
+
         fused: list[dict[str, Any]] = []
         kv_slots: list = []
         snapshots: dict[str, tvm.IRModule] = {}
@@ -208,6 +216,7 @@ def build(
         (tmp / "tir").mkdir()
 
         def _record(phase: str, phase_mod: tvm.IRModule) -> None:
+            _timed(phase)
             if phase == "fuse-tir":
                 kv_slots.extend(kv_cache_kernel_slots(phase_mod))
                 roles = kernel_roles(phase_mod, [name for name, _ in named_params])
@@ -226,12 +235,14 @@ def build(
                 tuning=tuning, on_kernel=schedules.__setitem__,
                 after_memory_plan=AttachMetadata(model_metadata(config, quant, named_params), variable_bounds(config)),
             )
+        _timed("finalize")  # the passes after the last recorded phase
         log("[mlcpipe] generating code")
         with tvm_target, target_backend.compile_context(target), tvm.transform.PassContext(config=target_backend.PASS_CONFIG):
             executable = relax.build(mod, tvm_target, relax_pipeline=None)
         target_backend.export(executable, target, tmp)
         if target_backend.SOURCE_FILE:
             (tmp / target_backend.SOURCE_FILE).write_text(target_backend.kernel_source(executable))
+        _timed("codegen")
         log("[mlcpipe] compiling the reference kernels of `mlcpipe check`")
         chat_config = runtime_config(config, quant)
         build_reference(snapshots["fuse-tir"], [gv.name_hint for gv in snapshots["schedule"].get_global_vars()],
@@ -241,7 +252,9 @@ def build(
         for kernel in fused:
             kernel["launch"] = launch.get(kernel["name"])
             kernel["schedule"] = schedules.get(kernel["name"])
+        _timed("reference")
         build_seconds = time.perf_counter() - started
+        log("[mlcpipe] build phases: " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in phases.items()))
 
         write_json(tmp / RUNTIME_CONFIG, chat_config)
         if weights is not None:

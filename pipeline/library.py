@@ -16,7 +16,6 @@ from .errors import ArtifactError
 VM_MAGIC = struct.pack("<Q", 0xD225DE2F4214151E)  # TVM's Relax VM executable (kTVMVMBytecodeMagic)
 ELF_MACHINES = {62: "x86_64", 183: "aarch64"}
 MACHO_CPUS = {0x01000007: "x86_64", 0x0100000C: "arm64"}
-FORMATS = {"llvm": "ELF", "cuda": "ELF", "metal": "Mach-O", "webgpu": "wasm"}  # what each target kind's library is
 
 
 @dataclasses.dataclass
@@ -200,8 +199,10 @@ def check_library_file(path: Path, manifest: dict[str, Any]) -> LibraryFacts:
     """The library against its manifest: the container its target kind builds (and its machine),
     the manifest's functions defined, and `_metadata` of the manifest's quantization and
     parameters. ArtifactError (one line naming the file and what differs) otherwise."""
+    from .backends import KINDS, backend
+
     kind = manifest["target"]["kind"]
-    want = FORMATS.get(kind)
+    want = backend(kind).LIBRARY_FORMAT if kind in KINDS else None
     try:
         with open(path, "rb") as f:
             container, machine = _container(f.read(64))

@@ -120,7 +120,7 @@ class Engine(Generation):
         return self._remote_shapes[dims]
 
     def reset(self) -> None:
-        if self.remote is None and self.manifest["target"]["kind"] == "llvm":  # the CPU's memory, before allocating
+        if self.remote is None and backend(self.manifest["target"]["kind"]).HOST_MEMORY:  # this machine's memory, before allocating
             need, have = self.kv_cache_bytes(), available_memory()
             if have is not None and need > have:
                 raise ArtifactError(f"{self.artifact}: its KV cache ({self.context_window} tokens, context_window_size) needs "

@@ -18,6 +18,7 @@ INTERFACE = (
     "install_lowerings",
     "open_engine", "kernel_runner", "static_checks", "not_executed", "PROFILE_DEFAULTS", "profile",  # run
     "local_device", "timing_device", "timing_cold_bytes", "RPC_DEVICE", "RPC_DEVICE_HINT", "WEBGPU_RUNTIME", "METASCHEDULE", "NIGHTLY_PROFILE",
+    "LIBRARY_FORMAT", "HOST_MEMORY",
 )
 
 

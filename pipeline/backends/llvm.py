@@ -21,6 +21,8 @@ RPC_DEVICE_HINT = ""
 WEBGPU_RUNTIME = False  # runs in TVM's runtime, not a WebGPU one
 METASCHEDULE = True  # `tune --tuner metaschedule` can search its kernels here
 NIGHTLY_PROFILE = True  # the nightly's profile check can run it
+LIBRARY_FORMAT = "ELF"  # the container of LIBRARY (pipeline/library.py checks it before loading)
+HOST_MEMORY = True  # the local device's memory is this machine's (the KV cache checked against MemAvailable)
 
 
 def pipeline_config(options) -> dict:

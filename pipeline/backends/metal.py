@@ -37,6 +37,8 @@ RPC_DEVICE_HINT = " (serve from a Mac whose TVM is built with USE_METAL)"
 WEBGPU_RUNTIME = False
 METASCHEDULE = False
 NIGHTLY_PROFILE = False
+LIBRARY_FORMAT = "Mach-O"  # the container of LIBRARY (pipeline/library.py checks it before loading)
+HOST_MEMORY = False  # the local device's memory is this machine's (the KV cache checked against MemAvailable)
 RUN_HINT = "metal artifacts run on a Mac: serve `python -m tvm.exec.rpc_server` there and pass --rpc HOST:PORT"
 TARBALL = "lib.tar"
 

@@ -33,6 +33,8 @@ RPC_DEVICE_HINT = ""
 WEBGPU_RUNTIME = True  # runs in a WebGPU runtime (Dawn in node, Chromium, WebLLM): WGSL kernels
 METASCHEDULE = False
 NIGHTLY_PROFILE = False
+LIBRARY_FORMAT = "wasm"  # the container of LIBRARY (pipeline/library.py checks it before loading)
+HOST_MEMORY = False  # the local device's memory is this machine's (the KV cache checked against MemAvailable)
 PROFILE_DEFAULTS = (32, 8, 2)  # prompt tokens, generated tokens, measured runs (software adapters are slow)
 
 _SETUP_HINT = "install with scripts/setup-debian.sh"
