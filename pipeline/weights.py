@@ -8,6 +8,7 @@ import io
 import json
 import math
 import os
+import shutil
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -318,6 +319,15 @@ def expected_parameters(config: ModelConfig, quant: str) -> list[tuple[str, tupl
     return [(name, tuple(int(s) for s in p.shape), p.dtype) for name, p in model.named_parameters()]
 
 
+def check_free_space(directory: Path, nbytes: int, what: str) -> None:
+    """ArtifactError (one line) before any work when `directory`'s file system has less room than
+    `nbytes` (+ 5% and 64 MiB for the metadata, the tokenizer and the file system)."""
+    free = shutil.disk_usage(directory).free
+    need = int(nbytes * 1.05) + (64 << 20)
+    if free < need:
+        raise ArtifactError(f"{directory.parent}: {free / 2**30:.2f} GiB free; {what} need about {need / 2**30:.2f} GiB")
+
+
 def convert_weights(
     config: ModelConfig, quant: str, source: str | Path, output: Path, seed: int = 0, log=print, allow_unused: bool = False
 ) -> Path:
@@ -340,6 +350,7 @@ def convert_weights(
     scheme = QUANTIZATIONS[quant]
     with atomic_directory(Path(output), kind="weights") as tmp:  # owned / locked before any work
         expected = expected_parameters(config, quant)
+        check_free_space(tmp, sum(math.prod(shape) * np.dtype(dtype).itemsize for _, shape, dtype in expected), "the converted weights")
         stored: dict[str, np.ndarray] = {}
         total_params = 0
         limit = value_limit(quant)

@@ -1006,3 +1006,18 @@ def test_token_ids_need_no_tokenizers_package(shared, monkeypatch):
     monkeypatch.setitem(sys.modules, "tokenizers", None)  # `import tokenizers` fails as if not installed
     with pytest.raises(ArtifactError, match=r"tokenizer\.json: reading it needs the `tokenizers` package"):
         run(shared.art, str(shared.w), prompt="hi", max_new_tokens=2)
+
+
+def test_convert_checks_free_space_before_any_work(shared, tmp_path, monkeypatch):
+    """Too little room for the weights it will write: one line before any tensor is read, no output."""
+    import collections
+
+    from pipeline import weights
+    from pipeline.errors import ArtifactError
+
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(weights.shutil, "disk_usage", lambda path: usage(1 << 30, 1 << 30, 10 << 20))
+    monkeypatch.setattr(weights, "logical_weights", lambda *a, **k: pytest.fail("read tensors before checking the space"))
+    with pytest.raises(ArtifactError, match=r": 0\.01 GiB free; the converted weights need about 0\.\d+ GiB$"):
+        weights.convert_weights(shared.cfg, "q0f32", shared.hf, tmp_path / "w", log=lambda *_: None)
+    assert not (tmp_path / "w").exists() and [p.name for p in tmp_path.iterdir()] == []
