@@ -174,7 +174,7 @@ def transformers_fields(cfg) -> tuple[str, dict[str, Any]]:
         num_hidden_layers=cfg.num_hidden_layers, num_attention_heads=cfg.num_attention_heads,
         num_key_value_heads=cfg.num_key_value_heads, head_dim=cfg.head_dim, rms_norm_eps=cfg.rms_norm_eps,
         rope_theta=cfg.rope_theta, tie_word_embeddings=cfg.tie_word_embeddings, max_position_embeddings=cfg.context_window_size,
-        bos_token_id=cfg.bos_token_id, eos_token_id=cfg.eos_token_id, pad_token_id=cfg.pad_token_id,
+        bos_token_id=cfg.bos_token_id, eos_token_id=list(cfg.eos_token_id) if isinstance(cfg.eos_token_id, tuple) else cfg.eos_token_id, pad_token_id=cfg.pad_token_id,
     )
     if cfg.rope_scaling is not None:
         fields["rope_scaling"] = cfg.rope_scaling.as_dict()

@@ -211,3 +211,20 @@ def test_transformers_peer_is_the_same_model(artifacts, model_name):
             return torch.from_numpy(session.forward(tokens))
 
     _compare(Engine(art, "synthetic", seed=0), Peer(), prompt_tokens(config.vocab_size, 90, seed=0), DECODE_STEPS, 1e-4)
+
+
+@pytest.mark.parametrize("model_name", ["qwen2.5-0.5b", "qwen3-0.6b", "gemma-3-1b", "smollm2-1.7b", "llama-3.2-1b"])
+def test_transformers_peer_config_of_each_shipped_model(model_name):
+    """The peer's config of every shipped model is one transformers accepts (its strict fields:
+    eos_token_id a list, not a tuple), with the model's own sizes."""
+    from transformers import AutoConfig
+
+    from pipeline.config import load_model_config
+    from pipeline.hf_config import transformers_fields
+
+    config = load_model_config(model_name)
+    model_type, fields = transformers_fields(config)
+    hf = AutoConfig.for_model(model_type, **fields)
+    assert (hf.hidden_size, hf.num_hidden_layers, hf.vocab_size) == (config.hidden_size, config.num_hidden_layers, config.vocab_size)
+    eos = config.eos_token_id
+    assert hf.eos_token_id == (list(eos) if isinstance(eos, tuple) else eos)
