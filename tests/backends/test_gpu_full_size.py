@@ -40,7 +40,7 @@ def test_headline_metal_build(tmp_path):
     assert "kernel void fused_dequantize" in (art / "kernels.metal").read_text()
 
 
-@pytest.mark.parametrize("target, library, source", [pytest.param("cuda", "lib.so", "kernels.cu", marks=pytest.mark.nvcc),
+@pytest.mark.parametrize("target, library, source", [pytest.param("cuda", "lib.so", "kernels.cu", marks=[pytest.mark.nvcc, pytest.mark.long]),
                                                       ("webgpu", "lib.wasm", "kernels.wgsl")])
 def test_full_size_gpu_build(target, library, source, tmp_path):
     art = tmp_path / f"llama-3.2-1b-q4f16_1-{target}"

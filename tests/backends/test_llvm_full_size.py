@@ -15,7 +15,7 @@ from pipeline.targets import load_target
 SHAPES = {"qkv": (3072, 2048), "o_proj": (2048, 2048), "gate_up": (16384, 2048), "down": (2048, 8192), "lm_head": (128256, 2048)}
 
 
-@pytest.mark.parametrize("quant", ["q4f16_1", "q4f32_1", "q0f16"])
+@pytest.mark.parametrize("quant", ["q4f16_1", pytest.param("q4f32_1", marks=pytest.mark.long), pytest.param("q0f16", marks=pytest.mark.long)])
 def test_llama_3_2_1b_builds_for_llvm(quant, tmp_path):
     config = load_model_config("llama-3.2-1b")
     assert (config.hidden_size, config.intermediate_size, config.num_hidden_layers) == (2048, 8192, 16)

@@ -69,7 +69,14 @@ def test_import_config_gives_the_shipped_yaml(family):
         assert raw["layer_types"] == list(cfg.layer_types) and raw["prefill_chunk_size"] <= cfg.sliding_window
 
 
-@pytest.mark.parametrize("quant", ["q0f32", "q4f32_1"])
+LONG = pytest.mark.long  # CI time (docs/tests.md): the default run keeps each family's q4f32_1 and Gemma 3 whole
+
+
+def _cases(long_ones: set[tuple[str, str]]) -> list:
+    return [pytest.param(f, q, marks=LONG) if (f, q) in long_ones else (f, q) for f in FAMILIES for q in ("q0f32", "q4f32_1")]
+
+
+@pytest.mark.parametrize("family, quant", _cases({("qwen2-tiny", "q0f32"), ("qwen3-tiny", "q0f32")}), indirect=["family"])
 def test_family_matches_transformers(family, quant, tmp_path):
     cfg, root, model, imported = family
     weights, art = tmp_path / "w", tmp_path / "art"
@@ -95,7 +102,8 @@ WEBGPU_TOLERANCE = {"gles": TOLERANCE, "swiftshader": 2e-3}
 
 
 @pytest.mark.dawn
-@pytest.mark.parametrize("quant", [pytest.param("q0f32", marks=pytest.mark.long), "q4f32_1"])
+@pytest.mark.parametrize("family, quant", _cases({(f, q) for f in FAMILIES for q in ("q0f32", "q4f32_1")} - {("gemma3-tiny", "q4f32_1")}),
+                         indirect=["family"])
 def test_family_matches_transformers_on_webgpu(family, quant, tmp_path):
     """The webgpu build of each family, run whole in Dawn on both software adapters (Gemma 3's
     sliding layers need the fixed web runtime: backends/webgpu.py RUNTIME_PATCHES)."""

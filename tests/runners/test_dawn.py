@@ -124,6 +124,7 @@ def test_check_webgpu_on_swiftshader(model):
 
 
 @pytest.mark.nvcc
+@pytest.mark.long  # a tiny cuda build for an error path; tests/device/test_bundle.py runs cuda artifacts' run side by default
 def test_cuda_artifact_without_a_gpu_is_one_line(gqa_config, tmp_path):
     """A cuda artifact where no CUDA device is: `run` says so in one line; `check` falls back to
     nvcc/ptxas and says NOT EXECUTED."""

@@ -122,7 +122,7 @@ def test_cli_webllm_and_mlc_check(webllm_model, tmp_path):
     assert result.output.strip() == f"error: {broken}: tokenizer file(s) 'tokenizer.json' listed in 'tokenizer_files' are missing"
 
 
-@pytest.mark.parametrize("family, seed", [("qwen3-tiny", 3), ("gemma3-tiny", 7)])  # seeds whose greedy tokens vary
+@pytest.mark.parametrize("family, seed", [pytest.param("qwen3-tiny", 3, marks=pytest.mark.long), ("gemma3-tiny", 7)])  # seeds whose greedy tokens vary
 def test_webllm_runs_model_families(family, seed, tmp_path):
     """WebLLM generates transformers' greedy tokens for tiny Qwen3 and Gemma 3 builds (q4f32_1:
     no shader-f16 needed), a prompt past the prefill chunk and Gemma's window: a transformers

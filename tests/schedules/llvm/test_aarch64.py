@@ -43,7 +43,7 @@ def _host(lib, args):
     return [t.numpy() if isinstance(t, tvm.runtime.Tensor) else t for t in tensors]
 
 
-@pytest.mark.parametrize("quant", ["q4f16_1", "q0f16", "q4f32_1"])
+@pytest.mark.parametrize("quant", ["q4f16_1", pytest.param("q0f16", marks=pytest.mark.long), pytest.param("q4f32_1", marks=pytest.mark.long)])
 def test_every_kernel_of_a_model_on_aarch64_matches_the_host(quant, tiny_config, tmp_path):
     """Each kernel of the tiny Llama (matmuls, attention, norms, RoPE, sampler, KV cache), built
     for aarch64 with the rules the Arm target picks, against the host's build: every output equal,
