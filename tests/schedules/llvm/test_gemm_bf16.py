@@ -61,7 +61,8 @@ def test_rule_compiles_to_vdpbf16ps_and_is_chosen_without_amx(kernels):
 
 @needs_bf16
 # the default tile (and up to 4 tokens the f32 GEMV branch for f16 weights); other tiles, no branch
-@pytest.mark.parametrize("knobs", [{}, {"block_n": 4, "token_vecs": 4, "low_batch": 0}, {"block_n": 8, "token_vecs": 3}])
+@pytest.mark.parametrize("knobs", [{}, pytest.param({"block_n": 4, "token_vecs": 4, "low_batch": 0}, marks=pytest.mark.long),
+                                   pytest.param({"block_n": 8, "token_vecs": 3}, marks=pytest.mark.long)])
 def test_bf16_prefill_is_its_bf16_arithmetic(knobs, kernels):
     quant, funcs = kernels
     rule = PrefillGEMMBF16(**knobs)

@@ -94,7 +94,7 @@ def test_avx2_tiles_keep_the_kernels_numerics(knobs, kernels):
 
 
 @needs_avx512
-@pytest.mark.parametrize("knobs", [{}, {"block_n": 4, "token_vecs": 4}, {"block_n": 8, "token_vecs": 2}])
+@pytest.mark.parametrize("knobs", [{}, pytest.param({"block_n": 4, "token_vecs": 4}, marks=pytest.mark.long), pytest.param({"block_n": 8, "token_vecs": 2}, marks=pytest.mark.long)])
 def test_f32_tiles_keep_the_kernels_numerics(knobs, kernels):
     quant, funcs = kernels
     rule = PrefillGEMMF32(**knobs)

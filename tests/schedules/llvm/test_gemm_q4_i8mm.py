@@ -72,7 +72,9 @@ def _host_outputs(lib, args):
 
 @pytest.mark.qemu
 # the default (one plane, two up to 4 tokens); one plane at every token count; two planes
-@pytest.mark.parametrize("knobs", [{}, {"token_pairs": 1, "row_pairs": 8, "low_batch": 0}, {"token_pairs": 4, "row_pairs": 2, "planes": 2}])
+# the default knobs by default; the other tiles (minutes under qemu) with -m long
+@pytest.mark.parametrize("knobs", [{}, pytest.param({"token_pairs": 1, "row_pairs": 8, "low_batch": 0}, marks=pytest.mark.long),
+                                   pytest.param({"token_pairs": 4, "row_pairs": 2, "planes": 2}, marks=pytest.mark.long)])
 def test_i8mm_prefill_runs_its_int8_arithmetic_at_1b_shapes(knobs, one_b, tmp_path):
     """qkv, o_proj, gate_up and down of the 1B (GQA 32/8 heads of 64) at 1, 7, 40 and 130 tokens
     (partial tiles, the two-plane branch, past 128), and batch_verify's lm_head (a bare matmul,
