@@ -104,6 +104,7 @@ def test_harness_runs_side_by_side(artifacts, tmp_path, tiny_config):
         assert f"greedy tokens = PyTorch fp32's for the first {DECODE_STEPS}/{DECODE_STEPS}" in report
 
 
+@pytest.mark.long  # a benchmark script's own test: two 1B-shaped builds (CI time, docs/tests.md)
 def test_short_prefill_benchmark_compares_the_two_builds(monkeypatch, tmp_path):
     """`python -m benchmarks.short_prefill` on the tiny model: both builds run every prompt length;
     past `low_batch` tokens they are the same code (equal logits), below it the GEMV branch (on
@@ -190,7 +191,7 @@ def test_rounds_alternate_the_engine_order_and_merge(monkeypatch, tmp_path):
         bench.main(["--model", MODEL, "--rounds", "0"])
 
 
-@pytest.mark.parametrize("model_name", ["qwen2-tiny", "gemma3-tiny"])
+@pytest.mark.parametrize("model_name", [pytest.param("qwen2-tiny", marks=pytest.mark.long), "gemma3-tiny"])
 def test_transformers_peer_is_the_same_model(artifacts, model_name):
     """For the families, the PyTorch peer is transformers' own model with the same synthetic
     weights: its logits are mlcpipe's q0f32 logits (a prompt past the chunk and Gemma's window)."""

@@ -19,7 +19,7 @@ from tests.helpers.reference_llama import ReferenceLlama
 DECODE_STEPS = 8
 
 
-@pytest.mark.parametrize("quant", ["q0f32", "q0f16", "q4f32_1", "q4f16_1"])
+@pytest.mark.parametrize("quant", [pytest.param("q0f32", marks=pytest.mark.long), "q0f16", "q4f32_1", "q4f16_1"])
 def test_tiny_llama_matches_numpy_reference(quant, tiny_config, tmp_path):
     weights = random_hf_weights(tiny_config, seed=1)
     hf_dir = write_hf_checkpoint(tmp_path / "hf", tiny_config, weights, shards=2)
