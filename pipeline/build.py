@@ -10,6 +10,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import tvm
 from tvm import relax
 
@@ -198,7 +199,7 @@ def build(
 
             keep_params(output, tmp, [(n, list(shape), dtype) for n, shape, dtype in expected_parameters(config, quant)], log)
         log(f"[mlcpipe] exporting {config.name} ({quant}) for {target.name} {target.target}")
-        kv = kv_cache_bytes(config.as_dict(), config.context_window_size, 2 if QUANTIZATIONS[quant].model_dtype == "float16" else 4)
+        kv = kv_cache_bytes(config.as_dict(), config.context_window_size, np.dtype(QUANTIZATIONS[quant].model_dtype).itemsize)
         log(f"[mlcpipe] its KV cache at context_window_size {config.context_window_size}: {kv / 2**20:.1f} MiB (run allocates it whole)")
         mod, named_params = export_model(config, quant, tvm_target)
         phases: dict[str, float] = {"export": time.perf_counter() - started}  # seconds per build phase

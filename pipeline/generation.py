@@ -111,8 +111,10 @@ class Generation(ABC):
     def kv_cache_bytes(self) -> int:
         """Bytes of the KV cache `reset` allocates: every layer's K and V pages for the whole
         context window, in the model's dtype (f16 models 2 bytes, f32 models 4)."""
-        return kv_cache_bytes(self.config["model_config"], self.context_window, 2 if self.manifest["quantization"].endswith("f16_1")
-                              or self.manifest["quantization"] == "q0f16" else 4)
+        from .quantization import QUANTIZATIONS
+
+        dtype = QUANTIZATIONS[self.manifest["quantization"]].model_dtype
+        return kv_cache_bytes(self.config["model_config"], self.context_window, np.dtype(dtype).itemsize)
 
     def check_tokens(self, tokens: Sequence[int], max_new_tokens: int = 0) -> None:
         if len(tokens) == 0:
