@@ -15,12 +15,14 @@ from collections.abc import Callable, Mapping
 import tvm
 from tvm import tirx
 
-from . import trace_replay
+from . import script_stack, trace_replay
 from .llvm.attention import replace_attention_kernels
 from .gpu import CUDA_RULES, METAL_RULES, WEBGPU_RULES
 from .gpu.merge_state import replace_merge_state_kernels
 from .llvm import LLVM_RULES
 from .signature import kernel_signature
+
+script_stack.install()  # before any rule parses TVMScript (dlight's GPU matmul imports TVM's tensor intrinsics)
 
 RULES = {
     "llvm": LLVM_RULES,

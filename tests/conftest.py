@@ -4,8 +4,10 @@ import pytest
 
 from tests.helpers import hardware
 
-# Tests share the two cores; TVM's thread pool would otherwise oversubscribe.
-os.environ.setdefault("TVM_NUM_THREADS", "2")
+# Tests share the cores (with `-n N`, N pytest workers do); TVM's thread pool would otherwise
+# oversubscribe them. Subprocesses the tests start inherit it.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+os.environ.setdefault("TVM_NUM_THREADS", str(max(1, min(2, (os.cpu_count() or 2) // _WORKERS))))
 
 
 @pytest.fixture(scope="session")

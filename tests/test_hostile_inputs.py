@@ -821,7 +821,7 @@ def invoke(argv: list, own_process: bool, memory_gb: int | None) -> tuple[int, s
     assert own_process or not env
     if own_process:
         proc = subprocess.run([sys.executable, "-m", "pipeline.cli", *argv], capture_output=True, text=True, timeout=300,
-                              env={**os.environ, "TVM_NUM_THREADS": "2", **env}, preexec_fn=_limit(memory_gb) if memory_gb else None)
+                              env={**os.environ, **env}, preexec_fn=_limit(memory_gb) if memory_gb else None)
         return proc.returncode, proc.stderr
     from click.testing import CliRunner
 

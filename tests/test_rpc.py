@@ -51,7 +51,7 @@ class RPCServer:
         self.proc = subprocess.Popen(
             ["timeout", str(SERVER_LIFETIME_S), sys.executable, "-m", "tvm.exec.rpc_server", "--host", "127.0.0.1",
              "--port", str(self.port), "--port-end", str(self.port + 1), "--silent", *extra],
-            stdout=self.log, stderr=self.log, start_new_session=True, env={**os.environ, "TVM_NUM_THREADS": "2"},
+            stdout=self.log, stderr=self.log, start_new_session=True, env={**os.environ},
         )  # fmt: skip
 
     @property

@@ -50,7 +50,7 @@ def bare_python(tmp_path_factory) -> tuple[Path, dict]:
             (deps / libs.name).symlink_to(libs)
     python = root / "venv" / "bin" / "python"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTHON", "MLCPIPE_", "VIRTUAL_ENV"))}
-    env.update({"PYTHONPATH": str(deps), "MLCPIPE_PYTHON": str(python), "TVM_NUM_THREADS": "2"})
+    env.update({"PYTHONPATH": str(deps), "MLCPIPE_PYTHON": str(python)})
     assert subprocess.run([str(python), "-c", "import tvm_ffi"], env=env, capture_output=True).returncode != 0
     assert subprocess.run([str(python), "-c", "import tvm"], env=env, capture_output=True).returncode != 0
     return python, env

@@ -17,7 +17,7 @@ TINY = yaml.safe_load((MODELS_DIR / "llama-tiny.yaml").read_text())
 def mlcpipe(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "pipeline.cli", *args], capture_output=True, text=True, cwd=cwd,
-        env={**os.environ, "TVM_NUM_THREADS": "2"},
+        env={**os.environ},
     )
 
 
