@@ -229,3 +229,24 @@ def test_transformers_peer_config_of_each_shipped_model(model_name):
     assert (hf.hidden_size, hf.num_hidden_layers, hf.vocab_size) == (config.hidden_size, config.num_hidden_layers, config.vocab_size)
     eos = config.eos_token_id
     assert hf.eos_token_id == (list(eos) if isinstance(eos, tuple) else eos)
+
+
+def test_build_time_table_per_target(tmp_path, capsys):
+    """`python -m benchmarks.build_time`: a fresh CLI build per target, its phases from the build's
+    own log, the wall time around them (imports included), the 60 s goal column, written atomically."""
+    from benchmarks import build_time
+
+    out = tmp_path / "build-time.md"
+    assert build_time.main(["--model", MODEL, "--quant", "q4f32_1", "--targets", "llvm,metal", "-o", str(out)]) == 0
+    text = out.read_text()
+    header = next(line for line in text.splitlines() if line.startswith("| target |"))
+    columns = [c.strip() for c in header.strip("|").split("|")]
+    assert columns[:3] == ["target", "parser stack", "wall s"] and columns[-2:] == ["peak MiB", "goal"]
+    assert {"export", "schedule", "codegen", "reference"} <= set(columns)
+    for target in ("llvm", "metal"):
+        row = next(line for line in text.splitlines() if line.startswith(f"| {target} | mlcpipe |"))
+        cells = dict(zip(columns, (c.strip() for c in row.strip("|").split("|"))))
+        phases = [float(cells[c]) for c in columns[3:-2]]
+        assert all(p >= 0 for p in phases) and float(cells["wall s"]) >= sum(phases) > 0
+        assert cells["goal"] == "met" and float(cells["peak MiB"]) > 100
+    assert not list(tmp_path.glob("*.tmp*")) and "Goal: at most 60 s" in capsys.readouterr().out

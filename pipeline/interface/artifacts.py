@@ -13,6 +13,7 @@ import multiprocessing
 import os
 from pathlib import Path
 
+from ..artifact import write_lock
 from ..config import REPO_ROOT, ModelConfig, load_model_config
 from ..errors import ArtifactError
 from ..nightly.cache import artifact_entry, cache_inputs, digest, lookup_artifact
@@ -38,16 +39,21 @@ def ensure_artifact(model: str | ModelConfig, quant: str, target_name: str, cach
         log(f"[mlcpipe] reusing {found} (cache key {key[:12]})")
         return found
     entry = artifact_entry(cache_dir, key)
-    entry.parent.mkdir(parents=True, exist_ok=True)
-    log(f"[mlcpipe] building {config.name} {quant} {target_name} into {entry} (cache key {key[:12]})")
-    child = multiprocessing.get_context("spawn").Process(
-        target=_build, args=(str(config.source), quant, target_name, str(entry), {"cache_key": key, "cache_inputs": inputs},
-                             overrides))
-    child.start()
-    child.join()
-    if child.exitcode != 0 or lookup_artifact(cache_dir, key) is None:
-        raise ArtifactError(f"building {config.name} {quant} for {target_name} failed (exit {child.exitcode}); "
-                            f"run `mlcpipe build --model {config.source} --quant {quant} --target {target_name}` to see why")
+    # one builder per key: another mlcpipe wanting the same entry waits here, then reuses it
+    with write_lock(entry.parent / "ensure", wait=True, role=" (the build cache)"):
+        found = lookup_artifact(cache_dir, key)
+        if found is not None:
+            log(f"[mlcpipe] reusing {found}, built meanwhile by another mlcpipe (cache key {key[:12]})")
+            return found
+        log(f"[mlcpipe] building {config.name} {quant} {target_name} into {entry} (cache key {key[:12]})")
+        child = multiprocessing.get_context("spawn").Process(
+            target=_build, args=(str(config.source), quant, target_name, str(entry), {"cache_key": key, "cache_inputs": inputs},
+                                 overrides))
+        child.start()
+        child.join()
+        if child.exitcode != 0 or lookup_artifact(cache_dir, key) is None:
+            raise ArtifactError(f"building {config.name} {quant} for {target_name} failed (exit {child.exitcode}); "
+                                f"run `mlcpipe build --model {config.source} --quant {quant} --target {target_name}` to see why")
     return entry
 
 

@@ -2,8 +2,9 @@
 
 The activation becomes int8 planes per token and weight group (plane 0: llama.cpp's Q8, plane 1:
 the rounding residual); each task repacks 16 `row_vecs` weight rows' nibbles; a group's u8 x s8
-products sum exactly in int32, then one FMA into f32. Only f16-activation models (q4f16_1).
-Handles: llvm with AVX512-VNNI, AVX-VNNI or aarch64 dotprod; many-token NT matmul, group size
+products sum exactly in int32 (AVX2: in int16 pair sums, widened once per group), then one FMA
+into f32. Only f16-activation models (q4f16_1).
+Handles: llvm with AVX512-VNNI, AVX-VNNI, AVX2 or aarch64 dotprod; many-token NT matmul, group size
 % 8 == 0, N % 16 == 0. Knobs: block_m (tokens per micro-kernel), row_vecs (16-row vectors per
 task; None: the ISA's), planes (1 = Q8, the default; 2 = ~16-bit), low_batch (up to this many
 tokens two planes; 0: never unless planes is 2), prefetch (1: the next task's weight rows into L2
@@ -20,7 +21,8 @@ from tvm.target import Target
 
 from ..analysis import match_on_cpu
 from ..base import CPUScheduleRule, is_cpu
-from .microkernels import LANES, RESIDUAL, int8_dot, int8_isa, prefetch_next_task, q8_planes, rebuild, schedule_extern_epilogue
+from .microkernels import (LANES, RESIDUAL, avx2_madd16, avx2_widen, int8_dot, int8_isa, prefetch_next_task, q8_planes, rebuild,
+                           schedule_extern_epilogue)
 
 # (block_m, row_vecs) when the knobs say 0; the most block_m x row_vecs whose f32 and two planes'
 # int32 accumulators (16 lanes each) fit the vector registers (AVX-VNNI 16 x 256 bits, NEON 32 x 128)
@@ -141,9 +143,15 @@ def _kernel(info, padded, block_m, row_vecs, planes, stored, isa, prefetch, xq, 
         for a in range(n):
             T.buffer_store(acc, T.broadcast(tirx.const(0, dtype), LANES), [T.ramp(a * LANES, 1, LANES)])
 
+    # AVX2: a group's VPMADDUBSW pair sums add up in i16 (exact while a group has at most 8 quads:
+    # 8 x 2 x 15 x 127 < 2^15), widened by one VPMADDWD per group instead of one per quad
+    i16 = isa == "avx2" and quads_per_group * 2 * 15 * 127 < 2**15
+    ilanes, idtype = (2 * LANES, "int16") if i16 else (LANES, "int32")
+
     def zero_planes(iaccs):
         for p in range(planes):
-            zero(iaccs[p], "int32", acc_n)
+            for a in range(acc_n):
+                T.buffer_store(iaccs[p], T.broadcast(tirx.const(0, idtype), ilanes), [T.ramp(a * ilanes, 1, ilanes)])
 
     def quad_step(iaccs, wpk, xq32, mb, q):
         wv = [T.reinterpret("int8x64", wpk[T.ramp((q * row_vecs + v) * LANES, 1, LANES)]) for v in range(row_vecs)]
@@ -151,8 +159,15 @@ def _kernel(info, padded, block_m, row_vecs, planes, stored, isa, prefetch, xq, 
             for m in range(block_m):
                 xb = T.reinterpret("int8x64", T.broadcast(xq32[(p * padded + mb * block_m + m) * quads + q], LANES))
                 for v in range(row_vecs):
-                    lanes = T.ramp((m * row_vecs + v) * LANES, 1, LANES)
-                    T.buffer_store(iaccs[p], int8_dot(isa, iaccs[p][lanes], wv[v], xb), [lanes])
+                    lanes = T.ramp((m * row_vecs + v) * ilanes, 1, ilanes)
+                    acc = iaccs[p][lanes]
+                    T.buffer_store(iaccs[p], acc + avx2_madd16(wv[v], xb) if i16 else int8_dot(isa, acc, wv[v], xb), [lanes])
+
+    def group_sum(iacc, m, v):
+        """the group's int32 dot products of token block row m, row vector v (16 lanes)"""
+        if i16:
+            return avx2_widen(iacc[T.ramp((m * row_vecs + v) * ilanes, 1, ilanes)])
+        return iacc[T.ramp((m * row_vecs + v) * LANES, 1, LANES)]
 
     def fold(facc, iaccs, sc, mb, g):
         for m in range(block_m):
@@ -160,9 +175,9 @@ def _kernel(info, padded, block_m, row_vecs, planes, stored, isa, prefetch, xq, 
             a = T.broadcast(amax[t, g] * T.float32(1.0 / 127.0), LANES)
             for v in range(row_vecs):
                 lanes = T.ramp((m * row_vecs + v) * LANES, 1, LANES)
-                dots = T.Cast("float32x16", iaccs[0][lanes]) - T.broadcast(T.Cast("float32", xsum[0, t, g] * 7), LANES)
+                dots = T.Cast("float32x16", group_sum(iaccs[0], m, v)) - T.broadcast(T.Cast("float32", xsum[0, t, g] * 7), LANES)
                 if planes == 2:
-                    dots = dots + (T.Cast("float32x16", iaccs[1][lanes]) - T.broadcast(T.Cast("float32", xsum[1, t, g] * 7), LANES)) * T.broadcast(
+                    dots = dots + (T.Cast("float32x16", group_sum(iaccs[1], m, v)) - T.broadcast(T.Cast("float32", xsum[1, t, g] * 7), LANES)) * T.broadcast(
                         T.float32(1.0 / RESIDUAL), LANES)
                 T.buffer_store(facc, facc[lanes] + dots * (sc[T.ramp((g * row_vecs + v) * LANES, 1, LANES)] * a), [lanes])
 
@@ -188,8 +203,8 @@ def _kernel(info, padded, block_m, row_vecs, planes, stored, isa, prefetch, xq, 
                 scales_of(sc, sf, task, g)
             for mb in range(padded // block_m):
                 facc = T.alloc_buffer((acc_n * LANES,), "float32")  # stack arrays (< STACK_BYTES each)
-                iacc0 = T.alloc_buffer((acc_n * LANES,), "int32")
-                iacc1 = T.alloc_buffer((acc_n * LANES,), "int32")  # plane 1 (unused with one plane)
+                iacc0 = T.alloc_buffer((acc_n * ilanes,), idtype)
+                iacc1 = T.alloc_buffer((acc_n * ilanes,), idtype)  # plane 1 (unused with one plane)
                 zero(facc, "float32", acc_n)
                 for g in range(groups):
                     zero_planes((iacc0, iacc1))

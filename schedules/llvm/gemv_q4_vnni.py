@@ -3,8 +3,9 @@
 The activation is split once per call into int8 planes with one scale per weight group (plane 0:
 llama.cpp's Q8; plane 1: the residual, ~16 bits together); per 16 packed words of a row the
 nibbles are masked into bytes and summed exactly by two u8 x s8 dot products per plane, then one
-FMA with the group scales. Only f16-activation models (q4f16_1); f32 models keep DecodeGEMVQ4.
-Handles: llvm with AVX512-VNNI, AVX-VNNI or aarch64 dotprod, one f16 activation row, static N and
+FMA with the group scales (AVX2: both planes in one int32, 256 x plane 0 + plane 1, no float work
+per plane). Only f16-activation models (q4f16_1); f32 models keep DecodeGEMVQ4.
+Handles: llvm with AVX512-VNNI, AVX-VNNI, AVX2 or aarch64 dotprod, one f16 activation row, static N and
 K, K % 128 == 0, G / 8 dividing 16 or 16 dividing G / 8, N % rows == 0. Anything else: None.
 Knobs: rows (rows per parallel task, interleaved), prefetch (rows ahead; 0 = off), planes (1 or 2).
 """
@@ -17,7 +18,7 @@ from tvm import tirx
 from tvm.target import Target
 
 from ..analysis import match_on_cpu
-from .microkernels import LANES, RowGEMVRule, activation_bytes, extern_gemv, int8_isa, quantize_activation, row_loop, vnni_chunk
+from .microkernels import LANES, RowGEMVRule, activation_bytes, extern_gemv, folds_planes, int8_isa, quantize_activation, row_loop, vnni_chunk
 
 
 @dataclasses.dataclass
@@ -46,7 +47,7 @@ class DecodeGEMVQ4VNNI(RowGEMVRule):
         x = inputs[info.param_index(info.x)]
         w = inputs[info.param_index(info.weight)]
         s = inputs[info.param_index(info.scale)]
-        activation = quantize_activation(x, info.k, info.group_size, self.planes)
+        activation = quantize_activation(x, info.k, info.group_size, self.planes, fold=folds_planes(int8_isa(target), self.planes))
         return extern_gemv(info, inputs, [*activation, w, s], lambda *bufs: _kernel(info, self.rows, self.prefetch, self.planes, int8_isa(target), *bufs))
 
 

@@ -72,6 +72,38 @@ def int8_dot(isa: str, acc, u8, s8):
     nbytes = 4 * lanes
     return T.Shuffle([T.call_llvm_pure_intrin(f"int32x{lanes}", name, piece(acc, i, lanes), piece(u8, i, nbytes), piece(s8, i, nbytes))
                       for i in range(parts)], list(range(LANES)))
+def _halves(v, i, width):
+    return T.Shuffle([v], list(range(i * width, (i + 1) * width)))
+
+
+def avx2_madd16(u8, s8):
+    """AVX2 VPMADDUBSW on 64 bytes: i16x32, each the sum of an adjacent pair of u8 x s8 products
+    (saturating: exact for u8 <= 15 and |s8| <= 127)."""
+    return T.Shuffle([T.call_llvm_pure_intrin("int16x16", PMADDUBSW, _halves(u8, i, 32), _halves(s8, i, 32)) for i in range(2)],
+                     list(range(2 * LANES)))
+
+
+def avx2_widen(acc16):
+    """i16x32 -> i32x16, adjacent pairs summed (VPMADDWD by 1)."""
+    ones = T.broadcast(T.int16(1), 16)
+    return T.Shuffle([T.call_llvm_pure_intrin("int32x8", PMADDWD, _halves(acc16, i, 16), ones) for i in range(2)], list(range(LANES)))
+
+
+def avx2_dot_pair(u8a, s8a, u8b, s8b, weight: int):
+    """weight x (per lane: the sum of its 4 adjacent byte products u8a x s8a, plus u8b x s8b), i32x16,
+    on AVX2: both VPMADDUBSW i16 results added before one VPMADDWD by `weight` (instead of by 1),
+    so a plane's scale costs no float operation. Exact for u8 <= 15 (nibbles) and |s8| <= 127:
+    an i16 holds the 4 products (<= 7620)."""
+    def piece(v, i):
+        return T.Shuffle([v], list(range(i * 32, (i + 1) * 32)))
+
+    factor = T.broadcast(T.int16(weight), 16)
+    return T.Shuffle([T.call_llvm_pure_intrin(
+        "int32x8", PMADDWD, T.call_llvm_pure_intrin("int16x16", PMADDUBSW, piece(u8a, i), piece(s8a, i))
+        + T.call_llvm_pure_intrin("int16x16", PMADDUBSW, piece(u8b, i), piece(s8b, i)), factor)
+        for i in range(2)], list(range(LANES)))
+
+
 RESIDUAL = 256.0  # the second activation plane counts in units of a / 256
 # Per-task accumulators are "global" buffers of fewer bytes than this: TVM 0.27 makes those stack
 # arrays (LLVM keeps them in registers). A "local" buffer, or a larger one, comes from the runtime
@@ -356,12 +388,19 @@ def q4_position_order(p):
 
 
 # ---- q4 weights x int8 activations on AVX512-VNNI ------------------------------------------
-def quantize_activation(x: te.Tensor, k: int, group: int, planes: int = 2, tokens=1):
+def folds_planes(isa: str, planes: int) -> bool:
+    """Whether vnni_chunk adds the two planes as integers (AVX2: RESIDUAL x plane 0 + plane 1, no
+    float work per plane); quantize_activation's `fold` must be the same."""
+    return isa == "avx2" and planes == 2
+
+
+def quantize_activation(x: te.Tensor, k: int, group: int, planes: int = 2, tokens=1, fold: bool = False):
     """The activation planes the kernel reads, for the first `tokens` rows of x (static or
     symbolic): (xlo, xhi) int8 [tokens, planes, K/2] (the even / odd k of each packed word, four
     per word), w0 int32 [tokens, planes, K/8] (-7 * sum of the word's int8 values) and a_word f32
     [tokens, K/8] (the int8 scale a of the word's group). Plane 0 is round(x / a); plane 1 (if
-    any) the rounding residual in units of a / 256, so x = a * (p0 + p1 / 256) to ~16 bits."""
+    any) the rounding residual in units of a / 256, so x = a * (p0 + p1 / 256) to ~16 bits.
+    `fold` (folds_planes): w0 [tokens, 1, K/8] is RESIDUAL x plane 0's + plane 1's, a_word a / RESIDUAL."""
     xf = functools.partial(activation_f32_at, x)
     r = te.reduce_axis((0, group), "r")
     amax = te.compute((tokens, k // group), lambda t, g: te.max(te.abs(xf(t, group * g + r)), axis=r), name="amax")
@@ -376,8 +415,13 @@ def quantize_activation(x: te.Tensor, k: int, group: int, planes: int = 2, token
     xlo = te.compute((tokens, planes, k // 2), lambda t, p, i: xq[t, p, 8 * (i // 4) + 2 * (i % 4)], name="xlo")
     xhi = te.compute((tokens, planes, k // 2), lambda t, p, i: xq[t, p, 8 * (i // 4) + 2 * (i % 4) + 1], name="xhi")
     j = te.reduce_axis((0, 8), "j")
-    w0 = te.compute((tokens, planes, k // 8), lambda t, p, w: te.sum(xq[t, p, 8 * w + j].astype("int32") * -7, axis=j), name="w0")
     wpg = group // 8
+    if fold:
+        w0 = te.compute((tokens, 1, k // 8), lambda t, _, w: te.sum(
+            (xq[t, 0, 8 * w + j].astype("int32") * int(RESIDUAL) + xq[t, 1, 8 * w + j].astype("int32")) * -7, axis=j), name="w0")
+        a_word = te.compute((tokens, k // 8), lambda t, w: amax[t, w // wpg] / tirx.const(127.0 * RESIDUAL, "float32"), name="a_word")
+        return xlo, xhi, w0, a_word
+    w0 = te.compute((tokens, planes, k // 8), lambda t, p, w: te.sum(xq[t, p, 8 * w + j].astype("int32") * -7, axis=j), name="w0")
     a_word = te.compute((tokens, k // 8), lambda t, w: amax[t, w // wpg] / tirx.const(127.0, "float32"), name="a_word")
     return xlo, xhi, w0, a_word
 
@@ -440,16 +484,34 @@ def vnni_chunk(info, planes, xlo, xhi, w0, a_word, weight, scale, isa: str = "av
     def vec(buf, t, p, start, lanes):
         return buf[t, p, T.ramp(start, 1, lanes)]
 
-    def dot(n, c, t, p):
-        """sum over each word's 8 k of (q - 7) * plane p of token t's x: int32 x 16 words"""
+    def nibbles(n, c):
+        """row n's packed words 16 c .. 16 c + 15 as bytes: (low nibbles, high nibbles)"""
         words = weight[n, T.ramp(c * LANES, 1, LANES)]
         mask = T.broadcast(T.uint32(NIBBLES), LANES)
-        lo = T.reinterpret("int8x64", words & mask)
-        hi = T.reinterpret("int8x64", (words >> T.broadcast(T.uint32(4), LANES)) & mask)
-        acc = int8_dot(isa, vec(w0, t, p, c * LANES, LANES), lo, T.reinterpret("int8x64", vec(xlo, t, p, c * 64, 64)))
-        return int8_dot(isa, acc, hi, T.reinterpret("int8x64", vec(xhi, t, p, c * 64, 64)))
+        return T.reinterpret("int8x64", words & mask), T.reinterpret("int8x64", (words >> T.broadcast(T.uint32(4), LANES)) & mask)
+
+    def x8(buf, t, p, c):
+        return T.reinterpret("int8x64", vec(buf, t, p, c * 64, 64))
+
+    def w0_word(t, p, c):
+        return vec(w0, t, p, c * LANES, LANES)
+
+    def dot(n, c, t, p):
+        """sum over each word's 8 k of (q - 7) * plane p of token t's x: int32 x 16 words"""
+        lo, hi = nibbles(n, c)
+        return int8_dot(isa, int8_dot(isa, w0_word(t, p, c), lo, x8(xlo, t, p, c)), hi, x8(xhi, t, p, c))
+
+    def dots_folded(n, c, t):
+        """RESIDUAL x plane 0 + plane 1 in one i32 (|.| < 2^22: exact in f32); a_word has the 1 / RESIDUAL"""
+        lo, hi = nibbles(n, c)
+        total = w0_word(t, 0, c)
+        for p, weight in ((0, int(RESIDUAL)), (1, 1)):
+            total = total + avx2_dot_pair(lo, x8(xlo, t, p, c), hi, x8(xhi, t, p, c), weight)
+        return T.Cast("float32x16", total)
 
     def dots(n, c, t):
+        if folds_planes(isa, planes):
+            return dots_folded(n, c, t)
         value = T.Cast("float32x16", dot(n, c, t, 0))
         if planes == 2:
             value = value + T.Cast("float32x16", dot(n, c, t, 1)) * T.broadcast(T.float32(1.0 / RESIDUAL), LANES)

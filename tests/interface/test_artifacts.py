@@ -3,6 +3,8 @@ everything the build depends on (code, tuning DB, compiler), verified, and built
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pipeline.nightly.cache as cache
 from pipeline.artifact import read_manifest
 from pipeline.interface.artifacts import ensure_artifact
@@ -30,3 +32,25 @@ def test_ensure_artifact_reuses_rebuilds_on_code_change_and_on_corruption(tmp_pa
     third = ensure_artifact("llama-tiny", "q4f32_1", "llvm", log=logs.append)
     assert third == second and logs[-1].startswith("[mlcpipe] building")
     assert read_manifest(third)["files"][read_manifest(third)["library"]]["sha256"] == cache.sha256_file(lib)
+
+
+def test_two_processes_wanting_one_entry_build_it_once(tmp_path):
+    """Two processes (two `profile --quant` runs, two test workers) ask for the same uncached
+    artifact at once: one builds, the other waits and reuses it. Was: the second build was
+    refused ("being written by another mlcpipe") and failed."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("from pipeline.interface.artifacts import ensure_artifact; "
+            "print(ensure_artifact('llama-tiny', 'q4f32_1', 'llvm', log=lambda m: print(m, flush=True)))")
+    env = {**os.environ, "MLCPIPE_ARTIFACTS": str(tmp_path)}
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [o[1][-2000:] for o in outs]
+    paths = {o[0].splitlines()[-1] for o in outs}
+    assert len(paths) == 1
+    logs = "".join(o[0] for o in outs)
+    assert logs.count("[mlcpipe] building") == 1 and "built meanwhile by another mlcpipe" in logs
+    assert [p.name for p in (tmp_path / "cache").iterdir()] == [Path(paths.pop()).parent.name]  # no lock or temp left

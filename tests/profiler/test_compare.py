@@ -225,10 +225,12 @@ def _stable_target(profile: dict) -> tuple[str, bool]:
     return max(steady, key=lambda k: float(np.median(many[k])) * len(many[k])), True
 
 
-def _scaled(profile: dict, kernel: str, factor: float) -> dict:
+def _scaled(profile: dict, kernel: str, factor: float, phase: str = "decode") -> dict:
+    """`kernel`'s calls in `phase` `factor` times slower (a kernel such as the KV append also runs
+    in the other phase: those calls stay as they were)."""
     out = copy.deepcopy(profile)
     for s in out["samples"]:
-        if s["kernel"] == kernel:
+        if s["kernel"] == kernel and s["phase"] == phase:
             s["ms"] *= factor
     return out
 
@@ -252,7 +254,7 @@ def test_synthetic_regression_is_flagged(artifact, prof_a):
     assert top["change_pct"] == pytest.approx(200.0) and top["median_change_pct"] == pytest.approx(200.0)
     assert top["delta_beta"] > 0 and top["z_log_mu"] > 0
     for r in rows:
-        if r["kernel"] != target:  # untouched kernels: identical samples
+        if (r["kernel"], r["phase"]) != (target, "decode"):  # untouched kernels and phases: identical samples
             assert r["verdict"] == "unchanged" and r["p"] == 1.0, r
     report = compare(base, slow, "before", "after")
     section = _section(report, 3)

@@ -152,3 +152,8 @@ def test_int8_rules_on_avx_vnni_and_aarch64_dotprod(isa):
         assert len(re.findall(pattern, asm)) >= 4, type(rule).__name__
         assert "vpdpbusd\t%zmm" not in asm and "zmm" not in asm  # no AVX-512 on these CPUs
         assert isa != "avx2" or ("vpdpbusd" not in asm and "vpmaddwd" in asm)  # and no VNNI on Zen 3
+        if isa == "avx2":  # VPMADDUBSW results added in i16 (VPADDW) before they are widened (VPMADDWD):
+            assert re.search(r"\bvpaddw\s", asm), type(rule).__name__  # the GEMV per pair, the GEMM per group
+        if isinstance(rule, PrefillGEMMQ4VNNI) and isa == "avx2":
+            madds, widens = (len(re.findall(rf"\b{op}\s", asm)) for op in ("vpmaddubsw", "vpmaddwd"))
+            assert widens * 4 <= madds, (madds, widens)  # one widening per group of 8 quads, not per quad
