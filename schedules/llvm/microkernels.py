@@ -60,9 +60,7 @@ def int8_dot(isa: str, acc, u8, s8):
     if isa == "avx512":
         return T.call_llvm_pure_intrin("int32x16", VPDPBUSD, acc, u8, s8)
 
-    def piece(v, i, width):
-        return T.Shuffle([v], list(range(i * width, (i + 1) * width)))
-
+    piece = _halves
     if isa == "avx2":
         ones = T.broadcast(T.int16(1), 16)
         return T.Shuffle([piece(acc, i, 8) + T.call_llvm_pure_intrin(
@@ -94,14 +92,9 @@ def avx2_dot_pair(u8a, s8a, u8b, s8b, weight: int):
     on AVX2: both VPMADDUBSW i16 results added before one VPMADDWD by `weight` (instead of by 1),
     so a plane's scale costs no float operation. Exact for u8 <= 15 (nibbles) and |s8| <= 127:
     an i16 holds the 4 products (<= 7620)."""
-    def piece(v, i):
-        return T.Shuffle([v], list(range(i * 32, (i + 1) * 32)))
-
     factor = T.broadcast(T.int16(weight), 16)
-    return T.Shuffle([T.call_llvm_pure_intrin(
-        "int32x8", PMADDWD, T.call_llvm_pure_intrin("int16x16", PMADDUBSW, piece(u8a, i), piece(s8a, i))
-        + T.call_llvm_pure_intrin("int16x16", PMADDUBSW, piece(u8b, i), piece(s8b, i)), factor)
-        for i in range(2)], list(range(LANES)))
+    pairs = avx2_madd16(u8a, s8a) + avx2_madd16(u8b, s8b)
+    return T.Shuffle([T.call_llvm_pure_intrin("int32x8", PMADDWD, _halves(pairs, i, 16), factor) for i in range(2)], list(range(LANES)))
 
 
 RESIDUAL = 256.0  # the second activation plane counts in units of a / 256
