@@ -60,16 +60,14 @@ def int8_dot(isa: str, acc, u8, s8):
     if isa == "avx512":
         return T.call_llvm_pure_intrin("int32x16", VPDPBUSD, acc, u8, s8)
 
-    piece = _halves
     if isa == "avx2":
-        ones = T.broadcast(T.int16(1), 16)
-        return T.Shuffle([piece(acc, i, 8) + T.call_llvm_pure_intrin(
-            "int32x8", PMADDWD, T.call_llvm_pure_intrin("int16x16", PMADDUBSW, piece(u8, i, 32), piece(s8, i, 32)), ones)
-            for i in range(2)], list(range(LANES)))
+        return acc + avx2_widen(avx2_madd16(u8, s8))
     parts, name, lanes = {"avxvnni": (2, "llvm.x86.avx512.vpdpbusd.256", 8), "arm": (4, "llvm.aarch64.neon.sdot.v4i32.v16i8", 4)}[isa]
     nbytes = 4 * lanes
-    return T.Shuffle([T.call_llvm_pure_intrin(f"int32x{lanes}", name, piece(acc, i, lanes), piece(u8, i, nbytes), piece(s8, i, nbytes))
+    return T.Shuffle([T.call_llvm_pure_intrin(f"int32x{lanes}", name, _halves(acc, i, lanes), _halves(u8, i, nbytes), _halves(s8, i, nbytes))
                       for i in range(parts)], list(range(LANES)))
+
+
 def _halves(v, i, width):
     return T.Shuffle([v], list(range(i * width, (i + 1) * width)))
 
@@ -81,10 +79,10 @@ def avx2_madd16(u8, s8):
                      list(range(2 * LANES)))
 
 
-def avx2_widen(acc16):
-    """i16x32 -> i32x16, adjacent pairs summed (VPMADDWD by 1)."""
-    ones = T.broadcast(T.int16(1), 16)
-    return T.Shuffle([T.call_llvm_pure_intrin("int32x8", PMADDWD, _halves(acc16, i, 16), ones) for i in range(2)], list(range(LANES)))
+def avx2_widen(acc16, weight: int = 1):
+    """i16x32 -> i32x16: weight x the sum of each adjacent pair (VPMADDWD by `weight`)."""
+    factor = T.broadcast(T.int16(weight), 16)
+    return T.Shuffle([T.call_llvm_pure_intrin("int32x8", PMADDWD, _halves(acc16, i, 16), factor) for i in range(2)], list(range(LANES)))
 
 
 def avx2_dot_pair(u8a, s8a, u8b, s8b, weight: int):
@@ -92,9 +90,7 @@ def avx2_dot_pair(u8a, s8a, u8b, s8b, weight: int):
     on AVX2: both VPMADDUBSW i16 results added before one VPMADDWD by `weight` (instead of by 1),
     so a plane's scale costs no float operation. Exact for u8 <= 15 (nibbles) and |s8| <= 127:
     an i16 holds the 4 products (<= 7620)."""
-    factor = T.broadcast(T.int16(weight), 16)
-    pairs = avx2_madd16(u8a, s8a) + avx2_madd16(u8b, s8b)
-    return T.Shuffle([T.call_llvm_pure_intrin("int32x8", PMADDWD, _halves(pairs, i, 16), factor) for i in range(2)], list(range(LANES)))
+    return avx2_widen(avx2_madd16(u8a, s8a) + avx2_madd16(u8b, s8b), weight)
 
 
 RESIDUAL = 256.0  # the second activation plane counts in units of a / 256
