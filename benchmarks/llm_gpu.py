@@ -8,7 +8,12 @@
 - the decode GEMVs of each artifact (fused dequantize-NT_matmul with one token): per-launch time
   from CUDA-graph replays of launches over rotated weight copies (4x the L2 in all, so weights
   come from HBM as in the model), GB/s of every argument moved, against the peak;
-- CUDA-graph decode: the bundle's `cuda_graph` build (TVM's RewriteCUDAGraph) is a row of its own.
+- CUDA-graph decode: the bundle's `cuda_graph` build (TVM's RewriteCUDAGraph) is a row of its own;
+- where does the GPU time go: every kernel's device time (CUPTI, through torch.profiler) over
+  PROFILED_STEPS decode steps and one prefill of the longest PREFILL, next to the wall time.
+
+mlcpipe prefills in chunks of the artifact's own prefill_chunk_size (the bundle's `run` step uses a
+smaller chunk; the benchmark does not), so prefill 1024 is one pass on both sides.
 
 The bundle's job (pipeline/device/job.py) calls `mlcpipe_side` per artifact, `torch_side` per model
 and `render`; standalone on a GPU machine with a bundle:
@@ -32,10 +37,17 @@ DECODE_STEPS = 64
 RUNS = 5
 GEMV_LAUNCHES = 64  # launches per captured graph
 L2_FACTOR = 4  # weight copies rotated through: this many times the L2 in all
+PROFILED_STEPS = 16  # decode steps under the kernel-time profiler
 
 
 def _prompt(vocab: int, n: int, seed: int) -> list[int]:
     return [int(t) for t in np.random.default_rng(seed).integers(0, vocab, size=n)]
+
+
+def rel_l2(got: np.ndarray, want: np.ndarray) -> float:
+    from pipeline.device.job import rel_l2 as measure
+
+    return measure(np.asarray(got), np.asarray(want))
 
 
 def _median_ms(samples: list[float]) -> float:
@@ -46,9 +58,21 @@ def _median_ms(samples: list[float]) -> float:
 
 def mlcpipe_side(engine, artifact: Path, peak_gbps: float | None) -> dict:
     """Prefill, decode and GEMV bandwidth of one artifact's Engine on its device."""
+    out: dict = {"prefill_ms": {}, "engine": f"mlcpipe {engine.manifest['quantization']}"}
+    chunk = engine.prefill_chunk
+    engine.prefill_chunk = out["prefill_chunk"] = int(engine.config["prefill_chunk_size"])  # the KV cache of reset() takes it
+    try:
+        _mlcpipe_times(engine, out)
+    finally:
+        engine.prefill_chunk = chunk
+        engine.reset()
+    out["gemv"] = gemv_bandwidth(artifact, engine.device, peak_gbps)
+    return out
+
+
+def _mlcpipe_times(engine, out: dict) -> None:
     from pipeline.device import tvm_runtime as rt
 
-    out: dict = {"prefill_ms": {}, "engine": f"mlcpipe {engine.manifest['quantization']}"}
     for n in PREFILL:
         if n + 1 > engine.context_window:
             continue
@@ -80,7 +104,44 @@ def mlcpipe_side(engine, artifact: Path, peak_gbps: float | None) -> dict:
     out["decode_tok_s"] = round(1e3 / out["decode_ms"], 1)
     out["greedy_step_ms"] = _median_ms(greedy_ms)
     out["decode_context"] = context
-    out["gemv"] = gemv_bandwidth(artifact, engine.device, peak_gbps)
+    rest = feed[DECODE_STEPS // 2:]
+    out["kernels"] = kernel_times(
+        {"decode": (lambda: [engine.forward("decode", np.asarray([t])) for t in rest[:PROFILED_STEPS]], PROFILED_STEPS),
+         f"prefill {max(PREFILL)}": (lambda: (engine.reset(), engine.prefill(_prompt(engine.vocab_size, max(PREFILL), seed=1))), 1)},
+        lambda: rt.sync(engine.device))
+
+
+def kernel_times(regions: dict, sync) -> dict:
+    """Per region (name -> (fn, steps)): each kernel's device time per step (CUPTI activity records
+    through torch.profiler: TVM's launches are seen like torch's), the summed kernel time and the
+    wall time per step. An error (no torch, no CUPTI) is reported in place of the tables."""
+    try:
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+    except ImportError as exc:
+        return {"error": f"ImportError: {exc}"}
+    out = {}
+    for region, (fn, steps) in regions.items():
+        try:
+            fn()  # warm-up: the profiler's records are of steady-state calls
+            sync()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                start = time.perf_counter()
+                fn()
+                sync()
+                wall_us = (time.perf_counter() - start) * 1e6
+            kernels = {}
+            for e in prof.key_averages():
+                us = float(getattr(e, "device_time_total", 0.0) or getattr(e, "cuda_time_total", 0.0))
+                if us > 0 and e.count:
+                    kernels[e.key] = {"calls_per_step": round(e.count / steps, 2), "us_per_step": round(us / steps, 2)}
+            busy = sum(k["us_per_step"] for k in kernels.values())
+            out[region] = {"steps": steps, "wall_us_per_step": round(wall_us / steps, 1), "kernel_us_per_step": round(busy, 1),
+                           "launches_per_step": round(sum(k["calls_per_step"] for k in kernels.values()), 1),
+                           "kernels": dict(sorted(kernels.items(), key=lambda kv: -kv[1]["us_per_step"]))}
+        except Exception as exc:  # noqa: BLE001 - the timings above stand without this table
+            out[region] = {"error": f"{type(exc).__name__}: {' '.join(str(exc).split())[:200]}"}
+        torch.cuda.synchronize()
     return out
 
 
@@ -157,6 +218,39 @@ def _graph_us(torch, func, sets: list[list]) -> float:
     return statistics.median(times[1:])
 
 
+# ---- the exact reference -----------------------------------------------------------------------------
+
+def effective_weights(config, quant: str, seed: int = 0) -> dict[str, np.ndarray]:
+    """HF name -> float32 values the `quant` build of the synthetic model computes with: every
+    matrix quantized and dequantized as the kernels do it, the rest rounded to the model dtype."""
+    from pipeline.quantization import QUANTIZATIONS
+
+    from .common import hf_weights
+
+    scheme = QUANTIZATIONS[quant]
+    out = {}
+    for name, _, get in hf_weights(config, seed):
+        w = get()
+        if w.ndim == 2 and hasattr(scheme, "dequantize_weight"):
+            out[name] = scheme.dequantize_weight(*scheme.quantize_weight(w))
+        else:
+            out[name] = w.astype(scheme.model_dtype).astype(np.float32)
+    return out
+
+
+def f32_truth(config, quant: str, prompt: list[int], tokens, seed: int = 0) -> np.ndarray:
+    """Float32 logits (steps, vocab) of the prompt's prefill and the decode steps fed `tokens`
+    (as the bundle's teacher-forced run), by PyTorch on the CPU in float32 with the exact values of
+    the quantized model's weights: what every f16 build is measured against."""
+    from .peers.torch_llama import TorchLlama
+
+    model = TorchLlama(config, effective_weights(config, quant, seed), "fp32", max_len=len(prompt) + len(tokens) + 1, device="cpu")
+    logits = [model.forward(list(prompt))]
+    for token in list(tokens)[:-1]:
+        logits.append(model.forward([int(token)]))
+    return np.stack([row.float().numpy() for row in logits]).astype(np.float32)
+
+
 # ---- PyTorch ----------------------------------------------------------------------------------------
 
 # the mlcpipe quantization whose recorded llvm logits a PyTorch mode is held against (the same
@@ -192,6 +286,9 @@ def torch_side(artifact: Path, expected: dict[str, Path], modes: tuple[str, ...]
             got = model.forward([int(t) for t in data["prompt"]]).cpu().numpy()
             want = data["logits"][0]
             result["logits_rel_err_vs_llvm"] = {SAME_MODEL[mode]: float(np.abs(got - want).max() / np.abs(want).max())}
+            result["logits_rel_l2_vs_llvm"] = {SAME_MODEL[mode]: rel_l2(got, want)}
+            if "truth" in data.files:
+                result["logits_rel_l2_vs_truth"] = {SAME_MODEL[mode]: rel_l2(got, data["truth"][0])}
         for n in PREFILL:
             tokens, times = _prompt(config.vocab_size, n, seed=1), []
             for run in range(RUNS + 1):
@@ -225,9 +322,9 @@ def torch_side(artifact: Path, expected: dict[str, Path], modes: tuple[str, ...]
 
 # ---- report -----------------------------------------------------------------------------------------
 
-def render(results: dict) -> str:
+def render(results: dict, top: int = 12) -> str:
     """Markdown tables of the job's bench results (results[artifact]["bench"], results["pytorch"])."""
-    rows = ["| engine | decode ms/token (forward) | decode tok/s | greedy step ms | prefill 128 ms | prefill 1024 ms | logits vs llvm |",
+    rows = ["| engine | decode ms/token (forward) | decode tok/s | greedy step ms | prefill 128 ms | prefill 1024 ms | logits vs llvm: rel L2 (max rel) |",
             "|---|---|---|---|---|---|---|"]
     gemvs = ["| artifact | kernel | role | MB | µs | GB/s | % of peak | method |", "|---|---|---|---|---|---|---|---|"]
     for name, record in results.items():
@@ -236,7 +333,10 @@ def render(results: dict) -> str:
             for model, modes in bench.items():
                 for mode, r in (modes.items() if isinstance(modes, dict) else ()):
                     if isinstance(r, dict) and "decode_ms" in r:
-                        versus = ", ".join(f"{q}: {e:.1e}" for q, e in r.get("logits_rel_err_vs_llvm", {}).items()) or "-"
+                        l2, exact = r.get("logits_rel_l2_vs_llvm", {}), r.get("logits_rel_l2_vs_truth", {})
+                        versus = ", ".join(f"{q}: {l2[q]:.1e} ({e:.1e})" + (f"; vs f32 truth {exact[q]:.1e}" if q in exact else "")
+                                           if q in l2 else f"{q}: ({e:.1e})"
+                                           for q, e in r.get("logits_rel_err_vs_llvm", {}).items()) or "-"
                         rows.append(f"| {r['engine']} ({model}) | {r['decode_ms']} | {r['decode_tok_s']} | - | "
                                     f"{r['prefill_ms'].get('128', '-')} | {r['prefill_ms'].get('1024', '-')} | {versus} |")
                     elif isinstance(r, dict) and "error" in r:
@@ -246,13 +346,38 @@ def render(results: dict) -> str:
             continue
         label = f"mlcpipe {record['quantization']}" + (f" ({record['variant']})" if record.get("variant") else "")
         run = record.get("run") or {}
-        versus = f"{run['max_rel']:.1e}" if "max_rel" in run else "-"
+        versus = f"{run['rel_l2']:.1e} ({run['max_rel']:.1e})" if "rel_l2" in run else "-"
+        if "rel_l2_vs_truth" in run:
+            versus += f"; vs f32 truth {run['rel_l2_vs_truth']:.1e}"
         rows.append(f"| {label} ({record['model']}) | {bench['decode_ms']} | {bench['decode_tok_s']} | {bench['greedy_step_ms']} | "
                     f"{bench['prefill_ms'].get('128', '-')} | {bench['prefill_ms'].get('1024', '-')} | {versus} |")
         for g in bench.get("gemv", []):
             gemvs.append(f"| {name} | {g['kernel']} | {g['role']} | {g['bytes'] / 1e6:.2f} | {g['us']} | {g['gbps']} | "
                          f"{g['pct_of_peak'] if g['pct_of_peak'] is not None else '-'} | {g['method']} |")
-    return "## Benchmark (same run)\n\n" + "\n".join(rows) + "\n\n### Decode GEMVs\n\n" + "\n".join(gemvs) + "\n"
+    return ("## Benchmark (same run)\n\n" + "\n".join(rows) + "\n\n### Decode GEMVs\n\n" + "\n".join(gemvs) + "\n"
+            + render_kernels(results, top))
+
+
+def render_kernels(results: dict, top: int = 12) -> str:
+    """Where the GPU time goes (the bench's kernel_times), per artifact and region."""
+    parts = []
+    for name, record in results.items():
+        for region, r in ((record.get("bench") or {}).get("kernels") or {}).items():
+            if not isinstance(r, dict):
+                continue
+            if "error" in r:
+                parts.append(f"#### {name}: {region}\n\nnot measured: {r['error']}\n")
+                continue
+            busy = r["kernel_us_per_step"] or 1.0
+            lines = [f"#### {name}: {region} (per step, {r['steps']} steps; device time by CUPTI)\n",
+                     f"wall {r['wall_us_per_step']} µs, kernels {r['kernel_us_per_step']} µs "
+                     f"({100 * r['kernel_us_per_step'] / max(r['wall_us_per_step'], 1e-9):.0f}% of wall), "
+                     f"{r['launches_per_step']} launches\n",
+                     "| kernel | calls | µs | % of kernel time |", "|---|---|---|---|"]
+            for kernel, k in list(r["kernels"].items())[:top]:
+                lines.append(f"| {kernel[:60]} | {k['calls_per_step']} | {k['us_per_step']} | {100 * k['us_per_step'] / busy:.1f} |")
+            parts.append("\n".join(lines) + "\n")
+    return ("\n### Where the GPU time goes\n\n" + "\n".join(parts)) if parts else ""
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,11 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import tvm
-from tvm import tirx
+from tvm import s_tir, tirx
 
 _BINARY = (
     tirx.Add, tirx.Sub, tirx.Mul, tirx.Div, tirx.Mod, tirx.FloorDiv, tirx.FloorMod, tirx.Min, tirx.Max,
     tirx.EQ, tirx.NE, tirx.LT, tirx.LE, tirx.GT, tirx.GE, tirx.And, tirx.Or,
+    tirx.BitwiseAnd, tirx.BitwiseOr, tirx.BitwiseXor, tirx.LShift, tirx.RShift,
 )  # fmt: skip
 Load = tvm.ir.TensorLoad  # what tirx.BufferLoad(...) builds; `.source` is the buffer
 _LEAVES = (tirx.Var, tirx.IntImm, tirx.FloatImm, tvm.ir.StringImm)
@@ -36,6 +37,8 @@ def map_expr(expr, fn: Callable):
             new = tirx.Cast(e.ty, visit(e.value))
         elif isinstance(e, tirx.Not):
             new = tirx.Not(visit(e.a))
+        elif isinstance(e, tirx.BitwiseNot):
+            new = tirx.BitwiseNot(visit(e.a))
         elif isinstance(e, tirx.Select):
             new = tirx.Select(visit(e.condition), visit(e.true_value), visit(e.false_value))
         elif isinstance(e, tirx.Let):
@@ -92,3 +95,26 @@ def collect(expr, kind) -> list:
     found = []
     map_expr(expr, lambda e: found.append(e) if isinstance(e, kind) else None)
     return found
+
+
+def map_func_exprs(func: tirx.PrimFunc, fn: Callable) -> tirx.PrimFunc:
+    """`func` with `map_expr(., fn)` applied to every stored value of every block (block nests of
+    loops, blocks and stores, as unscheduled kernels are); anything else raises UnsupportedIR."""
+
+    def stmt(s):
+        if isinstance(s, s_tir.SBlockRealize):
+            return s_tir.SBlockRealize(s.iter_values, s.predicate, block(s.block))
+        if isinstance(s, tirx.For):
+            return tirx.For(s.loop_var, s.min, s.extent, s.kind, stmt(s.body), s.thread_binding, s.annotations)
+        if isinstance(s, tirx.SeqStmt):
+            return tirx.SeqStmt([stmt(x) for x in s.seq])
+        if isinstance(s, tirx.BufferStore):
+            return tirx.BufferStore(s.buffer, map_expr(s.value, fn), s.indices)
+        raise UnsupportedIR(type(s).__name__)
+
+    def block(b):
+        init = None if b.init is None else stmt(b.init)
+        return s_tir.SBlock(b.iter_vars, b.reads, b.writes, b.name_hint, stmt(b.body), init, b.alloc_buffers,
+                            b.match_buffers, b.annotations)
+
+    return func.with_body(stmt(func.body))

@@ -3,8 +3,10 @@ runtime libraries and tvm_ffi beside the run-side code, and no apache-tvm. For e
 artifact whose device is here, in this order (the most telling first, in case time runs out):
 
   run      the prompt's prefill and decode steps fed the tokens the llvm build chose at bundle
-           time, each step's logits against the llvm logits recorded then (teacher forcing: one
-           near-tie cannot derail the comparison), within the model dtype's tolerance
+           time (teacher forcing: one near-tie cannot derail the comparison), each step's logits
+           against the float32 truth of the same weights the bundle recorded, at most
+           TRUTH_FACTOR x as far from it as the llvm build (without a truth: against the llvm
+           logits within the model dtype's tolerance); decided greedy tokens must agree
   check    every kernel of the shipped library on the device against the shipped reference
            kernels on this machine's CPU (`mlcpipe check`)
   profile  `mlcpipe profile`'s per-kernel tables (kernel times: host clock around each kernel,
@@ -12,8 +14,8 @@ artifact whose device is here, in this order (the most telling first, in case ti
   bench    benchmarks/llm_gpu.py: decode and prefill next to PyTorch fp16 eager and int4, the
            decode GEMVs' GB/s, CUDA-graph decode next to without
 
-and writes at most 8 files to --out: report.md, summary.json, checks.json,
-profile-<artifact>.json.gz (and run.sh's log.txt). Exit 0 when every step ran and passed, 1 when
+and writes 5 files to --out (the device tool returns at most 8): report.md, summary.json,
+checks.json, profiles.json.gz (artifact -> its `mlcpipe-profile` JSON) and run.sh's log.txt. Exit 0 when every step ran and passed, 1 when
 one failed, 2 when the bundle cannot be used.
 
     python -m pipeline.device.job --bundle DIR --out DIR [--steps run,check,profile,bench]
@@ -65,19 +67,45 @@ def teacher_forced(engine, prompt: list[int], steps: int, tokens=None) -> tuple[
 
 
 def compare_logits(got: np.ndarray, want: np.ndarray, tokens: np.ndarray, tolerance: float) -> dict:
-    """Per step: the error relative to the largest |logit| of the recorded step; the device's
-    greedy token against the recorded one, where the recorded top two differ by more than
-    twice the tolerance (closer ones are near ties either side may break)."""
-    rel, agree, decided = [], 0, 0
+    """Per step: ||got - want|| / ||want|| (what is held against the tolerance) and the largest
+    error relative to the largest |logit| (reported: a tail of 128k values, where PyTorch fp16
+    eager itself lands at 2.3e-2 from the llvm f16 logits of the 1B, benchmarks/results/h100);
+    the device's greedy token against the recorded one, where the recorded top two differ by more
+    than twice the tolerance (closer ones are near ties either side may break)."""
+    rel, l2, agree, decided = [], [], 0, 0
     for g, w, t in zip(got, want, tokens):
         scale = max(float(np.abs(w).max()), 1e-6)
         rel.append(float(np.abs(g.astype(np.float64) - w).max() / scale) if np.all(np.isfinite(g)) else float("inf"))
+        l2.append(rel_l2(g, w))
         top2 = np.sort(w)[-2:]
         if top2[1] - top2[0] > 2 * tolerance * scale:
             decided += 1
             agree += int(np.argmax(g) == t)
-    return {"max_rel_per_step": rel, "max_rel": max(rel), "tolerance": tolerance, "tokens_decided": decided,
-            "tokens_agree": agree, "ok": max(rel) <= tolerance and agree == decided}
+    return {"rel_l2_per_step": l2, "rel_l2": max(l2), "max_rel_per_step": rel, "max_rel": max(rel), "tolerance": tolerance,
+            "tokens_decided": decided, "tokens_agree": agree, "ok": max(l2) <= tolerance and agree == decided}
+
+
+TRUTH_FACTOR = 2.0  # a device may land this many times as far from the f32 truth as the llvm build
+
+
+def rel_l2(got: np.ndarray, want: np.ndarray) -> float:
+    """||got - want|| / ||want|| in float64; inf where `got` is not finite."""
+    if not np.all(np.isfinite(got)):
+        return float("inf")
+    want = want.astype(np.float64)
+    return float(np.linalg.norm(got.astype(np.float64) - want) / max(float(np.linalg.norm(want)), 1e-30))
+
+
+def against_truth(got: np.ndarray, llvm: np.ndarray, truth: np.ndarray, tolerance: float) -> dict:
+    """The device's and the llvm build's distance (relative L2, worst step) from the float32 truth
+    of the same weights: two f16 computations can each be ~2% from it and so ~2% from each other
+    (the 1B on an H100 and on the CPU, benchmarks/results/h100), so a device passes when it is at
+    most TRUTH_FACTOR times as far from the truth as the llvm build (and never needs to beat the
+    dtype's tolerance)."""
+    device = max(rel_l2(g, t) for g, t in zip(got, truth))
+    cpu = max(rel_l2(w, t) for w, t in zip(llvm, truth))
+    allowed = max(tolerance, TRUTH_FACTOR * cpu)
+    return {"rel_l2_vs_truth": device, "llvm_rel_l2_vs_truth": cpu, "allowed_vs_truth": allowed, "truth_ok": device <= allowed}
 
 
 # ---- the bundle ------------------------------------------------------------------------------------
@@ -134,6 +162,7 @@ class Job:
         self.env = environment()
         self.results: dict[str, dict] = {}
         self.checks: dict[str, dict] = {}
+        self.profiles: dict[str, dict] = {}
         self.sections: list[str] = []
 
     def left_s(self) -> float:
@@ -204,6 +233,9 @@ class Job:
         _, got = teacher_forced(engine, [int(t) for t in data["prompt"]], len(tokens), tokens=tokens)
         dtype = QUANTIZATIONS[entry["quantization"]].model_dtype
         result = compare_logits(got, want, tokens, TOLERANCE[dtype])
+        if "truth" in data.files:
+            result.update(against_truth(got, want, data["truth"], TOLERANCE[dtype]))
+            result["ok"] = result["truth_ok"] and result["tokens_agree"] == result["tokens_decided"]
         result["prompt_tokens"], result["prefill_chunk"] = int(len(data["prompt"])), entry.get("prefill_chunk")
         result["greedy_tokens_here"] = [int(np.argmax(g)) for g in got]
         result["tokens_recorded"] = [int(t) for t in tokens]
@@ -230,8 +262,9 @@ class Job:
         data["peak_gbps"] = entry.get("peak_gbps")
         data["timing"] = "host clock around each kernel, the device synchronised before and after it"
         validate(data)
-        with gzip.open(self.out / f"profile-{entry['name']}.json.gz", "wt") as f:
-            json.dump(data, f)
+        self.profiles[entry["name"]] = data
+        with gzip.open(self.out / "profiles.json.gz", "wt") as f:  # one file: the device tool returns at most 8
+            json.dump(self.profiles, f)
         self.sections.append(f"### profile: {entry['name']} (kernel times: {data['timing']})\n\n"
                              f"{render(data, 'md', peak_gbps=data['peak_gbps'])}\n")
         metrics = data["metrics"]
@@ -265,13 +298,16 @@ class Job:
         env = "\n".join(f"- {k}: {v}" for k, v in self.env.items())
         (self.out / "report.md").write_text(f"# mlcpipe bundle job\n\n{env}\n\n## Summary\n\n{table}\n\n"
                                             + bench_tables(self.results) + "\n## Details\n\n" + "\n".join(self.sections))
+        # the tables again on stdout, the summary last: the device tool returns the output's last
+        # 12,000 characters even when the files under $OUT do not come back
+        print(bench_tables(self.results, top=5), flush=True)
         print(table, flush=True)
         print(f"[job] {'ALL PASSED' if ok else 'FAILURES'}; files in {self.out}", flush=True)
         return 0 if ok else 1
 
 
 def summary_table(results: dict) -> str:
-    rows = ["| artifact | run (max rel err, tokens) | check | profile (prefill / decode tok/s) | bench |", "|---|---|---|---|---|"]
+    rows = ["| artifact | run (rel L2 err; tokens) | check | profile (prefill / decode tok/s) | bench |", "|---|---|---|---|---|"]
     for name, record in results.items():
         if not record.get("device", {"ok": True}).get("ok"):
             rows.append(f"| {name} | not run here: {record['device']['error']} | | | |")
@@ -283,8 +319,11 @@ def summary_table(results: dict) -> str:
                 cells.append("-")
             elif not r.get("ok") and "error" in r:
                 cells.append(f"FAIL: {r['error'][:80]}")
+            elif step == "run" and "rel_l2_vs_truth" in r:
+                cells.append(f"{'pass' if r['ok'] else 'FAIL'} {r['rel_l2_vs_truth']:.1e} vs f32 truth (llvm {r['llvm_rel_l2_vs_truth']:.1e}, "
+                             f"allowed {r['allowed_vs_truth']:.1e}); {r['rel_l2']:.1e} vs llvm; {r['tokens_agree']}/{r['tokens_decided']} tokens")
             elif step == "run":
-                cells.append(f"{'pass' if r['ok'] else 'FAIL'} {r['max_rel']:.1e} (tol {r['tolerance']:.0e}), "
+                cells.append(f"{'pass' if r['ok'] else 'FAIL'} {r['rel_l2']:.1e} (max {r['max_rel']:.1e}; tol {r['tolerance']:.0e}), "
                              f"{r['tokens_agree']}/{r['tokens_decided']} tokens")
             elif step == "check":
                 cells.append(("pass: " if r["ok"] else "FAIL: ") + r["summary"].split(": ", 1)[-1])
@@ -296,15 +335,16 @@ def summary_table(results: dict) -> str:
     return "\n".join(rows)
 
 
-def bench_tables(results: dict) -> str:
-    """The benchmark's tables (benchmarks/llm_gpu.py renders them), or nothing."""
+def bench_tables(results: dict, top: int = 12) -> str:
+    """The benchmark's tables (benchmarks/llm_gpu.py renders them; `top` kernels per kernel-time
+    table), or nothing."""
     if not any("bench" in r for r in results.values()):
         return ""
     try:
         from benchmarks import llm_gpu
     except ImportError:
         return ""
-    return llm_gpu.render(results) + "\n"
+    return llm_gpu.render(results, top=top) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:

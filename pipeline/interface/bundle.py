@@ -16,6 +16,7 @@ The folder is written beside its final place and renamed over it; at most `max_m
 from __future__ import annotations
 
 import datetime
+import json
 import importlib.util
 import os
 import shutil
@@ -186,6 +187,26 @@ exit "${{PIPESTATUS[0]}}"
 """
 
 
+def _f32_truth(model: str, artifact: Path, quant: str, prompt: list[int], tokens, log) -> np.ndarray | None:
+    """The float32 logits of the same steps with the quantized model's exact weight values
+    (benchmarks.llm_gpu.f32_truth, PyTorch on the CPU), or None without PyTorch: f16 builds on two
+    devices each land about 2% (relative L2) from it on the 1B, so the job holds a device against
+    it, with the llvm build's own distance as the scale (pipeline/device/job.py)."""
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        log("[mlcpipe] no PyTorch here: the bundle records no float32 truth (the job compares with the llvm logits alone)")
+        return None
+    from benchmarks.llm_gpu import f32_truth
+
+    from ..artifact import RUNTIME_CONFIG
+    from ..config import parse_model_config
+
+    config = parse_model_config(json.loads((Path(artifact) / RUNTIME_CONFIG).read_text())["model_config"], str(artifact))
+    log(f"[mlcpipe] recording the float32 truth of {model} {quant} (PyTorch on the CPU)")
+    return f32_truth(config, quant, prompt, tokens)
+
+
 def bundle(out: Path | None = None, sets: list[str] | tuple[str, ...] = DEFAULT_SETS, graph: list[str] | tuple[str, ...] = DEFAULT_GRAPH,
            cpu_models: list[str] | tuple[str, ...] = DEFAULT_CPU, bench_models: list[str] | tuple[str, ...] = DEFAULT_BENCH,
            python: str = DEVICE_PYTHON, ffi_wheel: Path | None = None,
@@ -230,6 +251,9 @@ def bundle(out: Path | None = None, sets: list[str] | tuple[str, ...] = DEFAULT_
         tokens, logits = teacher_forced(engine, prompt, steps)
         expected[(model, quant)] = {"prompt": np.asarray(prompt, np.int32), "tokens": tokens, "logits": logits,
                                     "prefill_chunk": np.int32(engine.prefill_chunk)}
+        truth = _f32_truth(model, art, quant, prompt, tokens, log)
+        if truth is not None:
+            expected[(model, quant)]["truth"] = truth
         del engine
     created = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     with atomic_directory(out, kind="bundle") as tmp:

@@ -6,22 +6,28 @@ A block of (threads, rows) lanes computes `rows` output rows, the `threads` lane
 K; WebGPU with subgroups runs one row of `subgroup` lanes per workgroup. See docs/schedules.md.
 Knobs: threads (lanes per row), rows (rows per block), vec (32-bit words of W per lane and step),
 unroll (max auto-unroll of the K loop), subgroup (WebGPU with subgroups only: lanes per row
-relied on; 0 = the target's thread_warp_size). Per-target defaults: `GEMVDequant.for_target`.
+relied on; 0 = the target's thread_warp_size), bits_to_float (each 4-bit weight made a float by
+its bits, `unpack_by_bits`, instead of an integer-to-float conversion). Per-target defaults:
+`GEMVDequant.for_target`.
 """
 
 from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
 from tvm import s_tir, tirx
 from tvm.target import Target
 
 from ..analysis import NTMatmul, const, inline_nt_matmul, match_nt_matmul
 from ..base import GPUScheduleRule, max_threads, max_vector_lanes, warp_size, webgpu_subgroups
+from ..tir_rewrite import UnsupportedIR, map_func_exprs
 
 # Per-target defaults: (threads, rows, vec, unroll).
 DEFAULTS = {
-    "cuda": dict(threads=32, rows=4, vec=4, unroll=4),
+    # CUDA: the integer-to-float conversion of each nibble (I2F, 16 per clock per SM on an H100)
+    # bounded the q4 GEMVs under half of HBM bandwidth (benchmarks/results/h100)
+    "cuda": dict(threads=32, rows=4, vec=4, unroll=4, bits_to_float=1),
     "metal": dict(threads=32, rows=4, vec=4, unroll=4),
     # no subgroups by default: the row reduction goes through shared memory, so fewer lanes per
     # row (fewer barrier rounds) and more rows per workgroup (with subgroups: `subgroup` lanes,
@@ -39,6 +45,7 @@ class GEMVDequant(GPUScheduleRule):
     vec: int = 4
     unroll: int = 4
     subgroup: int = 0
+    bits_to_float: int = 0  # 1: on (knobs are integers: tuning records store them so)
 
     @classmethod
     def for_target(cls, kind: str) -> "GEMVDequant":
@@ -61,6 +68,8 @@ class GEMVDequant(GPUScheduleRule):
             "vec": vecs,
             "unroll": [1, 2, 4, 8, 16],
         }
+        if target.kind.name == "cuda":  # where the bit patterns' codegen was run (Metal, WGSL: not yet)
+            space["bits_to_float"] = [0, 1]
         # only combinations with threads * vec dividing the row's words and threads * rows <= the
         # target's thread limit are taken as given (others are shrunk): filter with `valid`
         return space
@@ -83,9 +92,14 @@ class GEMVDequant(GPUScheduleRule):
             return None
         threads, rows, vec = self._fit(info, target)
         try:
-            return _schedule(info, threads, rows, vec, self.unroll, target)
+            sch = _schedule(info, threads, rows, vec, self.unroll, target)
         except (s_tir.ScheduleError, LookupError):
             return None
+        if sch is not None and self.bits_to_float:  # after scheduling: the analysis matches the cast
+            unpacked = unpack_by_bits(sch.mod["main"])
+            if unpacked is not None:
+                sch = s_tir.Schedule(unpacked)
+        return sch
 
     def _match(self, func, target) -> NTMatmul | None:
         if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
@@ -127,6 +141,63 @@ class GEMVDequant(GPUScheduleRule):
         while lanes > 1 and info.words_per_row % (lanes * vec):
             lanes //= 2
         return lanes, 1, vec
+
+
+# float dtype -> (bits of the float whose value is 2**mantissa_bits, that value): with an integer
+# 0 <= q < 2**mantissa_bits in its low bits, the float's value is exactly that value + q
+_MAGIC = {"float16": (0x6400, 1024.0, "uint16"), "float32": (0x4B000000, 8388608.0, "uint32")}
+
+
+def unpack_by_bits(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
+    """`func` with every float(q) of a 4-bit field (`T.Cast(f16|f32, x & 15)`, the dequantize's
+    unpack) computed from bits: reinterpret(MAGIC | q) - MAGIC's value, an OR and a subtract in
+    place of the integer-to-float conversion; an integer constant subtracted next (the q4 zero
+    point) is folded in. The same values exactly. None if `func` has no such cast."""
+    made = []
+
+    def rewrite(e):
+        if isinstance(e, tirx.Cast) and str(e.ty.dtype) in _MAGIC and _is_nibble(e.value):
+            bits, value, word = _MAGIC[str(e.ty.dtype)]
+            field = e.value if str(e.value.ty.dtype) == "uint32" else tirx.Cast("uint32", e.value)
+            pattern = tirx.bitwise_or(field, tirx.const(bits, "uint32"))
+            if word != "uint32":
+                pattern = tirx.Cast(word, pattern)
+            float_bits = tirx.reinterpret(str(e.ty.dtype), pattern)
+            made.append(float_bits)
+            return tirx.Sub(float_bits, _float_const(str(e.ty.dtype), value))
+        if (isinstance(e, tirx.Sub) and isinstance(e.b, tirx.FloatImm) and isinstance(e.a, tirx.Sub)
+                and any(e.a.a.same_as(m) for m in made)
+                and float(e.b.value).is_integer() and abs(float(e.b.value)) <= 256):
+            return tirx.Sub(e.a.a, _float_const(str(e.ty.dtype), _value(e.a.b) + float(e.b.value)))
+        return None
+
+    try:
+        out = map_func_exprs(func, rewrite)
+    except UnsupportedIR:
+        return None
+    return out if made else None
+
+
+def _float_const(dtype: str, value: float):
+    """A float constant; float16 ones by their bits (CUDA's __float2half_rn of a literal is an inline
+    conversion per use that the compiler does not fold)."""
+    if dtype != "float16":
+        return tirx.FloatImm(dtype, value)
+    return tirx.reinterpret("float16", tirx.const(int(np.float16(value).view(np.uint16)), "uint16"))
+
+
+def _value(e) -> float:
+    """The value of a constant `_float_const` made."""
+    if isinstance(e, tirx.FloatImm):
+        return float(e.value)
+    return float(np.uint16(int(e.args[0].value)).view(np.float16))
+
+
+def _is_nibble(e) -> bool:
+    """`x & 15` of an unsigned or signed 32-bit integer."""
+    if str(e.ty.dtype) not in ("uint32", "int32") or not isinstance(e, tirx.BitwiseAnd):
+        return False
+    return any(isinstance(a, tirx.IntImm) and int(a.value) == 15 for a in (e.a, e.b))
 
 
 def _schedule(info: NTMatmul, threads: int, rows: int, vec: int, unroll: int, target: Target) -> s_tir.Schedule:

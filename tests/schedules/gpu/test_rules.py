@@ -24,7 +24,7 @@ from pipeline.quantization import TOLERANCE
 from pipeline.runners import webgpu as runner
 from pipeline.targets import load_target
 from schedules.gpu import CUDA_RULES, METAL_RULES, WEBGPU_RULES
-from schedules.gpu.gemv_dequant import GEMVDequant
+from schedules.gpu.gemv_dequant import GEMVDequant, unpack_by_bits
 
 from tests.helpers import REPO
 from tests.helpers.gpu_kernels import DECODE_GEMV, copy_func, decode_gemvs, fused_kernels, is_static, run_llvm
@@ -241,7 +241,7 @@ def test_knob_space_values_schedule_as_given(tiny_q4):
     func = tiny_q4[name]
     rule = GEMVDequant.for_target("cuda")
     space = rule.knob_space(func, target)
-    assert set(space) == {"threads", "rows", "vec", "unroll"}
+    assert set(space) == {"threads", "rows", "vec", "unroll", "bits_to_float"}
     assert 64 not in space["threads"] and 32 in space["threads"]
     with target:
         for threads in space["threads"]:
@@ -251,6 +251,36 @@ def test_knob_space_values_schedule_as_given(tiny_q4):
                 assert candidate.valid(func, target) == fits, (threads, vec)
                 if fits:
                     assert candidate.apply(copy_func(func), target, False) is not None
+
+
+@pytest.mark.parametrize("quant", ["q4f16_1", "q4f32_1"])
+def test_unpack_by_bits_gives_the_same_values(quant):
+    """The nibble made a float by its bits computes exactly what the integer-to-float cast did
+    (every decode GEMV of the tiny model, run on llvm), and the CUDA source of the default rule
+    converts no integer to a float."""
+    funcs = decode_gemvs(fused_kernels("llama-tiny", quant, "cuda"))
+    assert len(funcs) >= 4
+    for seed, (name, func) in enumerate(sorted(funcs.items())):
+        unpacked = unpack_by_bits(copy_func(func))
+        assert unpacked is not None, name
+        assert "reinterpret" in unpacked.script() and "- T.float16(7.0)" not in unpacked.script(), name
+        args = random_args(func, {}, seed=seed)
+        want = run_llvm(func, [a.copy() for a in args])[-1]
+        got = run_llvm(unpacked, [a.copy() for a in args])[-1]
+        assert np.array_equal(got, want), name
+    assert unpack_by_bits(copy_func(_many_rows)) is None  # no 4-bit field: nothing to rewrite
+    target = load_target("cuda").tvm_target()
+    name = sorted(funcs)[0]
+    sources = []
+    with target:
+        for flag in (1, 0):
+            sch = dataclasses.replace(GEMVDequant.for_target("cuda"), bits_to_float=flag).apply(copy_func(funcs[name]), target, False)
+            mod = tvm.IRModule({"k": sch.mod["main"].with_attr("global_symbol", "k")})
+            sources.append(str(tvm.compile(mod, target=target).mod.imports[0].inspect_source()))
+    on_src, off_src = sources
+    dtype = "half" if quant == "q4f16_1" else "float"
+    assert re.search(rf"\(\({dtype}\)\(\(\w+\[\d+\] >>", off_src)  # the cast the rewrite removes is there without it
+    assert not re.search(rf"\(\({dtype}\)\(\(\w+\[\d+\] >>", on_src) and "reinterpret" not in on_src
 
 
 def test_rule_lists_per_target():
