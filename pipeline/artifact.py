@@ -401,9 +401,11 @@ def write_file_atomic(path: str | Path, data: str | bytes) -> Path:
     return path
 
 
-def check_distinct_paths(inputs: dict[str, Path | None], outputs: dict[str, Path | None]) -> None:
-    """Refuse (ValueError, one line) before any work an output that is one of the inputs, or two
-    outputs on one path; each output's directory must be writable."""
+def check_distinct_paths(inputs: dict[str, Path | None], outputs: dict[str, Path | None],
+                         input_dirs: dict[str, Path | None] | None = None) -> None:
+    """Refuse (ValueError, one line) before any work an output that is one of the inputs, lies
+    inside one of the `input_dirs` (an artifact, a weights directory), or shares its path with
+    another output; each output's directory must be writable."""
     def same(a: Path, b: Path) -> bool:
         try:
             return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
@@ -411,6 +413,16 @@ def check_distinct_paths(inputs: dict[str, Path | None], outputs: dict[str, Path
             return False
 
     given = [(flag, Path(p)) for flag, p in outputs.items() if p is not None]
+    for flag, out in given:
+        for dir_flag, folder in (input_dirs or {}).items():
+            if folder is None or not Path(folder).is_dir():
+                continue
+            try:
+                inside = out.resolve().is_relative_to(Path(folder).resolve())
+            except OSError:
+                inside = False
+            if inside:
+                raise ValueError(f"{flag} {out}: is inside the input {dir_flag} {folder}; write the output elsewhere")
     for i, (flag, out) in enumerate(given):
         for in_flag, src in inputs.items():
             if src is not None and same(out, Path(src)):

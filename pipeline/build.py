@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import time
@@ -194,10 +195,15 @@ def build(
     schedules: dict[str, Any] = {}
     started = time.perf_counter()
     with atomic_directory(output, kind="artifact") as tmp:
-        if weights is None:
-            from .weights import expected_parameters
+        from .weights import check_free_space, expected_parameters
 
-            keep_params(output, tmp, [(n, list(shape), dtype) for n, shape, dtype in expected_parameters(config, quant)], log)
+        expected = expected_parameters(config, quant)
+        # before the minutes of compiling: room for the library, its sources and references (the
+        # margin) and the converted weights where they are written too
+        weight_bytes = sum(math.prod(shape) * np.dtype(dtype).itemsize for _, shape, dtype in expected) if weights is not None else 0
+        check_free_space(tmp, weight_bytes, "the artifact and its weights" if weights is not None else "the artifact")
+        if weights is None:
+            keep_params(output, tmp, [(n, list(shape), dtype) for n, shape, dtype in expected], log)
         log(f"[mlcpipe] exporting {config.name} ({quant}) for {target.name} {target.target}")
         kv = kv_cache_bytes(config.as_dict(), config.context_window_size, np.dtype(QUANTIZATIONS[quant].model_dtype).itemsize)
         log(f"[mlcpipe] its KV cache at context_window_size {config.context_window_size}: {kv / 2**20:.1f} MiB (run allocates it whole)")

@@ -120,11 +120,15 @@ class Engine(Generation):
         return self._remote_shapes[dims]
 
     def reset(self) -> None:
-        if self.remote is None and backend(self.manifest["target"]["kind"]).HOST_MEMORY:  # this machine's memory, before allocating
-            need, have = self.kv_cache_bytes(), available_memory()
+        if self.remote is None:  # the memory it goes into, before allocating
+            if backend(self.manifest["target"]["kind"]).HOST_MEMORY:
+                have, where = available_memory(), "this machine has"
+            else:  # a GPU: what its device API says is free now (the weights already there)
+                have, where = rt.available_memory(self.device), f"{rt.device_name(self.device)} has"
+            need = self.kv_cache_bytes()
             if have is not None and need > have:
                 raise ArtifactError(f"{self.artifact}: its KV cache ({self.context_window} tokens, context_window_size) needs "
-                                    f"{need / 2**30:.1f} GiB; this machine has {have / 2**30:.1f} GiB available (rebuild with a "
+                                    f"{need / 2**30:.1f} GiB; {where} {have / 2**30:.1f} GiB available (rebuild with a "
                                     "smaller context_window_size)")
         create = self.vm["create_paged_kv_cache"]
         sizes = (1, self.context_window, self.prefill_chunk, int(self.config["page_size"]), 0)

@@ -325,7 +325,7 @@ def check_free_space(directory: Path, nbytes: int, what: str) -> None:
     free = shutil.disk_usage(directory).free
     need = int(nbytes * 1.05) + (64 << 20)
     if free < need:
-        raise ArtifactError(f"{directory.parent}: {free / 2**30:.2f} GiB free; {what} need about {need / 2**30:.2f} GiB")
+        raise ArtifactError(f"{directory.parent}: {free / 2**30:.2f} GiB free; about {need / 2**30:.2f} GiB needed for {what}")
 
 
 def convert_weights(

@@ -745,6 +745,28 @@ def profile_report_and_json_on_one_path(ctx):
             r"--save-json .*p\.json: is also -o's output; give each output its own file")
 
 
+@case()
+def save_logits_over_the_artifacts_library(ctx):
+    art = ctx.art()
+    return run_args(art, "--save-logits", str(art / "lib.so")), r"--save-logits .*lib\.so: is inside the input --artifact .*art"
+
+
+@case()
+def save_logits_into_the_weights_directory(ctx):
+    art, weights = ctx.art(), ctx.weights()
+    shard = sorted(weights.glob("params_shard_*.bin"))[0]
+    return (run_args(art, "--weights", str(weights), "--save-logits", str(shard)),
+            r"--save-logits .*params_shard_0\.bin: is inside the input --weights .*w")
+
+
+@case()
+def save_logits_over_the_tokenizer(ctx):
+    art, tokenizer = ctx.art(), ctx.tmp / "tokenizer.json"
+    shutil.copy(ctx.shared.hf / "tokenizer.json", tokenizer)
+    return (run_args(art, "--tokenizer", str(tokenizer), "--save-logits", str(tokenizer)),
+            r"--save-logits .*tokenizer\.json: is the input --tokenizer .*tokenizer\.json; write the output elsewhere")
+
+
 # ---- YAML ------------------------------------------------------------------------------------------
 
 def _build_yaml(ctx, path: Path) -> list[str]:
@@ -955,6 +977,29 @@ def test_a_kv_cache_beyond_memory_is_refused_before_allocation(shared, monkeypat
     assert len(engine.generate([1, 2, 3], 2)) == 2
 
 
+def test_a_kv_cache_beyond_gpu_memory_is_refused_before_allocation(shared, monkeypatch):
+    """On a GPU (a backend whose memory is not this machine's) the check asks the device what is
+    free; a device API that does not say lets the allocation decide."""
+    from pipeline import runtime
+    from pipeline.backends import llvm as llvm_backend
+    from pipeline.device import tvm_runtime as rt
+    from pipeline.errors import ArtifactError
+
+    engine = runtime.Engine(shared.art, "synthetic")
+    need = engine.kv_cache_bytes()
+    monkeypatch.setattr(llvm_backend, "HOST_MEMORY", False)  # the llvm artifact stands in for a GPU one
+    monkeypatch.setattr(runtime, "available_memory", lambda: pytest.fail("asked this machine for a GPU's memory"))
+    monkeypatch.setattr(rt, "device_name", lambda dev: "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(rt, "available_memory", lambda dev: need - 1)
+    with pytest.raises(ArtifactError, match=r"needs [\d.]+ GiB; NVIDIA H100 80GB HBM3 has [\d.]+ GiB available \(rebuild"):
+        engine.generate([1, 2, 3], 2)
+    monkeypatch.setattr(rt, "available_memory", lambda dev: None)
+    assert len(engine.generate([1, 2, 3], 2)) == 2
+    monkeypatch.undo()
+    free = rt.available_memory(rt.device("cpu"))  # the real query: a number or nothing, never an exception
+    assert free is None or free > 0
+
+
 def test_prompt_tokens_are_comma_separated_ids_without_gaps(shared):
     """`--prompt-tokens 1,,2` is a usage error (exit 2), not the prompt 1,2."""
     from click.testing import CliRunner
@@ -1018,6 +1063,26 @@ def test_convert_checks_free_space_before_any_work(shared, tmp_path, monkeypatch
     usage = collections.namedtuple("usage", "total used free")
     monkeypatch.setattr(weights.shutil, "disk_usage", lambda path: usage(1 << 30, 1 << 30, 10 << 20))
     monkeypatch.setattr(weights, "logical_weights", lambda *a, **k: pytest.fail("read tensors before checking the space"))
-    with pytest.raises(ArtifactError, match=r": 0\.01 GiB free; the converted weights need about 0\.\d+ GiB$"):
+    with pytest.raises(ArtifactError, match=r": 0\.01 GiB free; about 0\.\d+ GiB needed for the converted weights$"):
         weights.convert_weights(shared.cfg, "q0f32", shared.hf, tmp_path / "w", log=lambda *_: None)
     assert not (tmp_path / "w").exists() and [p.name for p in tmp_path.iterdir()] == []
+
+
+@pytest.mark.parametrize("weights", [None, "synthetic"])
+def test_build_checks_free_space_before_compiling(shared, tmp_path, monkeypatch, weights):
+    """Too little room for the artifact (and the weights it would convert): one line before the
+    export, nothing left behind."""
+    import collections
+
+    from pipeline import build as build_module
+    from pipeline import weights as weights_module
+    from pipeline.errors import ArtifactError
+    from pipeline.targets import load_target
+
+    usage = collections.namedtuple("usage", "total used free")
+    monkeypatch.setattr(weights_module.shutil, "disk_usage", lambda path: usage(1 << 30, 1 << 30, 10 << 20))
+    monkeypatch.setattr(build_module, "export_model", lambda *a, **k: pytest.fail("compiled before checking the space"))
+    what = "the artifact and its weights" if weights else "the artifact"
+    with pytest.raises(ArtifactError, match=rf": 0\.01 GiB free; about 0\.\d+ GiB needed for {what}$"):
+        build_module.build(shared.cfg, QUANT, load_target("llvm"), output=tmp_path / "art", weights=weights, log=lambda *_: None)
+    assert [p.name for p in tmp_path.iterdir()] == []

@@ -24,7 +24,7 @@ ENV = "MLCPIPE_TVM_RUNTIME"
 RPC_SESS_MASK = 128  # device types at or above it live on a TVM RPC session (tvm/rpc/base.py)
 CORE = "libtvm_runtime.so"
 # runtime.GetDeviceAttr ids (TVM's DeviceAttrKind)
-EXIST, DEVICE_NAME, TOTAL_MEMORY = 0, 5, 14
+EXIST, DEVICE_NAME, TOTAL_MEMORY, AVAILABLE_MEMORY = 0, 5, 14, 15  # TVM's DeviceAttrKind
 
 _loaded: dict[str, ctypes.CDLL] = {}
 
@@ -98,6 +98,16 @@ def device_name(dev) -> str:
 
 def total_memory(dev) -> int:
     return int(_attr(dev, TOTAL_MEMORY))
+
+
+def available_memory(dev) -> int | None:
+    """Bytes the device can still allocate (CUDA: cudaMemGetInfo's free), None where its device
+    API does not say."""
+    try:
+        free = int(_attr(dev, AVAILABLE_MEMORY))
+    except Exception:  # noqa: BLE001 - an attribute the device API does not implement
+        return None
+    return free if free > 0 else None
 
 
 def is_cpu(dev) -> bool:

@@ -29,7 +29,11 @@ def run(artifact: Path, weights: str | None = None, *, prompt_tokens: str | None
     from ..tokenizer import find_tokenizer
 
     if save_logits is not None:
+        from ..artifact import check_distinct_paths
+
         check_logits_path(save_logits)
+        check_distinct_paths({"--tokenizer": tokenizer}, {"--save-logits": save_logits},
+                             {"--artifact": artifact, "--weights": Path(weights) if weights not in (None, "synthetic") else None})
     if (prompt_tokens is None) == (prompt is None):
         raise OptionError("give exactly one of --prompt-tokens or --prompt")
     tok = find_tokenizer(tokenizer, weights, needed=prompt is not None)
