@@ -121,8 +121,6 @@ class Runner:
 
     def _worker(self, cell: Cell, log, work: Path, **spec: Any) -> dict:
         """Run `python -m pipeline.nightly.worker` for `cell` with `spec`; its output goes to the log."""
-        if self._stopping.is_set():
-            raise CellInterrupted("interrupted")
         spec = {"model": cell.model_source, "quant": cell.quant, "preset": cell.target.preset,
                 "options": cell.target.options, "result": str(work / "worker-result.json"), **spec}
         spec = {k: (str(v) if isinstance(v, Path) else v) for k, v in spec.items()}
@@ -132,8 +130,10 @@ class Runner:
         cmd = [sys.executable, "-m", "pipeline.nightly.worker", str(spec_path)]
         log.write(f"$ {' '.join(cmd)}  # {', '.join(k for k in ('build', 'conformance', 'profile') if spec.get(k))}\n")
         log.flush()
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self._env(), stdin=subprocess.DEVNULL)
-        with self._children_lock:
+        with self._children_lock:  # started and registered in one step: stop() sees it, or it is never started
+            if self._stopping.is_set():
+                raise CellInterrupted("interrupted")
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self._env(), stdin=subprocess.DEVNULL)
             self._children.add(proc)
         try:
             code = proc.wait()
@@ -151,9 +151,10 @@ class Runner:
         return json.loads(Path(spec["result"]).read_text())
 
     def stop(self) -> None:
-        """Terminate every running worker (Ctrl-C): their temp dirs are never trusted."""
-        self._stopping.set()
+        """Terminate every running worker (Ctrl-C): their temp dirs are never trusted. A worker
+        being started meanwhile is either in `_children` here or refused by `_worker`."""
         with self._children_lock:
+            self._stopping.set()
             children = list(self._children)
         for proc in children:
             with contextlib.suppress(ProcessLookupError):
@@ -251,6 +252,8 @@ class Runner:
             shutil.copytree(artifact.parent / REBUILD_DIFFERS, stage / REBUILD_DIFFERS)
         record = self._record(cell, stage, key, cached, cached_checks is not None, results)
         write_json(stage / RESULT, record)
+        if self._stopping.is_set():  # Ctrl-C came while the last worker finished: the cell keeps its previous result
+            raise CellInterrupted("interrupted (its work finished, its cell was not replaced)")
         return record
 
     def _record(self, cell: Cell, stage: Path, key: str, cached: bool, checks_cached: bool, results: dict) -> dict:

@@ -404,3 +404,31 @@ def test_a_build_that_is_not_reproducible_fails_its_cell(tmp_path, monkeypatch):
     assert compared and record["status"] == "failed", record
     assert "reproducibility (lib.so differ" in record["error"]
     assert record["reproducibility"] == {"identical": False, "differs": {"lib.so": "code differs in shape_func"}}
+
+
+def test_ctrl_c_while_a_worker_starts_stops_it(tmp_path, monkeypatch):
+    """Was: stop() (Ctrl-C) read the running workers while a cell thread was between its check and
+    starting the next one; that worker was never stopped and its cell was rebuilt and replaced
+    after Ctrl-C. Now starting and registering a worker is one step under the lock stop() takes."""
+    import threading
+    from types import SimpleNamespace
+
+    from pipeline.nightly import runner as runner_module
+
+    runner = runner_module.Runner([], tmp_path / "out", tmp_path / "cache")
+    real = subprocess.Popen
+
+    def popen(cmd, **kwargs):  # Ctrl-C lands while the worker is being started
+        threading.Thread(target=runner.stop, daemon=True).start()
+        time.sleep(0.3)
+        return real(["sleep", "5"], **kwargs)
+
+    monkeypatch.setattr(runner_module.subprocess, "Popen", popen)
+    cell = SimpleNamespace(model_source="llama-tiny", quant="q4f32_1", target=SimpleNamespace(preset="llvm", options={}))
+    (tmp_path / "work").mkdir()
+    started = time.perf_counter()
+    with open(tmp_path / "log", "w") as log, pytest.raises(runner_module.CellInterrupted, match="worker stopped"):
+        runner._worker(cell, log, tmp_path / "work", build={"output": str(tmp_path / "a")})
+    assert time.perf_counter() - started < 4, "the worker ran on after Ctrl-C"
+    with open(tmp_path / "log", "a") as log, pytest.raises(runner_module.CellInterrupted, match="^interrupted$"):
+        runner._worker(cell, log, tmp_path / "work")  # once stopping, no worker starts
