@@ -18,7 +18,7 @@ from tvm import relax
 from .artifact import ARTIFACT_FORMAT, MANIFEST, RUNTIME_CONFIG, TENSOR_CACHE, ArtifactError, atomic_directory, check_not_inside, file_digests, write_json
 from .backends import backend
 from .kernel_info import kernel_roles, kv_cache_kernel_slots, launch_config
-from .config import REPO_ROOT, ModelConfig, check_quantization, kv_cache_bytes
+from .config import ModelConfig, artifacts_root, check_quantization, kv_cache_bytes
 from .mlc_contract import MLC_MODEL_TYPES, mlc_chat_config
 from .model.create import create_model
 from .model.sampler import attach_sampler
@@ -41,8 +41,7 @@ def primfuncs_only(mod: tvm.IRModule) -> tvm.IRModule:
 
 def default_output(config: ModelConfig, quant: str, target: TargetSpec) -> Path:
     """artifacts/<model>-<quant>-<target> ($MLCPIPE_ARTIFACTS overrides the artifacts dir)."""
-    root = Path(os.environ.get("MLCPIPE_ARTIFACTS", REPO_ROOT / "artifacts"))
-    return root / f"{config.name}-{quant}-{target.name}"
+    return artifacts_root() / f"{config.name}-{quant}-{target.name}"
 
 
 def export_model(config: ModelConfig, quant: str, target: tvm.target.Target):

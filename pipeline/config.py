@@ -20,9 +20,36 @@ import yaml
 
 from .errors import ConfigError
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-CONFIG_DIR = Path(os.environ.get("MLCPIPE_CONFIGS", REPO_ROOT / "configs"))
+REPO_ROOT = Path(__file__).resolve().parent.parent  # the checkout (installed: site-packages)
+IN_CHECKOUT = (REPO_ROOT / "pyproject.toml").is_file() and (REPO_ROOT / "configs").is_dir()
+
+
+def _config_dir() -> Path:
+    """$MLCPIPE_CONFIGS, else the checkout's configs/, else the copy an installed wheel ships
+    inside the package (pipeline/configs, setup.py)."""
+    if os.environ.get("MLCPIPE_CONFIGS"):
+        return Path(os.environ["MLCPIPE_CONFIGS"])
+    return REPO_ROOT / "configs" if IN_CHECKOUT else Path(__file__).resolve().parent / "configs"
+
+
+CONFIG_DIR = _config_dir()
 MODELS_DIR = CONFIG_DIR / "models"
+
+
+def artifacts_root() -> Path:
+    """Where builds, caches, bundles and tuning databases go: $MLCPIPE_ARTIFACTS, else the
+    checkout's artifacts/ (a developer's), else ./artifacts in the current directory (an
+    installed mlcpipe never writes into site-packages)."""
+    if os.environ.get("MLCPIPE_ARTIFACTS"):
+        return Path(os.environ["MLCPIPE_ARTIFACTS"])
+    return REPO_ROOT / "artifacts" if IN_CHECKOUT else Path.cwd() / "artifacts"
+
+
+def model_dirs() -> list[Path]:
+    """Folders `--model NAME` is looked up in: the current directory's configs/models/ (a user's
+    own), then mlcpipe's."""
+    own = Path.cwd() / "configs" / "models"
+    return [own, MODELS_DIR] if own.is_dir() and own.resolve() != MODELS_DIR.resolve() else [MODELS_DIR]
 
 # The architectures (one module each in pipeline/model/) and the YAML fields each adds to the
 # common ones (config.json's names), with their defaults. SmolLM2 and Mistral are `llama`.
@@ -596,11 +623,12 @@ def resolve_model_path(model: str) -> Path:
         if not candidate.is_file():
             raise ConfigError(f"{model}: model config file not found")
         return candidate
-    named = MODELS_DIR / f"{model}.yaml"
-    if named.is_file():
-        return named
-    available = sorted(p.stem for p in MODELS_DIR.glob("*.yaml"))
-    raise ConfigError(f"--model {model!r}: no such config in {MODELS_DIR}; available: {available}")
+    folders = model_dirs()
+    for folder in folders:
+        if (folder / f"{model}.yaml").is_file():
+            return folder / f"{model}.yaml"
+    available = sorted({p.stem for folder in folders for p in folder.glob("*.yaml")})
+    raise ConfigError(f"--model {model!r}: no such config in {', '.join(map(str, folders))}; available: {available}")
 
 
 def load_model_config(model: str) -> ModelConfig:

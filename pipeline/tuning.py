@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .artifact import remove_leftovers, sha256_file, temp_sibling, write_lock
-from .config import REPO_ROOT, short_repr, short_text
+from .config import artifacts_root, short_repr, short_text
 from .errors import ArtifactError
 
 SCHEMA, VERSION = "mlcpipe-tuning", 1
@@ -26,8 +26,7 @@ def default_db_path(target_name: str) -> Path:
     override = os.environ.get("MLCPIPE_TUNING_DB")
     if override:
         return Path(override)
-    root = Path(os.environ.get("MLCPIPE_ARTIFACTS", REPO_ROOT / "artifacts"))
-    return root / "tuning" / f"{target_name}.json"
+    return artifacts_root() / "tuning" / f"{target_name}.json"
 
 
 def target_key(target: dict[str, Any]) -> str:

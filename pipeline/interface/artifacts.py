@@ -10,11 +10,10 @@ peak RSS is the model's).
 from __future__ import annotations
 
 import multiprocessing
-import os
 from pathlib import Path
 
 from ..artifact import write_lock
-from ..config import REPO_ROOT, ModelConfig, load_model_config
+from ..config import ModelConfig, artifacts_root, load_model_config
 from ..errors import ArtifactError
 from ..nightly.cache import artifact_entry, cache_inputs, digest, lookup_artifact
 from ..targets import load_target
@@ -22,7 +21,7 @@ from ..targets import load_target
 
 def default_cache_dir() -> Path:
     """artifacts/cache ($MLCPIPE_ARTIFACTS overrides the artifacts dir)."""
-    return Path(os.environ.get("MLCPIPE_ARTIFACTS", REPO_ROOT / "artifacts")) / "cache"
+    return artifacts_root() / "cache"
 
 
 def ensure_artifact(model: str | ModelConfig, quant: str, target_name: str, cache_dir: Path | None = None, log=print,

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from ..artifact import BUNDLE_INDEX, RUN_FIELDS, atomic_directory, file_digests, read_manifest, write_json
-from ..config import REPO_ROOT, load_model_config, short_repr
+from ..config import REPO_ROOT, artifacts_root, load_model_config, short_repr
 from ..device.job import BUNDLE_FORMAT, teacher_forced
 from ..errors import ArtifactError, OptionValueError
 
@@ -227,7 +227,7 @@ def bundle(out: Path | None = None, sets: list[str] | tuple[str, ...] = DEFAULT_
         raise OptionValueError(f"--steps {steps} / --prompt-len {prompt_len} / --prefill-chunk {prefill_chunk}: "
                                "allowed steps 1..64, the others >= 1")
     python_version = f"{sys.version_info[0]}.{sys.version_info[1]}" if python == "current" else python
-    out = Path(out) if out is not None else Path(os.environ.get("MLCPIPE_ARTIFACTS", REPO_ROOT / "artifacts")) / "bundle"
+    out = Path(out) if out is not None else artifacts_root() / "bundle"
     cuda = {"arch": CUDA_ARCH, "fatbin_archs": [CUDA_ARCH]}
     entries: list[tuple[dict, Path]] = []
     for model, quant in pairs:

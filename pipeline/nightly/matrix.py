@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..backends import kinds_with
-from ..config import CONFIG_DIR, MODELS_DIR, check_path_name, check_quantization, load_model_config, load_yaml, short_repr, short_text
+from ..config import CONFIG_DIR, check_path_name, check_quantization, load_model_config, load_yaml, model_dirs, short_repr, short_text
 from ..errors import ConfigError
 from ..quantization import QUANTIZATIONS
 
@@ -170,8 +170,9 @@ def load_matrix(path: str | Path | None = None) -> Matrix:
             raise _err(path, f"checks.profile.targets[{i}]", name, f"the profiler runs targets of kind {list(profiled)}")
     configs = []
     for i, model in enumerate(models):
-        if not isinstance(model, str) or not (MODELS_DIR / f"{model}.yaml").is_file() and not model.endswith((".yaml", ".yml")):
-            raise _err(path, f"models[{i}]", model, f"allowed: {sorted(p.stem for p in MODELS_DIR.glob('*.yaml'))} or a YAML path")
+        folders = model_dirs()
+        if not isinstance(model, str) or not any((d / f"{model}.yaml").is_file() for d in folders) and not model.endswith((".yaml", ".yml")):
+            raise _err(path, f"models[{i}]", model, f"allowed: {sorted({p.stem for d in folders for p in d.glob('*.yaml')})} or a YAML path")
         try:
             configs.append(load_model_config(model))
         except ConfigError as exc:
