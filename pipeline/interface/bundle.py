@@ -217,6 +217,11 @@ def bundle(out: Path | None = None, sets: list[str] | tuple[str, ...] = DEFAULT_
     from ..targets import preset_peak_gbps
     from .artifacts import default_cache_dir, ensure_artifact
 
+    from ..config import IN_CHECKOUT
+
+    if not IN_CHECKOUT:  # it packs the checkout's run-side code (pipeline/, benchmarks/, configs/)
+        raise ArtifactError(f"mlcpipe bundle packs the run-side code of a checkout; {REPO_ROOT} is an installed mlcpipe "
+                            "(run it from a clone: pip install -e .)")
     pairs = parse_sets(sets)
     graph_pairs = set(parse_sets(graph, "--graph"))
     if not graph_pairs <= set(pairs):

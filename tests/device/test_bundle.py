@@ -138,6 +138,18 @@ def test_bundle_size_limit_and_bad_input(bundle, tmp_path):
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
 
 
+def test_bundle_needs_a_checkout(tmp_path, monkeypatch):
+    """An installed mlcpipe (no checkout beside it) has no benchmarks/ to pack: one line."""
+    from pipeline import config
+    from pipeline.errors import ArtifactError
+    from pipeline.interface.bundle import bundle as make
+
+    monkeypatch.setattr(config, "IN_CHECKOUT", False)
+    with pytest.raises(ArtifactError, match=r"mlcpipe bundle packs the run-side code of a checkout; .* is an installed mlcpipe"):
+        make(tmp_path / "b", sets=[SET], graph=[], cpu_models=[], python="current", log=lambda *_: None)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_run_sh_refuses_another_python(bundle, tmp_path):
     """run.sh compares the Python it finds with the one the bundle's tvm_ffi is built for (here
     this one's; a copy of run.sh saying 3.99 stands for a bundle made for another)."""
