@@ -330,7 +330,7 @@ def test_rope_table_rule_is_bit_exact(scaling, rotary_dim):
     sch = RopeTable().apply(func, TARGET, False)
     assert sch is not None
     sch.get_sblock("cos_table0"), sch.get_sblock("sin_table1")  # q and k heads share one cos and one sin table
-    with pytest.raises(Exception):  # noqa: B017 - and there is no third one
+    with pytest.raises(tvm.s_tir.ScheduleError, match="get-block"):  # and there is no third one
         sch.get_sblock("cos_table2")
     rng = np.random.default_rng(5)
     for tokens in (1, 9, 128):
