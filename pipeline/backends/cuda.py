@@ -42,7 +42,7 @@ WEBGPU_RUNTIME = False
 METASCHEDULE = True
 NIGHTLY_PROFILE = True  # where a GPU is present
 LIBRARY_FORMAT = "ELF"  # the container of LIBRARY (pipeline/library.py checks it before loading)
-HOST_MEMORY = False  # the local device's memory is this machine's (the KV cache checked against MemAvailable)
+HOST_MEMORY = False  # a GPU's own memory: the KV cache is checked against what its device API says is free
 
 # TVM's CUDA runtime, loaded with the device (pipeline/device/tvm_runtime.py), after the CUDA runtime
 # it links where one lies beside it (a bundle's: the machine's may not be on the loader's path)

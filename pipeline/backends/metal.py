@@ -38,7 +38,7 @@ WEBGPU_RUNTIME = False
 METASCHEDULE = False
 NIGHTLY_PROFILE = False
 LIBRARY_FORMAT = "Mach-O"  # the container of LIBRARY (pipeline/library.py checks it before loading)
-HOST_MEMORY = False  # the local device's memory is this machine's (the KV cache checked against MemAvailable)
+HOST_MEMORY = False  # a GPU's own memory: the KV cache is checked against what its device API says is free
 RUN_HINT = "metal artifacts run on a Mac: serve `python -m tvm.exec.rpc_server` there and pass --rpc HOST:PORT"
 TARBALL = "lib.tar"
 
