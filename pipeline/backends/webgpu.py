@@ -34,7 +34,7 @@ WEBGPU_RUNTIME = True  # runs in a WebGPU runtime (Dawn in node, Chromium, WebLL
 METASCHEDULE = False
 NIGHTLY_PROFILE = False
 LIBRARY_FORMAT = "wasm"  # the container of LIBRARY (pipeline/library.py checks it before loading)
-HOST_MEMORY = False  # a GPU's own memory: the KV cache is checked against what its device API says is free
+HOST_MEMORY = False  # an adapter's memory, not this machine's (the WebGPU runtime allocates the KV cache)
 PROFILE_DEFAULTS = (32, 8, 2)  # prompt tokens, generated tokens, measured runs (software adapters are slow)
 
 _SETUP_HINT = "install with scripts/setup-debian.sh"
