@@ -189,9 +189,8 @@ exit "${{PIPESTATUS[0]}}"
 
 def _f32_truth(model: str, artifact: Path, quant: str, prompt: list[int], tokens, log) -> np.ndarray | None:
     """The float32 logits of the same steps with the quantized model's exact weight values
-    (benchmarks.llm_gpu.f32_truth, PyTorch on the CPU), or None without PyTorch: f16 builds on two
-    devices each land about 2% (relative L2) from it on the 1B, so the job holds a device against
-    it, with the llvm build's own distance as the scale (pipeline/device/job.py)."""
+    (benchmarks.llm_gpu.f32_truth, PyTorch on the CPU), or None without PyTorch: the job holds a
+    device against it, with the llvm build's own distance as the scale (pipeline/device/job.py)."""
     try:
         import torch  # noqa: F401
     except ImportError:

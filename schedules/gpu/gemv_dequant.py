@@ -143,8 +143,9 @@ class GEMVDequant(GPUScheduleRule):
         return lanes, 1, vec
 
 
-# float dtype -> (bits of the float whose value is 2**mantissa_bits, that value): with an integer
-# 0 <= q < 2**mantissa_bits in its low bits, the float's value is exactly that value + q
+# float dtype -> (bits of the float whose value is 2**mantissa_bits, that value, the unsigned type of
+# its width): with an integer 0 <= q < 2**mantissa_bits OR-ed into its low bits, the float's value
+# is exactly that value + q
 _MAGIC = {"float16": (0x6400, 1024.0, "uint16"), "float32": (0x4B000000, 8388608.0, "uint32")}
 
 
