@@ -21,7 +21,8 @@ import yaml
 from .errors import ConfigError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent  # the checkout (installed: site-packages)
-IN_CHECKOUT = (REPO_ROOT / "pyproject.toml").is_file() and (REPO_ROOT / "configs").is_dir()
+# an installed wheel ships the configs inside the package; a source tree has them beside it
+IN_CHECKOUT = not (Path(__file__).resolve().parent / "configs").is_dir() and (REPO_ROOT / "configs").is_dir()
 
 
 def _config_dir() -> Path:

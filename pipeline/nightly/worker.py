@@ -106,6 +106,10 @@ def run(spec: dict) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     _die_with_parent()
+    # Ctrl-C reaches the whole foreground group; the nightly process alone decides (it stops its
+    # workers with SIGTERM): a worker that turned SIGINT into an error mid-build would be reported
+    # as a failed cell and replace the previous result
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     if len(argv) != 1:
         print("usage: python -m pipeline.nightly.worker SPEC.json", file=sys.stderr)
         return 2
