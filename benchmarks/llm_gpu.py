@@ -44,12 +44,6 @@ def _prompt(vocab: int, n: int, seed: int) -> list[int]:
     return [int(t) for t in np.random.default_rng(seed).integers(0, vocab, size=n)]
 
 
-def rel_l2(got: np.ndarray, want: np.ndarray) -> float:
-    from pipeline.device.job import rel_l2 as measure
-
-    return measure(np.asarray(got), np.asarray(want))
-
-
 def _median_ms(samples: list[float]) -> float:
     return round(statistics.median(samples), 4)
 
@@ -286,6 +280,8 @@ def torch_side(artifact: Path, expected: dict[str, Path], modes: tuple[str, ...]
             got = model.forward([int(t) for t in data["prompt"]]).cpu().numpy()
             want = data["logits"][0]
             result["logits_rel_err_vs_llvm"] = {SAME_MODEL[mode]: float(np.abs(got - want).max() / np.abs(want).max())}
+            from pipeline.device.job import rel_l2
+
             result["logits_rel_l2_vs_llvm"] = {SAME_MODEL[mode]: rel_l2(got, want)}
             if "truth" in data.files:
                 result["logits_rel_l2_vs_truth"] = {SAME_MODEL[mode]: rel_l2(got, data["truth"][0])}
