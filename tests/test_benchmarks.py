@@ -146,9 +146,31 @@ def test_prefill_gemm_benchmark_times_each_rule_on_the_asked_cpu(tmp_path):
     text = out.read_text()
     rows = [line.split("|")[1:-1] for line in text.splitlines() if line.startswith("| q4f32_1")]
     assert sorted(r[2].strip() for r in rows) == ["down", "gate_up", "o_proj", "qkv"]
-    assert all(float(r[3]) > 0 and float(r[4]) > 0 and r[5].strip().endswith("x") for r in rows)
+    assert all(float(r[3].split()[0]) > 0 and float(r[4].split()[0]) > 0 and r[5].strip().endswith("x") for r in rows)
+    assert all(r[3].strip().endswith("GB/s)") for r in rows)
     assert "mcpu=haswell" in text and "| PrefillGEMM | PrefillGEMMF32 |" in text
     assert prefill_gemm.main(["--model", "llama-tiny", "--rules", "PrefillGEMM,NoSuchRule"]) == 2
+    assert prefill_gemm.main(["--model", "llama-tiny", "--rules", "PrefillGEMM:no_such_knob=1"]) == 2
+
+
+def test_decode_gemv_benchmark_cold_with_knob_variants(tmp_path, monkeypatch):
+    """`--decode --cold` with a knob variant (`Rule:planes=1;rows=2`): each one-token matmul
+    (lm_head too), both variants built with their knobs (outputs checked to agree), timed
+    interleaved on inputs rotated beyond the last-level cache (the header says how many bytes)."""
+    import pipeline.backends.llvm as llvm
+    from benchmarks import prefill_gemm
+
+    monkeypatch.setattr(llvm, "timing_cold_bytes", lambda: 8 << 20)  # a small rotation keeps the test short
+    out = tmp_path / "gemv.md"
+    argv = ["--model", "llama-tiny", "--decode", "--cold", "--quants", "q4f16_1", "--repeat", "1",
+            "--rules", "DecodeGEMVQ4VNNI,DecodeGEMVQ4VNNI:planes=1;rows=2", "-o", str(out)]
+    assert prefill_gemm.main(argv) == 0
+    text = out.read_text()
+    rows = [line.split("|")[1:-1] for line in text.splitlines() if line.startswith("| q4f16_1")]
+    assert sorted(r[2].strip() for r in rows) == ["down", "gate_up", "lm_head", "o_proj", "qkv"]
+    assert all(float(r[3].split()[0]) > 0 and float(r[4].split()[0]) > 0 for r in rows)
+    assert "inputs rotated through 8 MiB, rules interleaved, median of 1" in text
+    assert "| DecodeGEMVQ4VNNI | DecodeGEMVQ4VNNI:planes=1;rows=2 |" in text
 
 
 def test_rounds_alternate_the_engine_order_and_merge(monkeypatch, tmp_path):
