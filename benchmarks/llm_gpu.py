@@ -15,7 +15,7 @@
 mlcpipe prefills in chunks of the artifact's own prefill_chunk_size (the bundle's `run` step uses a
 smaller chunk; the benchmark does not), so prefill 1024 is one pass on both sides.
 
-The bundle's job (pipeline/device/job.py) calls `mlcpipe_side` per artifact, `torch_side` per model
+The bundle's job (pipeline/interface/job.py) calls `mlcpipe_side` per artifact, `torch_side` per model
 and `render`; standalone on a GPU machine with a bundle:
 
     python -m benchmarks.llm_gpu --bundle artifacts/bundle [-o results.md]
@@ -280,7 +280,7 @@ def torch_side(artifact: Path, expected: dict[str, Path], modes: tuple[str, ...]
             got = model.forward([int(t) for t in data["prompt"]]).cpu().numpy()
             want = data["logits"][0]
             result["logits_rel_err_vs_llvm"] = {SAME_MODEL[mode]: float(np.abs(got - want).max() / np.abs(want).max())}
-            from pipeline.device.job import rel_l2
+            from pipeline.interface.job import rel_l2
 
             result["logits_rel_l2_vs_llvm"] = {SAME_MODEL[mode]: rel_l2(got, want)}
             if "truth" in data.files:
@@ -379,7 +379,7 @@ def render_kernels(results: dict, top: int = 12) -> str:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from pipeline.device.job import main as job
+    from pipeline.interface.job import main as job
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.llm_gpu", description=__doc__.split("\n\n")[0])
     parser.add_argument("--bundle", type=Path, required=True)

@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     from pipeline.config import load_model_config
     from pipeline.kernel_info import random_args, symbolic_dims
     from pipeline.roles import role_of_param
-    from pipeline.backends import backend
+    from pipeline.device import device
     from pipeline.tune import compile_kernel, interleaved_times, run_kernel, time_kernel_ms, unscheduled_kernels
     from schedules import rule_by_name
     from schedules.analysis import match_nt_matmul
@@ -56,7 +56,7 @@ def main(argv=None) -> int:
     if any(r is None for r in rules):
         print(f"error: --rules {args.rules}: unknown rule name or knob (allowed: Rule or Rule:knob=int;knob=int)", file=sys.stderr)
         return 2
-    cold = backend("llvm").timing_cold_bytes() if args.cold else 0
+    cold = device("llvm").timing_cold_bytes() if args.cold else 0
     title = "Decode GEMV rules" if args.decode else "Prefill GEMM rules"
     lines = [f"# {title} on mcpu={args.mcpu}, {1 if args.decode else args.tokens} token(s)", "", "```",
              "python -m benchmarks.prefill_gemm " + " ".join(argv if argv is not None else sys.argv[1:]), "```", "",

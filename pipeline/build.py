@@ -7,6 +7,7 @@ import math
 import os
 import shutil
 import time
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -14,6 +15,8 @@ from typing import Any
 import numpy as np
 import tvm
 from tvm import relax
+
+from schedules import schedule_pass
 
 from .artifact import ARTIFACT_FORMAT, MANIFEST, RUNTIME_CONFIG, TENSOR_CACHE, ArtifactError, atomic_directory, check_not_inside, file_digests, write_json
 from .backends import backend
@@ -188,113 +191,141 @@ def build(
     output = Path(output) if output else default_output(config, quant, target)
     if weights is not None and str(weights) != "synthetic":
         check_not_inside(output, Path(weights), "--output", "--weights")
-    tvm_target = target.tvm_target()
     db = TuningDB.load(tuning_db or default_db_path(target.name))
-    tuning = db.table(target.target)
-    schedules: dict[str, Any] = {}
+    tuning = db.table(target.target)  # its records checked before anything is built
     started = time.perf_counter()
     with atomic_directory(output, kind="artifact") as tmp:
-        from .weights import check_free_space, expected_parameters
-
-        expected = expected_parameters(config, quant)
-        # before the minutes of compiling: room for the library, its sources and references (the
-        # margin) and the converted weights where they are written too
-        weight_bytes = sum(math.prod(shape) * np.dtype(dtype).itemsize for _, shape, dtype in expected) if weights is not None else 0
-        check_free_space(tmp, weight_bytes, "the artifact and its weights" if weights is not None else "the artifact")
-        if weights is None:
-            keep_params(output, tmp, [(n, list(shape), dtype) for n, shape, dtype in expected], log)
+        _make_room(config, quant, output, tmp, weights, log)
         log(f"[mlcpipe] exporting {config.name} ({quant}) for {target.name} {target.target}")
         kv = kv_cache_bytes(config.as_dict(), config.context_window_size, np.dtype(QUANTIZATIONS[quant].model_dtype).itemsize)
         log(f"[mlcpipe] its KV cache at context_window_size {config.context_window_size}: {kv / 2**20:.1f} MiB (run allocates it whole)")
-        mod, named_params = export_model(config, quant, tvm_target)
-        phases: dict[str, float] = {"export": time.perf_counter() - started}  # seconds per build phase
-        mark = [time.perf_counter()]
-
-        def _timed(phase: str) -> None:
-            now = time.perf_counter()
-            phases[phase] = round(phases.get(phase, 0.0) + now - mark[0], 2)
-            mark[0] = now
-
-        fused: list[dict[str, Any]] = []
-        kv_slots: list = []
-        snapshots: dict[str, tvm.IRModule] = {}
-
-        (tmp / "tir").mkdir()
-
-        def _record(phase: str, phase_mod: tvm.IRModule) -> None:
-            _timed(phase)
-            if phase == "fuse-tir":
-                kv_slots.extend(kv_cache_kernel_slots(phase_mod))
-                roles = kernel_roles(phase_mod, [name for name, _ in named_params])
-                fused.extend({**k, "role": roles[k["name"]]} for k in _kernel_records(phase_mod))
-            if phase in TIR_SNAPSHOTS:  # the kernels before/after scheduling (`mlcpipe check` builds on them)
-                snapshots[phase] = primfuncs_only(phase_mod)
-                (tmp / "tir" / TIR_SNAPSHOTS[phase]).write_text(tvm.ir.save_json(snapshots[phase]))
-
-        log("[mlcpipe] running passes: " + " -> ".join(("fuse-high-level", "lower", "fuse-tir", "schedule", "finalize")))
-        if tuning:
-            log(f"[mlcpipe] tuning database {db.path}: {len(tuning)} tuned kernels for this target")
-        target_backend = backend(target.kind)
-        with tvm.transform.PassContext(config=target_backend.pipeline_config(target.options)):
-            mod = run_pipeline(
-                mod, tvm_target, dump_dir=tmp / "ir" if dump_ir else None, on_phase=_record,
-                tuning=tuning, on_kernel=schedules.__setitem__,
-                after_memory_plan=AttachMetadata(model_metadata(config, quant, named_params), variable_bounds(config)),
-            )
-        _timed("finalize")  # the passes after the last recorded phase
-        log("[mlcpipe] generating code")
-        with tvm_target, target_backend.compile_context(target), tvm.transform.PassContext(config=target_backend.PASS_CONFIG):
-            executable = relax.build(mod, tvm_target, relax_pipeline=None)
-        target_backend.export(executable, target, tmp)
-        if target_backend.SOURCE_FILE:
-            (tmp / target_backend.SOURCE_FILE).write_text(target_backend.kernel_source(executable))
-        _timed("codegen")
-        log("[mlcpipe] compiling the reference kernels of `mlcpipe check`")
-        chat_config = runtime_config(config, quant)
-        build_reference(snapshots["fuse-tir"], [gv.name_hint for gv in snapshots["schedule"].get_global_vars()],
-                        chat_config["model_config"], QUANTIZATIONS[quant].model_dtype,
-                        target_backend.HOST_CPU, tmp / "reference")
-        launch = launch_config(mod)
-        for kernel in fused:
-            kernel["launch"] = launch.get(kernel["name"])
-            kernel["schedule"] = schedules.get(kernel["name"])
-        _timed("reference")
+        compiled = _compile(config, quant, target, db, tuning, tmp, dump_ir, log, started)
         build_seconds = time.perf_counter() - started
-        log("[mlcpipe] build phases: " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in phases.items()))
-
-        write_json(tmp / RUNTIME_CONFIG, chat_config)
+        write_json(tmp / RUNTIME_CONFIG, compiled.chat_config)
         if weights is not None:
             from .weights import convert_weights
 
             convert_weights(config, quant, weights, tmp / "params", log=log)
-        write_json(
-            tmp / MANIFEST,
-            {
-                "format": ARTIFACT_FORMAT,
-                "model": config.name,
-                "display_name": config.display_name,
-                "quantization": quant,
-                "target_name": target.name,
-                "target": target.target,
-                "target_options": target.options,
-                "versions": package_versions(),
-                "config_hash": config.config_hash(),
-                "library": target_backend.LIBRARY,
-                "kernel_source": target_backend.SOURCE_FILE,
-                "reference": {"library": REFERENCE_LIBRARY, "kernels": REFERENCE_KERNELS},
-                "functions": sorted(gv.name_hint for gv, f in mod.functions_items() if isinstance(f, relax.Function)),
-                "kernels": fused,
-                "kv_cache_kernels": kv_slots,
-                "tuning_db": {"path": str(db.path), "sha256": db.digest(), "tuned_kernels": sum(
-                    1 for r in schedules.values() if r and r["source"] == "tuning")} if tuning else None,
-                "parameters": [
-                    {"name": name, "shape": [int(s) for s in param.shape], "dtype": param.dtype}
-                    for name, param in named_params
-                ],
-                "build_seconds": round(build_seconds, 2),
-                **(manifest_extra or {}),
-                "files": file_digests(tmp),
-            },
-        )
+        write_json(tmp / MANIFEST, _manifest(config, quant, target, compiled, db if tuning else None, build_seconds, manifest_extra, tmp))
     log(f"[mlcpipe] built {output} in {build_seconds:.1f}s")
     return output
+
+
+def _make_room(config: ModelConfig, quant: str, output: Path, tmp: Path, weights: str | None, log) -> None:
+    """Before the minutes of compiling: room for the library, its sources and references (the
+    margin) and the converted weights where they are written too; without `weights`, the
+    existing artifact's params/ kept when they fit (keep_params)."""
+    from .weights import check_free_space, expected_parameters
+
+    expected = expected_parameters(config, quant)
+    weight_bytes = sum(math.prod(shape) * np.dtype(dtype).itemsize for _, shape, dtype in expected) if weights is not None else 0
+    check_free_space(tmp, weight_bytes, "the artifact and its weights" if weights is not None else "the artifact")
+    if weights is None:
+        keep_params(output, tmp, [(n, list(shape), dtype) for n, shape, dtype in expected], log)
+
+
+@dataclass
+class _Compiled:
+    """What the compile phases leave for the manifest."""
+
+    mod: tvm.IRModule  # after the last phase
+    named_params: list
+    kernels: list[dict[str, Any]]  # the fused kernels' records, with role, launch and schedule
+    kv_slots: list
+    schedules: dict[str, Any]  # kernel -> the rule and knobs it got
+    chat_config: dict[str, Any]
+
+
+def _compile(config: ModelConfig, quant: str, target: TargetSpec, db: TuningDB, tuning: dict, tmp: Path, dump_ir: bool, log,
+             started: float) -> _Compiled:
+    """Export, the pass phases (fused kernels and TIR snapshots recorded on the way), the
+    target's codegen and export into `tmp`, and the reference kernels of `mlcpipe check`."""
+    tvm_target = target.tvm_target()
+    mod, named_params = export_model(config, quant, tvm_target)
+    phases: dict[str, float] = {"export": time.perf_counter() - started}  # seconds per build phase
+    mark = [time.perf_counter()]
+
+    def _timed(phase: str) -> None:
+        now = time.perf_counter()
+        phases[phase] = round(phases.get(phase, 0.0) + now - mark[0], 2)
+        mark[0] = now
+
+    fused: list[dict[str, Any]] = []
+    kv_slots: list = []
+    snapshots: dict[str, tvm.IRModule] = {}
+    schedules: dict[str, Any] = {}
+    (tmp / "tir").mkdir()
+
+    def _record(phase: str, phase_mod: tvm.IRModule) -> None:
+        _timed(phase)
+        if phase == "fuse-tir":
+            kv_slots.extend(kv_cache_kernel_slots(phase_mod))
+            roles = kernel_roles(phase_mod, [name for name, _ in named_params])
+            fused.extend({**k, "role": roles[k["name"]]} for k in _kernel_records(phase_mod))
+        if phase in TIR_SNAPSHOTS:  # the kernels before/after scheduling (`mlcpipe check` builds on them)
+            snapshots[phase] = primfuncs_only(phase_mod)
+            (tmp / "tir" / TIR_SNAPSHOTS[phase]).write_text(tvm.ir.save_json(snapshots[phase]))
+
+    log("[mlcpipe] running passes: " + " -> ".join(("fuse-high-level", "lower", "fuse-tir", "schedule", "finalize")))
+    if tuning:
+        log(f"[mlcpipe] tuning database {db.path}: {len(tuning)} tuned kernels for this target")
+    target_backend = backend(target.kind)
+    with tvm.transform.PassContext(config=target_backend.pipeline_config(target.options)):
+        mod = run_pipeline(
+            mod, tvm_target, dump_dir=tmp / "ir" if dump_ir else None, on_phase=_record,
+            schedule=schedule_pass(target.kind, tuning, schedules.__setitem__),
+            after_memory_plan=AttachMetadata(model_metadata(config, quant, named_params), variable_bounds(config)),
+        )
+    _timed("finalize")  # the passes after the last recorded phase
+    log("[mlcpipe] generating code")
+    with tvm_target, target_backend.compile_context(target), tvm.transform.PassContext(config=target_backend.PASS_CONFIG):
+        executable = relax.build(mod, tvm_target, relax_pipeline=None)
+    target_backend.export(executable, target, tmp)
+    if target_backend.SOURCE_FILE:
+        (tmp / target_backend.SOURCE_FILE).write_text(target_backend.kernel_source(executable))
+    _timed("codegen")
+    log("[mlcpipe] compiling the reference kernels of `mlcpipe check`")
+    chat_config = runtime_config(config, quant)
+    build_reference(snapshots["fuse-tir"], [gv.name_hint for gv in snapshots["schedule"].get_global_vars()],
+                    chat_config["model_config"], QUANTIZATIONS[quant].model_dtype,
+                    target_backend.HOST_CPU, tmp / "reference")
+    launch = launch_config(mod)
+    for kernel in fused:
+        kernel["launch"] = launch.get(kernel["name"])
+        kernel["schedule"] = schedules.get(kernel["name"])
+    _timed("reference")
+    log("[mlcpipe] build phases: " + ", ".join(f"{name} {seconds:.1f} s" for name, seconds in phases.items()))
+    return _Compiled(mod, named_params, fused, kv_slots, schedules, chat_config)
+
+
+def _manifest(config: ModelConfig, quant: str, target: TargetSpec, compiled: _Compiled, db: TuningDB | None, build_seconds: float,
+              manifest_extra: dict[str, Any] | None, tmp: Path) -> dict[str, Any]:
+    """The artifact's manifest.json (written last: `files` digests every other file of `tmp`);
+    `db`: the tuning database the build applied, if it had records for the target."""
+    target_backend = backend(target.kind)
+    return {
+        "format": ARTIFACT_FORMAT,
+        "model": config.name,
+        "display_name": config.display_name,
+        "quantization": quant,
+        "target_name": target.name,
+        "target": target.target,
+        "target_options": target.options,
+        "versions": package_versions(),
+        "config_hash": config.config_hash(),
+        "library": target_backend.LIBRARY,
+        "kernel_source": target_backend.SOURCE_FILE,
+        "reference": {"library": REFERENCE_LIBRARY, "kernels": REFERENCE_KERNELS},
+        "functions": sorted(gv.name_hint for gv, f in compiled.mod.functions_items() if isinstance(f, relax.Function)),
+        "kernels": compiled.kernels,
+        "kv_cache_kernels": compiled.kv_slots,
+        "tuning_db": {"path": str(db.path), "sha256": db.digest(), "tuned_kernels": sum(
+            1 for r in compiled.schedules.values() if r and r["source"] == "tuning")} if db is not None else None,
+        "parameters": [
+            {"name": name, "shape": [int(s) for s in param.shape], "dtype": param.dtype}
+            for name, param in compiled.named_params
+        ],
+        "build_seconds": round(build_seconds, 2),
+        **(manifest_extra or {}),
+        "files": file_digests(tmp),
+    }

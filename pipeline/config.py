@@ -486,8 +486,6 @@ def check_path_name(path: Any, field: str, value: Any) -> None:
 
 def parse_model_config(raw: Any, path: str) -> ModelConfig:
     """Validate a parsed YAML mapping; `path` is used in error messages only."""
-    from .quantization import QUANTIZATIONS  # local: quantization imports nothing from here
-
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a YAML mapping at top level, got {type(raw).__name__}")
     for field in _REQUIRED:
@@ -496,76 +494,27 @@ def parse_model_config(raw: Any, path: str) -> ModelConfig:
     if raw["architecture"] not in SUPPORTED_ARCHITECTURES:
         raise _err(path, "architecture", raw["architecture"], f"allowed: {list(SUPPORTED_ARCHITECTURES)}")
     family = ARCHITECTURE_FIELDS[raw["architecture"]]
-    known = set(_REQUIRED) | {
-        "display_name", "rope_scaling", "tie_word_embeddings", "page_size", "max_batch_size",
-        *_GENERATION_FIELDS, *_TOKEN_ID_DEFAULTS, "conv_template",
-        "position_embedding_base", *_MLC_DERIVED,  # as mlc-chat-config.json's model_config has them
-    } | set(family)
-    unknown = sorted(set(raw) - known, key=str)
-    if unknown:
-        others = [a for a, fields in ARCHITECTURE_FIELDS.items() if unknown[0] in fields]
-        why = (f"not a field of architecture {raw['architecture']!r} (it is {', '.join(repr(a) for a in others)}'s)" if others
-               else "unknown field")
-        raise _err(path, unknown[0], raw[unknown[0]], f"{why}; allowed: {sorted(known)}")
+    _check_known_fields(path, raw, family)
     check_path_name(path, "name", raw["name"])
-
     ints = {field: _positive_int(path, raw, field) for field in _INT_FIELDS}
     raw_page = raw.get("page_size", 16)
     page_size = _positive_int(path, {"page_size": raw_page}, "page_size")
     eps = _positive_float(path, raw, "rms_norm_eps")
     theta = _positive_float(path, raw, "rope_theta")
-
-    heads, kv_heads, head_dim = (
-        ints["num_attention_heads"], ints["num_key_value_heads"], ints["head_dim"]
-    )
-    if ints["hidden_size"] % heads != 0:
-        raise _err(path, "num_attention_heads", heads,
-                   f"must divide hidden_size ({ints['hidden_size']})")
-    if heads % kv_heads != 0:
-        raise _err(path, "num_key_value_heads", kv_heads,
-                   f"must divide num_attention_heads ({heads})")
-    if head_dim % 2 != 0:
-        raise _err(path, "head_dim", head_dim, "must be even (rotary embedding pairs)")
-    if ints["prefill_chunk_size"] > ints["context_window_size"]:
-        raise _err(path, "prefill_chunk_size", ints["prefill_chunk_size"],
-                   f"must be <= context_window_size ({ints['context_window_size']})")
-
-    quants = raw["quantizations"]
-    if not isinstance(quants, list) or not quants:
-        raise _err(path, "quantizations", quants, f"expected a non-empty list from {sorted(QUANTIZATIONS)}")
-    for q in quants:
-        if q not in QUANTIZATIONS:
-            raise _err(path, "quantizations", q, f"allowed: {sorted(QUANTIZATIONS)}")
-
+    _check_shapes(path, ints)
+    quants = _quantizations(path, raw)
     tie = raw.get("tie_word_embeddings", False)
     if not isinstance(tie, bool):
         raise _err(path, "tie_word_embeddings", tie, "expected true or false")
-
-    if "position_embedding_base" in raw:  # MLC-LLM's name for rope_theta
-        base = _positive_float(path, raw, "position_embedding_base")
-        if abs(base - theta) > 1e-9 * theta:
-            raise _err(path, "position_embedding_base", raw["position_embedding_base"], f"must equal rope_theta ({theta})")
-    for key, (value, allowed) in _MLC_DERIVED.items():
-        if key in raw and (raw[key] != value or type(raw[key]) is not type(value)):
-            raise _err(path, key, raw[key], allowed)
+    _check_mlc_fields(path, raw, theta)
     max_batch = _positive_int(path, {"max_batch_size": raw.get("max_batch_size", DEFAULT_MAX_BATCH_SIZE)}, "max_batch_size")
     generation = {
         key: _number(path, key, raw.get(key, default), ok, allowed)
         for key, (default, ok, allowed) in _GENERATION_FIELDS.items()
     }
-    vocab = ints["vocab_size"]
-    tokens: dict[str, Any] = {
-        key: _token_id(path, key, raw.get(key, default), vocab)
-        for key, default in _TOKEN_ID_DEFAULTS.items() if key != "eos_token_id"
-    }
-    eos = raw.get("eos_token_id", _TOKEN_ID_DEFAULTS["eos_token_id"])
-    tokens["eos_token_id"] = (
-        _token_ids(path, "eos_token_id", eos, vocab, allow_empty=False) if isinstance(eos, list)
-        else _token_id(path, "eos_token_id", eos, vocab)
-    )
-    conv = parse_conv_template(raw.get("conv_template", DEFAULT_CONV_TEMPLATE), path, vocab)
+    tokens = _token_ids_of(path, raw, ints["vocab_size"])
+    conv = parse_conv_template(raw.get("conv_template", DEFAULT_CONV_TEMPLATE), path, ints["vocab_size"])
     architecture = _architecture_fields(path, raw, family, ints)
-
     return ModelConfig(
         name=raw["name"],
         display_name=str(raw.get("display_name", raw["name"])),
@@ -584,6 +533,76 @@ def parse_model_config(raw: Any, path: str) -> ModelConfig:
         **tokens,
         **ints,
     )
+
+
+def _check_known_fields(path: str, raw: dict, family: dict) -> None:
+    """Every field of `raw` is one of the config's or of its architecture's."""
+    known = set(_REQUIRED) | {
+        "display_name", "rope_scaling", "tie_word_embeddings", "page_size", "max_batch_size",
+        *_GENERATION_FIELDS, *_TOKEN_ID_DEFAULTS, "conv_template",
+        "position_embedding_base", *_MLC_DERIVED,  # as mlc-chat-config.json's model_config has them
+    } | set(family)
+    unknown = sorted(set(raw) - known, key=str)
+    if unknown:
+        others = [a for a, fields in ARCHITECTURE_FIELDS.items() if unknown[0] in fields]
+        why = (f"not a field of architecture {raw['architecture']!r} (it is {', '.join(repr(a) for a in others)}'s)" if others
+               else "unknown field")
+        raise _err(path, unknown[0], raw[unknown[0]], f"{why}; allowed: {sorted(known)}")
+
+
+def _check_shapes(path: str, ints: dict) -> None:
+    """Heads divide the hidden size, KV heads the heads, head_dim is even, a prefill chunk fits the context."""
+    heads, kv_heads, head_dim = (
+        ints["num_attention_heads"], ints["num_key_value_heads"], ints["head_dim"]
+    )
+    if ints["hidden_size"] % heads != 0:
+        raise _err(path, "num_attention_heads", heads,
+                   f"must divide hidden_size ({ints['hidden_size']})")
+    if heads % kv_heads != 0:
+        raise _err(path, "num_key_value_heads", kv_heads,
+                   f"must divide num_attention_heads ({heads})")
+    if head_dim % 2 != 0:
+        raise _err(path, "head_dim", head_dim, "must be even (rotary embedding pairs)")
+    if ints["prefill_chunk_size"] > ints["context_window_size"]:
+        raise _err(path, "prefill_chunk_size", ints["prefill_chunk_size"],
+                   f"must be <= context_window_size ({ints['context_window_size']})")
+
+
+def _quantizations(path: str, raw: dict) -> list[str]:
+    from .quantization import QUANTIZATIONS  # local: quantization imports nothing from here
+
+    quants = raw["quantizations"]
+    if not isinstance(quants, list) or not quants:
+        raise _err(path, "quantizations", quants, f"expected a non-empty list from {sorted(QUANTIZATIONS)}")
+    for q in quants:
+        if q not in QUANTIZATIONS:
+            raise _err(path, "quantizations", q, f"allowed: {sorted(QUANTIZATIONS)}")
+    return quants
+
+
+def _check_mlc_fields(path: str, raw: dict, theta: float) -> None:
+    """MLC-LLM's names of our fields, and the fields mlc-chat-config.json derives, where given, agree."""
+    if "position_embedding_base" in raw:  # MLC-LLM's name for rope_theta
+        base = _positive_float(path, raw, "position_embedding_base")
+        if abs(base - theta) > 1e-9 * theta:
+            raise _err(path, "position_embedding_base", raw["position_embedding_base"], f"must equal rope_theta ({theta})")
+    for key, (value, allowed) in _MLC_DERIVED.items():
+        if key in raw and (raw[key] != value or type(raw[key]) is not type(value)):
+            raise _err(path, key, raw[key], allowed)
+
+
+def _token_ids_of(path: str, raw: dict, vocab: int) -> dict[str, Any]:
+    """The special token ids (eos may be a list), each inside the vocabulary."""
+    tokens: dict[str, Any] = {
+        key: _token_id(path, key, raw.get(key, default), vocab)
+        for key, default in _TOKEN_ID_DEFAULTS.items() if key != "eos_token_id"
+    }
+    eos = raw.get("eos_token_id", _TOKEN_ID_DEFAULTS["eos_token_id"])
+    tokens["eos_token_id"] = (
+        _token_ids(path, "eos_token_id", eos, vocab, allow_empty=False) if isinstance(eos, list)
+        else _token_id(path, "eos_token_id", eos, vocab)
+    )
+    return tokens
 
 
 def _architecture_fields(path: str, raw: dict, family: dict, ints: dict) -> dict[str, Any]:

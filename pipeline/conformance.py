@@ -187,17 +187,19 @@ def _check_memory(reference, names: list[str], skips: dict, sizes: tuple[int, ..
 
 def check_artifact(artifact: str | Path, sizes: tuple[int, ...] = (1, 7), pattern: str | None = None, seed: int = 0, progress=None,
                    options=None) -> CheckReport:
-    """Every kernel of the artifact's shipped library run on its device (the backend's
-    `kernel_runner`: here, over TVM RPC, or in a WebGPU runtime, per `options`), or the backend's
-    static checks where it cannot run."""
-    from .backends import RunOptions, backend
+    """Every kernel of the artifact's shipped library run on its device (runtime.kernel_runner:
+    here, over TVM RPC, or in a WebGPU runtime, per `options`), or the backend's static checks
+    where it cannot run."""
+    from .backends import backend
+    from .device import RunOptions
+    from .runtime import kernel_runner
 
     artifact = Path(artifact)
     regex = kernel_pattern(pattern)
     manifest = read_manifest(artifact, RUN_FIELDS)
     kind = manifest["target"]["kind"]
     options = options or RunOptions()
-    device = backend(kind)
+    compiled = backend(kind)
     # what is checked is what ships: the library (and the files the checks read) as built, or nothing
     verified_library(artifact, manifest)
     if manifest.get("kernel_source"):
@@ -214,11 +216,11 @@ def check_artifact(artifact: str | Path, sizes: tuple[int, ...] = (1, 7), patter
         names = [n for n in names if regex.search(n)]
     if not names:
         raise ArtifactError(f"--kernels {short_repr(pattern)}: matches none of the {len(reference.kernels)} kernels of {artifact}")
-    run = device.kernel_runner(artifact, manifest, options)
+    run = kernel_runner(artifact, manifest, options)
     if run is None:
-        rows = device.static_checks(artifact, manifest, names, roles)
+        rows = compiled.static_checks(artifact, manifest, names, roles)
         results = [KernelResult(name, role, "-", status, note=note) for name, role, status, note in rows]
-        return CheckReport(str(artifact), kind, False, results, device.not_executed(options))
+        return CheckReport(str(artifact), kind, False, results, compiled.not_executed(options))
     skips = {name: reference.kernels[name]["skip"] for name in names}
     _check_memory(reference, names, skips, sizes, heads)
     if all(skips.values()):  # a check that runs nothing proves nothing
@@ -231,35 +233,11 @@ def check_artifact(artifact: str | Path, sizes: tuple[int, ...] = (1, 7), patter
         for index, name in enumerate(names):
             if progress:
                 progress(index, len(names), name)
-            signature = reference.signature(name)
             role = roles.get(name, "other")
             if skips[name]:
                 results.append(KernelResult(name, role, "-", "skip", note=skips[name]))
                 continue
-            symbolic = bool(symbolic_dims(signature))
-            for size in sizes if symbolic else (sizes[0],):
-                args, label = kernel_args(signature, size, seed=seed, heads=heads)
-                if not symbolic:
-                    label = "static"
-                want = reference.run(name, _copy(args))
-                note = "llvm ref: TVM CPU kernel" if reference.kernels[name]["reference"] == "tvm-cpu" else ""
-                if role in WEIGHT_ROLES and "dequantize" in name:
-                    expected = numpy_dequant_matmul(name, manifest["quantization"], args)
-                    if expected is not None:
-                        _, rel_np, ok_np = _compare([expected], [want[-1]])
-                        note = f"llvm vs numpy {rel_np:.1e}" + ("" if ok_np else " MISMATCH")
-                        if not ok_np:
-                            results.append(KernelResult(name, role, label, "FAIL", None, rel_np, note))
-                            continue
-                try:
-                    got = run(name, _copy(args))
-                except Exception as exc:  # a kernel that cannot run is a failure, reported
-                    results.append(KernelResult(name, role, label, "FAIL", note=f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"))
-                    continue
-                # a float32 output of an f16 model (the lm_head's logits) computes from f16 values: the
-                # model dtype's tolerance holds it (the rules' int8 / bf16 activations stay within it)
-                err_abs, err_rel, ok = _compare(got, want, getattr(run, "tolerance", None), model_tolerance)
-                results.append(KernelResult(name, role, label, "pass" if ok else "FAIL", err_abs, err_rel, note))
+            results += _check_kernel(run, reference, name, role, manifest["quantization"], sizes, seed, heads, model_tolerance)
     finally:
         if hasattr(run, "close"):
             run.close()
@@ -275,6 +253,39 @@ def check_artifact(artifact: str | Path, sizes: tuple[int, ...] = (1, 7), patter
         where = f"{kind} on {run.adapter} ({run.adapter_info.get('description') or run.adapter_info.get('device', '')})"
     summary = f"{where}: executed {executed} kernel runs, {passed} passed, {executed - passed} failed, {skipped} kernels skipped"
     return CheckReport(str(artifact), kind, True, results, summary)
+
+
+def _check_kernel(run, reference: Reference, name: str, role: str, quant: str, sizes: tuple[int, ...], seed: int, heads: dict,
+                  model_tolerance: float) -> list[KernelResult]:
+    """One kernel at each size (one run for static shapes): the shipped kernel (`run`) against the
+    reference kernel, itself checked against NumPy for the fused dequantize matmuls."""
+    results = []
+    signature = reference.signature(name)
+    symbolic = bool(symbolic_dims(signature))
+    for size in sizes if symbolic else (sizes[0],):
+        args, label = kernel_args(signature, size, seed=seed, heads=heads)
+        if not symbolic:
+            label = "static"
+        want = reference.run(name, _copy(args))
+        note = "llvm ref: TVM CPU kernel" if reference.kernels[name]["reference"] == "tvm-cpu" else ""
+        if role in WEIGHT_ROLES and "dequantize" in name:
+            expected = numpy_dequant_matmul(name, quant, args)
+            if expected is not None:
+                _, rel_np, ok_np = _compare([expected], [want[-1]])
+                note = f"llvm vs numpy {rel_np:.1e}" + ("" if ok_np else " MISMATCH")
+                if not ok_np:
+                    results.append(KernelResult(name, role, label, "FAIL", None, rel_np, note))
+                    continue
+        try:
+            got = run(name, _copy(args))
+        except Exception as exc:  # a kernel that cannot run is a failure, reported
+            results.append(KernelResult(name, role, label, "FAIL", note=f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"))
+            continue
+        # a float32 output of an f16 model (the lm_head's logits) computes from f16 values: the
+        # model dtype's tolerance holds it (the rules' int8 / bf16 activations stay within it)
+        err_abs, err_rel, ok = _compare(got, want, getattr(run, "tolerance", None), model_tolerance)
+        results.append(KernelResult(name, role, label, "pass" if ok else "FAIL", err_abs, err_rel, note))
+    return results
 
 
 def report_json(report: CheckReport) -> str:

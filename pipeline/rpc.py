@@ -156,10 +156,11 @@ def describe(session) -> str:
 
 def remote_device(session: tvm.rpc.RPCSession, target_kind: str, where: str = "the RPC server"):
     """The remote device an artifact of `target_kind` runs on; RemoteError if the remote lacks it."""
-    from .backends import KINDS, backend, kinds_with
+    from .backends import KINDS
+    from .device import device, kinds_with
 
-    kind_backend = backend(target_kind) if target_kind in KINDS else None
-    method = kind_backend.RPC_DEVICE if kind_backend is not None else None  # the RPCSession method giving the device
+    kind_device = device(target_kind) if target_kind in KINDS else None
+    method = kind_device.RPC_DEVICE if kind_device is not None else None  # the RPCSession method giving the device
     if method is None:
         raise RemoteError(f"artifact target '{target_kind}' cannot run over TVM RPC (supported: {', '.join(sorted(kinds_with('RPC_DEVICE')))})")
     device = getattr(session, method)(0)
@@ -168,7 +169,7 @@ def remote_device(session: tvm.rpc.RPCSession, target_kind: str, where: str = "t
     except Exception as exc:  # noqa: BLE001 - a runtime built without that device API
         raise RemoteError(f"{where} has no {target_kind} device ({_first_line(exc)})") from None
     if not present:
-        raise RemoteError(f"{where} has no {target_kind} device; this is a {target_kind} artifact{kind_backend.RPC_DEVICE_HINT}")
+        raise RemoteError(f"{where} has no {target_kind} device; this is a {target_kind} artifact{kind_device.RPC_DEVICE_HINT}")
     return device
 
 

@@ -1,5 +1,6 @@
 """Load an artifact + weights and generate with the paged KV cache, on TVM's runtime library alone
-(pipeline/device/tvm_runtime.py: no compiler), here or over TVM RPC."""
+(pipeline/device/tvm_runtime.py: no compiler), here or over TVM RPC; `open_engine` and
+`kernel_runner` give a WebGPU artifact the WebGPU runtime's (pipeline/runners/) instead."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .artifact import RUNTIME_CONFIG, TENSOR_CACHE, check_output_file, verified_library
+from .artifact import RUN_FIELDS, RUNTIME_CONFIG, TENSOR_CACHE, check_output_file, read_manifest, verified_library
 from .backends import backend
-from .device import tvm_runtime as rt
+from .device import RunOptions, device, tvm_runtime as rt
 from .errors import ArtifactError
 from .generation import Generation, available_memory
 
@@ -31,7 +32,7 @@ class Engine(Generation):
         started = time.perf_counter()
         library = verified_library(self.artifact, self.manifest)  # a corrupt library can crash the process
         if remote is None:
-            self.device = backend(kind).local_device()
+            self.device = device(kind).local_device()
             self.lib = rt.load_module(library)
         else:
             from .rpc import describe, remote_device, upload_library
@@ -121,7 +122,7 @@ class Engine(Generation):
 
     def reset(self) -> None:
         if self.remote is None:  # the memory it goes into, before allocating
-            if backend(self.manifest["target"]["kind"]).HOST_MEMORY:
+            if device(self.manifest["target"]["kind"]).HOST_MEMORY:
                 have, where = available_memory(), "this machine has"
             else:  # a GPU: what its device API says is free now (the weights already there)
                 have, where = rt.available_memory(self.device), f"{rt.device_name(self.device)} has"
@@ -141,6 +142,8 @@ class Engine(Generation):
     def forward(self, kind: str, tokens: np.ndarray):
         """One forward pass of `tokens` ("prefill" chunk or "decode"); the last token's logits
         as a tensor on the device (the KV cache advanced)."""
+        if self.kv_cache is None:  # the VM would dereference a null KV cache: a crash, not an error
+            raise ValueError(f"{self.artifact}: no sequence to {kind}: reset() starts one (generate() does)")
         func = self._prefill if kind == "prefill" else self._decode
         ids = rt.tensor(tokens.astype("int32"), self.device)
         embed = self._embed(ids, self._params_arg)
@@ -211,18 +214,65 @@ def library_kernel_runner(artifact: Path, manifest: dict, remote=None):
     library = verified_library(Path(artifact), manifest)  # a corrupt library can crash the process
     kind = manifest["target"]["kind"]
     if remote is None:
-        device = backend(kind).local_device()
+        dev = device(kind).local_device()
         lib = rt.load_module(library)
     else:
         from .rpc import describe, remote_device, upload_library
 
-        device = remote_device(remote, kind, describe(remote))
+        dev = remote_device(remote, kind, describe(remote))
         lib = upload_library(remote, library, describe(remote))
 
     def run(name: str, args: list) -> list:
-        tensors = [rt.tensor(a, device) if isinstance(a, np.ndarray) else a for a in args]
+        tensors = [rt.tensor(a, dev) if isinstance(a, np.ndarray) else a for a in args]
         lib.get_function(name, query_imports=True)(*tensors)
-        rt.sync(device)
+        rt.sync(dev)
         return [rt.to_numpy(t) if rt.is_tensor(t) else t for t in tensors]
 
     return run
+
+
+def _refuse_options(kind: str, options: RunOptions) -> None:
+    """RPC is TVM's runtime; adapters and the browser are WebGPU runtimes': one of them per kind."""
+    if backend(kind).WEBGPU_RUNTIME and options.remote is not None:
+        raise ValueError("--rpc runs TVM's runtime (llvm, cuda, metal artifacts); a webgpu artifact runs in a WebGPU "
+                         "runtime here: choose it with --adapter (gles, swiftshader, gpu) or --browser")
+    if not backend(kind).WEBGPU_RUNTIME and (options.adapter or options.browser):
+        raise ValueError("--adapter / --browser choose a WebGPU runtime: they apply to webgpu artifacts only")
+
+
+def open_engine(artifact: Path, weights, seed: int, options: RunOptions):
+    """The model ready to generate: TVM's runtime here or over RPC, or for a WebGPU artifact the
+    WebGPU runtime the options choose (Dawn, Chromium). The artifact's manifest is checked first."""
+    kind = read_manifest(artifact, RUN_FIELDS)["target"]["kind"]
+    _refuse_options(kind, options)
+    if backend(kind).WEBGPU_RUNTIME:
+        from .runners.dawn import WebGPUEngine
+
+        return WebGPUEngine(artifact, weights, seed=seed, adapter=options.adapter, browser=options.browser,
+                            prefill_chunk=options.prefill_chunk, timed_adapter=options.timed, console=options.console)
+    return Engine(artifact, weights, seed=seed, remote=options.remote, prefill_chunk=options.prefill_chunk)
+
+
+def kernel_runner(artifact: Path, manifest: dict, options: RunOptions):
+    """(kernel name, args) -> args after the call: one shipped kernel on the artifact's device (the
+    remote's over RPC), or None when it cannot run here. WebGPU: the lib.wasm's kernels in Dawn;
+    f16 kernels need an adapter with shader-f16, and where none is chosen and the one found lacks
+    it, they run on Mesa lavapipe through wgpu, compiled from the artifact's scheduled TIR by the
+    same codegen (runners.webgpu.LavapipeKernels)."""
+    kind = manifest["target"]["kind"]
+    _refuse_options(kind, options)
+    if not backend(kind).WEBGPU_RUNTIME:
+        if options.remote is None and not device(kind).runs_here():
+            return None
+        return library_kernel_runner(Path(artifact), manifest, options.remote)
+    from .errors import RunnerError
+    from .runners.dawn import KernelRunner
+
+    try:
+        return KernelRunner(artifact, options.adapter, browser=options.browser)
+    except RunnerError as exc:
+        if "shader-f16" not in str(exc) or options.adapter not in (None, "auto") or options.browser:
+            raise
+        from .runners.webgpu import LavapipeKernels
+
+        return LavapipeKernels(artifact, manifest)

@@ -52,10 +52,10 @@ class KernelTuning:
 
 
 def timing_device(kind: str):
-    """The device kernels of this target kind are timed on, as its backend says."""
-    from .backends import backend
+    """The device kernels of this target kind are timed on, as its device module says."""
+    from .device import device
 
-    return backend(kind).timing_device()
+    return device(kind).timing_device()
 
 
 def unscheduled_kernels(config: ModelConfig, quant: str, target: tvm.target.Target) -> dict[str, tvm.tirx.PrimFunc]:
@@ -172,13 +172,13 @@ def tune(
     """Tune every kernel (or those matching `pattern`) and store the winners in `db` (saved).
     Every rule that takes a kernel competes with `budget` knob candidates (its defaults first);
     the fastest whose output matches the untuned schedule's wins, whichever rule it is."""
-    from schedules import RULES, with_knobs
+    from schedules import RULES
     from schedules.signature import kernel_signature
 
-    from .backends import backend
+    from .device import device as device_of
 
     device = timing_device(target.kind)
-    cold_bytes = backend(target.kind).timing_cold_bytes()
+    cold_bytes = device_of(target.kind).timing_cold_bytes()
     tvm_target = target.tvm_target()
     kernels = unscheduled_kernels(config, quant, tvm_target)
     regex = re.compile(pattern) if pattern else None
@@ -194,32 +194,8 @@ def tune(
             continue
         sizes = {d: tokens for d in symbolic_dims(func)}
         args = random_args(func, sizes, seed=seed)
-        want = None
-        tried: list[dict] = []
-        libs: list[tuple[dict, object]] = []  # (entry, compiled candidate) to time
         started = time.perf_counter()
-        for rule, space in contenders:
-            default = dataclasses.asdict(rule)
-            for knobs in _candidates(space, default, budget, seed):
-                entry: dict = {"rule": type(rule).__name__, "knobs": knobs, "ms": None, "error": None}
-                tried.append(entry)
-                sch = with_knobs(rule, knobs).apply(func, tvm_target, False)
-                if sch is None:
-                    entry["error"] = "rule declined these knobs"
-                    continue
-                try:
-                    lib = compile_kernel(sch.mod["main"], tvm_target)
-                    got = run_kernel(lib, args, device)
-                except Exception as exc:  # noqa: BLE001 - a failing candidate is reported, never chosen
-                    entry["error"] = str(exc).strip().splitlines()[-1][:200]
-                    continue
-                if want is None:
-                    want = got  # the first rule's default knobs come first: the reference for the others
-                mismatch = output_mismatch(got, want, quant)
-                if mismatch:
-                    entry["error"] = f"output differs from the default schedule ({mismatch})"
-                    continue
-                libs.append((entry, lib))
+        tried, libs = _build_candidates(func, contenders, tvm_target, args, device, quant, budget, seed)
         for entry, ms in interleaved_times(libs, args, device, repeat, cold_bytes):
             entry["ms"] = ms
         timed = [c for c in tried if c["ms"] is not None]
@@ -243,6 +219,40 @@ def tune(
             f"{len(timed)}/{len(tried)} candidates of {rules} rule{'s' * (rules > 1)}, {time.perf_counter() - started:.1f}s)")
     db.save()
     return results
+
+
+def _build_candidates(func, contenders: list[tuple], tvm_target, args: list, device, quant: str, budget: int,
+                      seed: int) -> tuple[list[dict], list[tuple[dict, object]]]:
+    """Every rule's knob candidates built and run once: (every candidate's entry, with the error
+    of those that declined, failed or computed another output; (entry, library) of the others,
+    to time). The first rule's defaults come first: their output is the reference."""
+    from schedules import with_knobs
+
+    want = None
+    tried: list[dict] = []
+    libs: list[tuple[dict, object]] = []
+    for rule, space in contenders:
+        for knobs in _candidates(space, dataclasses.asdict(rule), budget, seed):
+            entry: dict = {"rule": type(rule).__name__, "knobs": knobs, "ms": None, "error": None}
+            tried.append(entry)
+            sch = with_knobs(rule, knobs).apply(func, tvm_target, False)
+            if sch is None:
+                entry["error"] = "rule declined these knobs"
+                continue
+            try:
+                lib = compile_kernel(sch.mod["main"], tvm_target)
+                got = run_kernel(lib, args, device)
+            except Exception as exc:  # noqa: BLE001 - a failing candidate is reported, never chosen
+                entry["error"] = str(exc).strip().splitlines()[-1][:200]
+                continue
+            if want is None:
+                want = got
+            mismatch = output_mismatch(got, want, quant)
+            if mismatch:
+                entry["error"] = f"output differs from the default schedule ({mismatch})"
+                continue
+            libs.append((entry, lib))
+    return tried, libs
 
 
 def report(results: list[KernelTuning]) -> str:

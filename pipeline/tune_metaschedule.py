@@ -21,6 +21,7 @@ from pathlib import Path
 import tvm
 
 from .backends import backend, kinds_with
+from .device import device as device_of
 from .config import ModelConfig
 from .kernel_info import random_args, symbolic_dims
 from .targets import TargetSpec
@@ -93,7 +94,7 @@ def tune_metaschedule(
     if missing:
         raise TuneError(f"tune --tuner metaschedule needs {' and '.join(missing)}: pip install 'mlcpipe[metaschedule]'")
     device = timing_device(target.kind)
-    cold_bytes = backend(target.kind).timing_cold_bytes()  # the same timer as the knob tuner
+    cold_bytes = device_of(target.kind).timing_cold_bytes()  # the same timer as the knob tuner
     tvm_target = target.tvm_target()
     regex = re.compile(pattern) if pattern else None
     table = db.table(target.target)

@@ -157,7 +157,7 @@ def test_decode_gemv_benchmark_cold_with_knob_variants(tmp_path, monkeypatch):
     """`--decode --cold` with a knob variant (`Rule:planes=1;rows=2`): each one-token matmul
     (lm_head too), both variants built with their knobs (outputs checked to agree), timed
     interleaved on inputs rotated beyond the last-level cache (the header says how many bytes)."""
-    import pipeline.backends.llvm as llvm
+    import pipeline.device.llvm as llvm
     from benchmarks import prefill_gemm
 
     monkeypatch.setattr(llvm, "timing_cold_bytes", lambda: 8 << 20)  # a small rotation keeps the test short

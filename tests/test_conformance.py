@@ -57,7 +57,7 @@ def test_check_runs_the_shipped_library(llvm_artifact, tiny_config, tmp_path):
 
 
 def test_check_catches_a_wrong_kernel(llvm_artifact, monkeypatch):
-    from pipeline.backends import llvm as backend
+    from pipeline import runtime
 
     def perturbed(artifact, manifest, options):
         def run(name, args):
@@ -66,8 +66,8 @@ def test_check_catches_a_wrong_kernel(llvm_artifact, monkeypatch):
         run_shipped = original(artifact, manifest, options)
         return run
 
-    original = backend.kernel_runner
-    monkeypatch.setattr(backend, "kernel_runner", perturbed)
+    original = runtime.kernel_runner
+    monkeypatch.setattr(runtime, "kernel_runner", perturbed)
     report = conformance.check_artifact(llvm_artifact, pattern="NT_matmul|rms_norm")
     assert not report.ok
     assert all(r.status == "FAIL" for r in report.results if r.status != "skip")

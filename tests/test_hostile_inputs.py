@@ -981,13 +981,13 @@ def test_a_kv_cache_beyond_gpu_memory_is_refused_before_allocation(shared, monke
     """On a GPU (a backend whose memory is not this machine's) the check asks the device what is
     free; a device API that does not say lets the allocation decide."""
     from pipeline import runtime
-    from pipeline.backends import llvm as llvm_backend
+    from pipeline.device import llvm as llvm_device
     from pipeline.device import tvm_runtime as rt
     from pipeline.errors import ArtifactError
 
     engine = runtime.Engine(shared.art, "synthetic")
     need = engine.kv_cache_bytes()
-    monkeypatch.setattr(llvm_backend, "HOST_MEMORY", False)  # the llvm artifact stands in for a GPU one
+    monkeypatch.setattr(llvm_device, "HOST_MEMORY", False)  # the llvm artifact stands in for a GPU one
     monkeypatch.setattr(runtime, "available_memory", lambda: pytest.fail("asked this machine for a GPU's memory"))
     monkeypatch.setattr(rt, "device_name", lambda dev: "NVIDIA H100 80GB HBM3")
     monkeypatch.setattr(rt, "available_memory", lambda dev: need - 1)

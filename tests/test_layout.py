@@ -1,8 +1,11 @@
-"""The shape of the code: no import cycles in pipeline/ + schedules/, no private names across modules.
+"""The shape of the code: no import cycles in pipeline/ + schedules/, imports one way down the
+layers, no private names across modules.
 
 Read with `ast` (nothing is imported): every `import` / `from ... import`, at module level or
 inside a function, is an edge of the graph (those under `if TYPE_CHECKING:` never run: not
-edges). Importing a.b.c also runs the packages a and a.b, unless the importer is inside them. A name starting with one underscore is private to its
+edges), and so is a load by name, `importlib.import_module(f"{__name__}.{kind}")` (the package's
+`backend(kind)` / `device(kind)`): an edge to every submodule of the package. Importing a.b.c also
+runs the packages a and a.b, unless the importer is inside them. A name starting with one underscore is private to its
 module: another module may not import it (`from m import _x`) nor reach it (`m._x`); tests use
 the public API too. A module whose own name starts with an underscore is private to its package.
 
@@ -94,6 +97,19 @@ class _Imports(ast.NodeVisitor):
         while parent and not (self.name == parent or self.name.startswith(parent + ".")):
             self.edges.add(parent)
             parent = parent.rpartition(".")[0]
+
+    def visit_Call(self, node: ast.Call) -> None:
+        """importlib.import_module(f"{__name__}.<anything>"): every submodule of this package."""
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else func.id if isinstance(func, ast.Name) else ""
+        arg = node.args[0] if node.args else None
+        if (name == "import_module" and isinstance(arg, ast.JoinedStr) and arg.values
+                and isinstance(arg.values[0], ast.FormattedValue) and isinstance(arg.values[0].value, ast.Name)
+                and arg.values[0].value.id == "__name__"):
+            for module in MODULES:
+                if module.rpartition(".")[0] == self.name:
+                    self._edge(module, node.lineno)
+        self.generic_visit(node)
 
     def visit_If(self, node: ast.If) -> None:
         test = node.test
@@ -248,6 +264,78 @@ def test_the_scanner_finds_edges_cycles_and_private_names():
     assert not insider.private
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
     assert _cycles({"a": {"b"}, "b": set()}) == []
+    # a load by name is an edge to every module of the package: a kind module importing its package is a cycle
+    by_name = _scan_source("pipeline.device", "import importlib\ndef device(kind):\n    return importlib.import_module(f'{__name__}.{kind}')\n")
+    assert {"pipeline.device.llvm", "pipeline.device.cuda", "pipeline.device.tvm_runtime"} <= by_name.edges
+    assert {"pipeline.device.llvm", "pipeline.device.webgpu"} <= SCANS["pipeline.device"].edges
+    assert {"pipeline.backends.llvm", "pipeline.backends.cuda"} <= SCANS["pipeline.backends"].edges
+    assert _scan_source("schedules.script_stack", "import importlib\nimportlib.import_module(name)\n").edges == set()
+
+
+# ---- layers: config -> model -> quantize -> passes -> schedules -> target (compile half) -> artifact
+# -> device (run half) -> runtime -> profiler -> interface -> cli; a module imports only its own
+# layer and those before it. Each module's layer: the longest prefix of its name listed below.
+LAYERS = (
+    # names and formats everything reads: errors, the YAML config, the quantization registry (names,
+    # formats, dequantize patterns, tolerances), kernel roles, the tokenizer
+    ("config", ("pipeline", "pipeline.errors", "pipeline.config", "pipeline.conv_templates", "pipeline.hf_config", "pipeline.threads",
+                "pipeline.tokenizer", "pipeline.roles", "pipeline.quantization")),
+    ("model", ("pipeline.model",)),
+    ("quantize", ("pipeline.quantization.relax_modules", "pipeline.model.create")),  # the model built with quantized layers
+    ("passes", ("pipeline.passes",)),
+    ("schedules", ("schedules", "pipeline.kernel_inputs", "pipeline.kernel_info")),
+    ("target", ("pipeline.backends", "pipeline.targets", "pipeline.library", "pipeline.reference")),
+    ("artifact", ("pipeline.artifact", "pipeline.tensor_cache", "pipeline.mlc_contract", "pipeline.weights", "pipeline.build",
+                  "pipeline.tuning")),
+    ("device", ("pipeline.device", "pipeline.rpc")),
+    ("runtime", ("pipeline.generation", "pipeline.runtime", "pipeline.runners", "pipeline.conformance", "pipeline.tune",
+                 "pipeline.tune_metaschedule")),
+    ("profiler", ("pipeline.profiler",)),
+    ("interface", ("pipeline.interface", "pipeline.nightly")),
+    ("cli", ("pipeline.cli",)),
+)
+
+
+def _layer(module: str, layers=LAYERS) -> int | None:
+    best = None
+    for index, (_, prefixes) in enumerate(layers):
+        for prefix in prefixes:
+            if (module == prefix or module.startswith(prefix + ".")) and (best is None or len(prefix) > best[1]):
+                best = (index, len(prefix))
+    return None if best is None else best[0]
+
+
+def _upward(scans: dict, layers=LAYERS) -> list[str]:
+    """Imports from a module to one of a later layer, and modules of no layer."""
+    found = []
+    for name, scan in sorted(scans.items()):
+        if name.split(".")[0] not in GRAPH_PACKAGES:
+            continue
+        mine = _layer(name, layers)
+        if mine is None:
+            found.append(f"{name}: in no layer (add it to LAYERS)")
+            continue
+        for target in sorted(scan.edges):
+            theirs = _layer(target, layers) if target.split(".")[0] in GRAPH_PACKAGES else None
+            if theirs is not None and theirs > mine:
+                found.append(f"{name} ({layers[mine][0]}) imports {target} ({layers[theirs][0]})")
+    return found
+
+
+def test_the_layer_check_finds_imports_up_the_layers(monkeypatch):
+    layers = (("low", ("pipeline.low",)), ("high", ("pipeline.high", "pipeline.low.top")))
+    for name in ("pipeline.low", "pipeline.low.a", "pipeline.low.top", "pipeline.high", "pipeline.other"):
+        monkeypatch.setitem(MODULES, name, ROOT / (name.replace(".", "/") + ".py"))
+    sources = {"pipeline.low.a": "def f():\n    from ..high import x\n",  # inside a function: an edge too
+               "pipeline.low.top": "from ..high import x\n",  # a longer prefix puts it in the higher layer
+               "pipeline.high": "from .low import a\n", "pipeline.other": ""}
+    scans = {name: _scan_source(name, source) for name, source in sources.items()}
+    assert _upward(scans, layers) == ["pipeline.low.a (low) imports pipeline.high (high)", "pipeline.other: in no layer (add it to LAYERS)"]
+
+
+def test_imports_run_one_way_down_the_layers():
+    offenders = _upward(SCANS)
+    assert not offenders, "imports up the layers (tests/test_layout.py LAYERS):\n" + "\n".join(offenders)
 
 
 def test_no_import_cycles():
@@ -266,20 +354,28 @@ def test_no_private_names_across_modules():
 
 
 def test_every_backend_has_the_whole_interface():
-    """What a target kind decides lives in its backend (backends.INTERFACE, docs/backends.md)."""
+    """What a target kind decides lives in its backend (compile half: backends.INTERFACE) and its
+    device module (run half: device.INTERFACE), as docs/backends.md lists them; neither half
+    defines the other's names."""
     import pipeline.backends as backends
+    import pipeline.device as device
 
-    documented = _documented_interface((ROOT / "docs" / "backends.md").read_text())
-    assert sorted(backends.INTERFACE) == sorted(documented), "backends.INTERFACE vs the interface block of docs/backends.md"
-    for kind in ("llvm", "cuda", "metal", "webgpu"):
-        missing = [name for name in backends.INTERFACE if not hasattr(backends.backend(kind), name)]
-        assert not missing, f"backends/{kind}.py lacks {missing}"
+    doc = (ROOT / "docs" / "backends.md").read_text()
+    for package, heading, get in ((backends, "## The backend interface", backends.backend), (device, "## The device interface", device.device)):
+        assert sorted(package.INTERFACE) == sorted(_documented_interface(doc, heading)), f"{package.__name__}.INTERFACE vs docs/backends.md"
+        for kind in backends.KINDS:
+            missing = [name for name in package.INTERFACE if not hasattr(get(kind), name)]
+            assert not missing, f"{package.__name__}.{kind} lacks {missing}"
+    assert not set(backends.INTERFACE) & set(device.INTERFACE)
+    for kind in backends.KINDS:
+        assert not [n for n in device.INTERFACE if hasattr(backends.backend(kind), n)], f"backends/{kind}.py defines run-side names"
 
 
-def _documented_interface(doc: str) -> list[str]:
-    """The names the interface block of docs/backends.md defines: each entry line (four spaces in)
-    up to its description (two or more spaces), split at top-level commas, each item's leading name."""
-    block = doc.split("## The backend interface", 1)[1].split("```", 2)[1]
+def _documented_interface(doc: str, heading: str = "## The backend interface") -> list[str]:
+    """The names an interface block of docs/backends.md (the first after `heading`) defines: each
+    entry line (four spaces in) up to its description (two or more spaces), split at top-level
+    commas, each item's leading name."""
+    block = doc.split(heading, 1)[1].split("```", 2)[1]
     names = []
     for line in block.splitlines():
         if not line.startswith("    ") or line.startswith("     "):
@@ -602,7 +698,7 @@ def test_the_cli_imports_nothing_that_works():
     assert not users, f"the pipeline does not call its CLI: {users}"
 
 
-# ---- decisions on the target kind live in pipeline/backends/ -------------------------------------
+# ---- decisions on the target kind live in pipeline/backends/ and pipeline/device/ -----------------
 
 TARGET_KIND_NAMES = {"llvm", "cuda", "webgpu", "metal", "vulkan", "rocm"}
 
@@ -656,9 +752,10 @@ def test_the_kind_switch_scanner_is_precise():
 
 
 def test_no_target_kind_switch_outside_the_backends():
-    """What a target kind decides is a backend's attribute or function (pipeline/backends/,
-    docs/backends.md); schedules/ rules test the target as dlight rules do and are not scanned."""
+    """What a target kind decides is an attribute or function of its backend or device module
+    (pipeline/backends/, pipeline/device/, docs/backends.md); schedules/ rules test the target as
+    dlight rules do and are not scanned."""
     offenders = [line for name, path in MODULES.items()
-                 if name.startswith("pipeline.") and not name.startswith("pipeline.backends")
+                 if name.startswith("pipeline.") and not name.startswith(("pipeline.backends", "pipeline.device"))
                  for line in _kind_switches(path.read_text(), str(path.relative_to(ROOT)))]
-    assert not offenders, "target-kind switches outside pipeline/backends/:\n" + "\n".join(offenders)
+    assert not offenders, "target-kind switches outside pipeline/backends/ and pipeline/device/:\n" + "\n".join(offenders)

@@ -223,16 +223,16 @@ def test_llvm_timings_rotate_inputs_beyond_the_last_level_cache():
     wins with weights from memory on Zen 4): the tuner rotates through 2 x LLC of input copies."""
     import numpy as np
 
-    from pipeline.backends import backend
+    from pipeline.device import device
     from pipeline.tune import time_kernel_ms, timing_copies
 
     sizes = []
     for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
         text = (index / "size").read_text().strip()
         sizes.append(int(text.rstrip("KM")) << {"K": 10, "M": 20}.get(text[-1], 0))
-    cold = backend("llvm").timing_cold_bytes()
+    cold = device("llvm").timing_cold_bytes()
     assert cold == 2 * (max(sizes) if sizes else 32 << 20)
-    assert all(backend(k).timing_cold_bytes() == 0 for k in ("metal", "webgpu"))
+    assert all(device(k).timing_cold_bytes() == 0 for k in ("cuda", "metal", "webgpu"))
 
     args = [np.zeros(1 << 20, "uint8"), np.zeros(1 << 18, "float32")]  # 2 MiB
     assert timing_copies(args, 0) == 1 and timing_copies(args, 5 << 20) == 3 and timing_copies(args, 1 << 40) == 64

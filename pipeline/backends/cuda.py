@@ -22,9 +22,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from . import host_side_kernels
+from .modules import host_side_kernels
 from .binfmt import BlobReader, ModuleBlob, library_blob, pack_bytes
-from .native import PROFILE_DEFAULTS, open_engine, profile  # noqa: F401  (run side: TVM's own runtime)
 
 LIBRARY = "lib.so"
 SOURCE_FILE = "kernels.cu"
@@ -36,13 +35,9 @@ KERNEL_SUFFIX = "_kernel"  # TVM names a PrimFunc's device kernel <name>_kernel
 HOST_CPU = False
 PRESET_OPTIONS = {"fatbin_archs": "a list of sm_XY archs, e.g. [sm_80, sm_90]",
                   "cuda_graph": "true or false (default): capture decode's static kernel runs as CUDA graphs"}
-RPC_DEVICE = "cuda"
-RPC_DEVICE_HINT = ""
 WEBGPU_RUNTIME = False
 METASCHEDULE = True
-NIGHTLY_PROFILE = True  # where a GPU is present
 LIBRARY_FORMAT = "ELF"  # the container of LIBRARY (pipeline/library.py checks it before loading)
-HOST_MEMORY = False  # a GPU's own memory: the KV cache is checked against what its device API says is free
 
 # TVM's CUDA runtime, loaded with the device (pipeline/device/tvm_runtime.py), after the CUDA runtime
 # it links where one lies beside it (a bundle's: the machine's may not be on the loader's path)
@@ -472,7 +467,7 @@ def kernel_source(executable) -> str:
 
 
 def _device_modules(executable):
-    from . import device_modules
+    from .modules import device_modules
 
     return device_modules(executable)
 
@@ -486,13 +481,6 @@ def _source_of(module) -> str:
         if text and not text.startswith(("\x50\xed", "\x7fELF")):
             return str(text)
     return ""
-
-
-def kernel_runner(artifact, manifest, options):
-    """The fatbin's kernels on this machine's CUDA device (or over TVM RPC); None without one."""
-    from .native import kernel_runner as run_shipped
-
-    return run_shipped(artifact, manifest, options, local=cuda_present())
 
 
 def static_checks(artifact, manifest, names, roles) -> list[tuple]:
@@ -523,43 +511,3 @@ def static_checks(artifact, manifest, names, roles) -> list[tuple]:
 def not_executed(options) -> str:
     del options
     return "cuda: NOT EXECUTED (no CUDA device here): every kernel compiled by nvcc/ptxas for the fatbin archs; registers and spills reported"
-
-
-def cuda_device():
-    """Device 0 of TVM's CUDA runtime (loaded first; RuntimeUnavailable where it cannot load)."""
-    from ..device import tvm_runtime as rt
-
-    return rt.device("cuda", 0, RUNTIME_LIBRARIES, (CUDART,))
-
-
-def cuda_present() -> bool:
-    """Whether TVM's runtime sees a CUDA device here (False where its CUDA runtime cannot load)."""
-    from ..device import tvm_runtime as rt
-
-    try:
-        return rt.exists(cuda_device())
-    except rt.RuntimeUnavailable:
-        return False
-
-
-def local_device():
-    from . import not_runnable_here
-
-    if not cuda_present():
-        raise not_runnable_here("cuda", cuda_here=False)
-    return cuda_device()
-
-
-def timing_device():
-    """`mlcpipe tune` times cuda kernels on this machine's GPU."""
-    import tvm
-
-    if not tvm.cuda().exist:
-        raise ValueError("tune --target cuda: no CUDA device on this machine (run it where a GPU is, e.g. the lent H100)")
-    return tvm.cuda()
-
-
-
-def timing_cold_bytes() -> int:
-    """0: one input set per timing (not yet: GPU timings use one input set (inputs beyond the 50 MB L2 of an H100 are untested))."""
-    return 0

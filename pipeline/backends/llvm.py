@@ -6,7 +6,6 @@ import contextlib
 import sys
 from pathlib import Path
 
-from .native import PROFILE_DEFAULTS, open_engine, profile  # noqa: F401  (run side: TVM's own runtime)
 
 LIBRARY = "lib.so"
 SOURCE_FILE = None
@@ -16,14 +15,9 @@ KERNEL_SUFFIX = ""  # host code: the kernel is the PrimFunc itself
 # CPU and its threads, `check` needs no llvm reference kernels, MetaSchedule gets the core count.
 HOST_CPU = True
 PRESET_OPTIONS: dict = {}  # mlcpipe's own preset keys (not TVM's): key -> what is allowed
-RPC_DEVICE = "cpu"  # the RPCSession method giving the remote device
-RPC_DEVICE_HINT = ""
 WEBGPU_RUNTIME = False  # runs in TVM's runtime, not a WebGPU one
 METASCHEDULE = True  # `tune --tuner metaschedule` can search its kernels here
-NIGHTLY_PROFILE = True  # the nightly's profile check can run it
 LIBRARY_FORMAT = "ELF"  # the container of LIBRARY (pipeline/library.py checks it before loading)
-HOST_MEMORY = True  # the local device's memory is this machine's (the KV cache checked against MemAvailable)
-
 
 def pipeline_config(options) -> dict:
     """No PassContext config for the Relax pipeline."""
@@ -96,12 +90,6 @@ def kernel_source(executable) -> str:
     return ""
 
 
-def kernel_runner(artifact, manifest, options):
-    from .native import kernel_runner as run_shipped
-
-    return run_shipped(artifact, manifest, options, local=True)
-
-
 def static_checks(artifact, manifest, names, roles) -> list[tuple]:
     del artifact, manifest, names, roles
     return []
@@ -110,30 +98,3 @@ def static_checks(artifact, manifest, names, roles) -> list[tuple]:
 def not_executed(options) -> str:
     del options
     return "llvm: NOT EXECUTED"
-
-
-def local_device():
-    from ..device import tvm_runtime as rt
-
-    return rt.device("cpu")
-
-
-def timing_device():
-    """`mlcpipe tune` times llvm kernels on this CPU."""
-    import tvm
-
-    return tvm.cpu()
-
-
-def timing_cold_bytes() -> int:
-    """Inputs `mlcpipe tune` rotates through per timing: twice the last-level cache, so weights
-    stream from memory as in the model (a kernel timed on one input set runs from the cache)."""
-    llc = 0
-    for index in sorted(Path("/sys/devices/system/cpu/cpu0/cache").glob("index*")):
-        try:
-            size = (index / "size").read_text().strip()
-        except OSError:
-            continue
-        factor = {"K": 1 << 10, "M": 1 << 20}.get(size[-1:], 1)
-        llc = max(llc, int(size.rstrip("KM") or 0) * factor)
-    return 2 * (llc or 32 << 20)

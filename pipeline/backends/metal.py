@@ -18,9 +18,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from . import host_side_kernels
+from .modules import host_side_kernels
 from .binfmt import MachO
-from .native import PROFILE_DEFAULTS, open_engine, profile  # noqa: F401  (run side: TVM's own runtime)
 from .reproducible import fix_macho_uuid, normalize_tar
 
 LIBRARY = "lib.dylib"
@@ -32,14 +31,9 @@ PASS_CONFIG = {"tirx.disable_cse_tir": True}
 KERNEL_SUFFIX = "_kernel"  # TVM names a PrimFunc's device kernel <name>_kernel
 HOST_CPU = False
 PRESET_OPTIONS = {"macos_min_version": "a macOS version string, e.g. '13.0'"}
-RPC_DEVICE = "metal"
-RPC_DEVICE_HINT = " (serve from a Mac whose TVM is built with USE_METAL)"
 WEBGPU_RUNTIME = False
 METASCHEDULE = False
-NIGHTLY_PROFILE = False
 LIBRARY_FORMAT = "Mach-O"  # the container of LIBRARY (pipeline/library.py checks it before loading)
-HOST_MEMORY = False  # a GPU's own memory: the KV cache is checked against what its device API says is free
-RUN_HINT = "metal artifacts run on a Mac: serve `python -m tvm.exec.rpc_server` there and pass --rpc HOST:PORT"
 TARBALL = "lib.tar"
 
 LIBRARY_SYMBOLS = ("__tvm_ffi__library_bin", "__tvm_ffi__library_ctx")
@@ -147,7 +141,7 @@ def extract_objects(tar_path: Path, dest: Path) -> list[str]:
 
 def kernel_source(executable) -> str:
     """The Metal Shading Language source of every Metal device module."""
-    from . import device_modules
+    from .modules import device_modules
 
     sources = []
     for module in device_modules(executable):
@@ -204,13 +198,6 @@ def required_symbols(tar_path) -> list[str]:
     return sorted(needed)
 
 
-def kernel_runner(artifact, manifest, options):
-    """Metal kernels run only on a Mac: over TVM RPC (`--rpc`)."""
-    from .native import kernel_runner as run_shipped
-
-    return run_shipped(artifact, manifest, options, local=False)
-
-
 def static_checks(artifact, manifest, names, roles) -> list[tuple]:
     """Without a Mac: the dylib exports every symbol TVM's loader needs, each kernel's MSL is there."""
     library = Path(artifact) / manifest["library"]
@@ -236,25 +223,3 @@ def not_executed(options) -> str:
     del options
     return ("metal: NOT EXECUTED (Metal runs on a Mac: `mlcpipe check --rpc HOST:PORT` against a rpc_server there): "
             "MSL source of every kernel present, dylib exports checked")
-
-
-def local_device():
-    """A Mac whose TVM has the Metal runtime."""
-    import tvm
-
-    from ..errors import ArtifactError
-
-    if not tvm.metal(0).exist:
-        raise ArtifactError(RUN_HINT)
-    return tvm.metal(0)
-
-
-def timing_device():
-    raise ValueError("tune --target metal: Metal kernels cannot be timed here (allowed: llvm, cuda); "
-                     "`mlcpipe check --rpc` runs them on a Mac")
-
-
-
-def timing_cold_bytes() -> int:
-    """0: one input set per timing (not timed here)."""
-    return 0

@@ -28,14 +28,9 @@ PASS_CONFIG = {"tirx.disable_cse_tir": True}
 KERNEL_SUFFIX = "_kernel"  # TVM names a PrimFunc's device kernel <name>_kernel
 HOST_CPU = False
 PRESET_OPTIONS: dict = {}
-RPC_DEVICE = None  # not TVM's runtime: no RPC
-RPC_DEVICE_HINT = ""
 WEBGPU_RUNTIME = True  # runs in a WebGPU runtime (Dawn in node, Chromium, WebLLM): WGSL kernels
 METASCHEDULE = False
-NIGHTLY_PROFILE = False
 LIBRARY_FORMAT = "wasm"  # the container of LIBRARY (pipeline/library.py checks it before loading)
-HOST_MEMORY = False  # an adapter's memory, not this machine's (the WebGPU runtime allocates the KV cache)
-PROFILE_DEFAULTS = (32, 8, 2)  # prompt tokens, generated tokens, measured runs (software adapters are slow)
 
 _SETUP_HINT = "install with scripts/setup-debian.sh"
 _OWN_HEADERS = Path(__file__).resolve().parent / "web_runtime"
@@ -105,7 +100,7 @@ def export(executable, target, out_dir: Path, library: str = LIBRARY) -> list[st
 
 
 def kernel_source(executable) -> str:
-    from . import device_modules
+    from .modules import device_modules
 
     return "\n".join(m.inspect_source("") for m in device_modules(executable) if m.kind == "webgpu")
 
@@ -346,59 +341,6 @@ def runtime_objects() -> list[str]:
     return [str(o) for o in objects]
 
 
-# ---- run side: the real WebGPU runtime (Dawn for node, or headless Chromium) -------------------
-
-
-def _refuse_rpc(options) -> None:
-    if options.remote is not None:
-        raise ValueError("--rpc runs TVM's runtime (llvm, cuda, metal artifacts); a webgpu artifact runs in a WebGPU "
-                         "runtime here: choose it with --adapter (gles, swiftshader, gpu) or --browser")
-
-
-def open_engine(artifact, weights, seed, options):
-    from ..runners.dawn import WebGPUEngine
-
-    _refuse_rpc(options)
-    return WebGPUEngine(artifact, weights, seed=seed, adapter=options.adapter, browser=options.browser,
-                        prefill_chunk=options.prefill_chunk, timed_adapter=options.timed, console=options.console)
-
-
-def kernel_runner(artifact, manifest, options):
-    """The shipped lib.wasm's kernels in Dawn. f16 kernels need an adapter with shader-f16; where
-    none is chosen and the one found lacks it, they run on Mesa lavapipe through wgpu instead,
-    compiled from the artifact's scheduled TIR by the same codegen (`LavapipeKernels`)."""
-    from ..errors import RunnerError
-    from ..runners.dawn import KernelRunner
-
-    _refuse_rpc(options)
-    try:
-        return KernelRunner(artifact, options.adapter, browser=options.browser)
-    except RunnerError as exc:
-        if "shader-f16" not in str(exc) or options.adapter not in (None, "auto") or options.browser:
-            raise
-        return LavapipeKernels(artifact, manifest)
-
-
-class LavapipeKernels:
-    """(name, args) -> args: an artifact's scheduled TIR kernel compiled to WGSL and run on Mesa
-    lavapipe through wgpu (f16 included), for f16 artifacts where Dawn has no shader-f16 here."""
-
-    adapter = "lavapipe (wgpu; kernels from tir/scheduled.json: no Dawn adapter with shader-f16 here)"
-
-    def __init__(self, artifact, manifest):
-        import tvm
-
-        from ..runners import webgpu as lavapipe
-
-        self._lavapipe = lavapipe
-        self._scheduled = tvm.ir.load_json((Path(artifact) / "tir" / "scheduled.json").read_text())
-        self._target = tvm.target.Target(manifest["target"])
-        self.adapter_info = lavapipe.adapter_info()
-
-    def __call__(self, name: str, args: list) -> list:
-        return self._lavapipe.run_primfunc(self._scheduled[name], self._target, args)
-
-
 def static_checks(artifact, manifest, names, roles) -> list[tuple]:
     del artifact, manifest, names, roles
     return []
@@ -407,30 +349,3 @@ def static_checks(artifact, manifest, names, roles) -> list[tuple]:
 def not_executed(options) -> str:
     del options
     return "webgpu: NOT EXECUTED"
-
-
-def profile(engine, options, weights, llvm_twin, **kwargs) -> dict:
-    """Every kernel of the real run timed by WebGPU timestamp queries."""
-    del options, weights, llvm_twin
-    from ..profiler.webgpu import profile as measure
-
-    return measure(engine, **kwargs)
-
-
-def local_device():
-    """TVM's runtime here has no WebGPU: webgpu artifacts run in a WebGPU runtime (open_engine)."""
-    from . import not_runnable_here
-    from .cuda import cuda_present
-
-    raise not_runnable_here("webgpu", cuda_here=cuda_present())
-
-
-def timing_device():
-    raise ValueError("tune --target webgpu: cannot time webgpu kernels here (allowed: llvm, cuda); the software "
-                     "adapters run WebGPU on the CPU, so their timings do not rank GPU schedules: use `mlcpipe check` for numerics")
-
-
-
-def timing_cold_bytes() -> int:
-    """0: one input set per timing (not timed here)."""
-    return 0

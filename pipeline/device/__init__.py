@@ -1,2 +1,46 @@
-"""The run side: what loads and runs a built artifact with TVM's runtime library alone (no
-compiler), and the one command a lent GPU machine runs (`job`)."""
+"""The run half of each target kind, one module per kind (llvm, cuda, metal, webgpu): `device(kind)`.
+
+What a kind needs where an artifact runs: the device TVM's runtime gives it here (`local_device`),
+whether it runs here at all, the device `mlcpipe tune` times on, the RPC session method giving
+a remote one, whose memory the KV cache goes into, the profile's default sizes. The compile
+half (presets, export, link, kernel source) is `pipeline.backends`; this side imports it, never
+the other way. TVM's runtime library driven without the compiler: `tvm_runtime`. Signatures and
+meaning: docs/backends.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+
+from ..backends import KINDS
+
+INTERFACE = (
+    "runs_here", "local_device", "timing_device", "timing_cold_bytes",
+    "RPC_DEVICE", "RPC_DEVICE_HINT", "HOST_MEMORY", "PROFILE_DEFAULTS", "NIGHTLY_PROFILE",
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class RunOptions:
+    """Where an artifact runs: a TVM RPC session (llvm, cuda, metal), or a WebGPU adapter
+    (gles, swiftshader, gpu, auto) in node or in headless Chromium; a smaller prefill chunk."""
+
+    remote: object = None
+    adapter: str | None = None
+    browser: bool = False
+    prefill_chunk: int | None = None
+    timed: bool = False  # for `profile`: pick a device that can time kernels
+    console: object = None  # callable(line): the browser page's console lines, as they come
+
+
+def device(kind: str):
+    """The run-side module for a target kind (llvm, cuda, metal, webgpu)."""
+    if kind not in KINDS:
+        raise ValueError(f"no device module for target kind {kind!r}; allowed: llvm, cuda, metal, webgpu")
+    return importlib.import_module(f"{__name__}.{kind}")
+
+
+def kinds_with(attribute: str) -> tuple[str, ...]:
+    """The target kinds whose device module's `attribute` is true (e.g. "NIGHTLY_PROFILE"), in KINDS order."""
+    return tuple(kind for kind in KINDS if getattr(device(kind), attribute))

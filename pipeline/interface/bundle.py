@@ -1,7 +1,7 @@
 """`mlcpipe bundle`: what a GPU machine without apache-tvm needs to check, run, profile and benchmark
 mlcpipe's CUDA artifacts with one command, packed into one folder:
 
-    run.sh                  the command (`bash run.sh`; results to $OUT): the job of pipeline/device/job.py
+    run.sh                  the command (`bash run.sh`; results to $OUT): the job of pipeline/interface/job.py
     bundle.json             what is inside, and what each artifact's job steps are
     artifacts/<name>/       the artifacts (cuda for `arch`, one fatbin arch; portable llvm ones), less tir/
     expected/<model>-<quant>.npz  the llvm build's prompt, tokens and logits of the same synthetic weights
@@ -31,7 +31,7 @@ import numpy as np
 
 from ..artifact import BUNDLE_INDEX, RUN_FIELDS, atomic_directory, file_digests, read_manifest, write_json
 from ..config import REPO_ROOT, artifacts_root, load_model_config, short_repr
-from ..device.job import BUNDLE_FORMAT, teacher_forced
+from .job import BUNDLE_FORMAT, teacher_forced
 from ..errors import ArtifactError, OptionValueError
 
 DEFAULT_SETS = ("llama-3.2-1b:q4f16_1,q4f32_1,q0f16", "llama-tiny:q4f16_1")
@@ -169,7 +169,7 @@ def _find_cudart(name: str, linking: Path) -> Path | None:
 RUN_SH = """#!/usr/bin/env bash
 # mlcpipe bundle {created}: the GPU work in one command, on a machine without apache-tvm.
 #   bash run.sh [--steps run,check,profile,bench] [--kinds cuda,llvm] [--budget-s 450]
-# Results go to $OUT (else ./bundle-out); the job: pipeline/device/job.py.
+# Results go to $OUT (else ./bundle-out); the job: pipeline/interface/job.py.
 set -uo pipefail
 here="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
 want="{python}"  # the Python this bundle's tvm_ffi is built for
@@ -182,7 +182,7 @@ fi
 export PYTHONPATH="$here/site${{PYTHONPATH:+:$PYTHONPATH}}" MLCPIPE_TVM_RUNTIME="$here/tvm_runtime" TVM_USE_RUNTIME_LIB=1 PYTHONUNBUFFERED=1
 out="${{OUT:-$PWD/bundle-out}}"
 mkdir -p "$out"
-"$py" -m pipeline.device.job --bundle "$here" --out "$out" "$@" 2>&1 | tee "$out/log.txt"
+"$py" -m pipeline.interface.job --bundle "$here" --out "$out" "$@" 2>&1 | tee "$out/log.txt"
 exit "${{PIPESTATUS[0]}}"
 """
 
@@ -190,7 +190,7 @@ exit "${{PIPESTATUS[0]}}"
 def _f32_truth(model: str, artifact: Path, quant: str, prompt: list[int], tokens, log) -> np.ndarray | None:
     """The float32 logits of the same steps with the quantized model's exact weight values
     (benchmarks.llm_gpu.f32_truth, PyTorch on the CPU), or None without PyTorch: the job holds a
-    device against it, with the llvm build's own distance as the scale (pipeline/device/job.py)."""
+    device against it, with the llvm build's own distance as the scale (pipeline/interface/job.py)."""
     try:
         import torch  # noqa: F401
     except ImportError:
@@ -206,17 +206,55 @@ def _f32_truth(model: str, artifact: Path, quant: str, prompt: list[int], tokens
     return f32_truth(config, quant, prompt, tokens)
 
 
+def _expected(model: str, quant: str, prompt_len: int, prefill_chunk: int, steps: int, log) -> dict[str, np.ndarray]:
+    """What the llvm build of this machine computes for the bundle's prompt and weights (and the
+    float32 truth, where PyTorch is installed)."""
+    from ..device import RunOptions
+    from ..runtime import open_engine
+    from .artifacts import ensure_artifact
+
+    art = ensure_artifact(model, quant, "llvm", log=log)
+    engine = open_engine(art, "synthetic", 0, RunOptions(prefill_chunk=prefill_chunk))
+    length = min(prompt_len, engine.context_window - steps - 1)
+    prompt = [int(t) for t in np.random.default_rng(0).integers(0, engine.vocab_size, size=length)]
+    log(f"[mlcpipe] recording the llvm tokens and logits of {model} {quant} ({length} prompt tokens, {steps} steps)")
+    tokens, logits = teacher_forced(engine, prompt, steps)
+    record = {"prompt": np.asarray(prompt, np.int32), "tokens": tokens, "logits": logits, "prefill_chunk": np.int32(engine.prefill_chunk)}
+    truth = _f32_truth(model, art, quant, prompt, tokens, log)
+    if truth is not None:
+        record["truth"] = truth
+    return record
+
+
+def _site(site: Path, python: str, python_version: str, ffi_wheel: Path | None, log) -> str:
+    """The run-side code, the pure-Python packages it needs and tvm_ffi for the device's Python,
+    into `site`; returns the apache-tvm-ffi version."""
+    import tvm_ffi
+
+    from .artifacts import default_cache_dir
+
+    for package in CODE:
+        _python_files(REPO_ROOT / package, site / package)
+    shutil.copytree(REPO_ROOT / "configs", site / "configs")
+    for name in PURE_PACKAGES:
+        _pure_package(name, site)
+    ffi_version = metadata.version("apache-tvm-ffi")
+    if python == "current" and ffi_wheel is None:
+        _ffi_from_dir(Path(tvm_ffi.__file__).parent, site)
+    else:
+        _ffi_from_wheel(ffi_wheel or _ffi_wheel(ffi_version, python_version, default_cache_dir().parent / "wheels", log), site)
+    return ffi_version
+
+
 def bundle(out: Path | None = None, sets: list[str] | tuple[str, ...] = DEFAULT_SETS, graph: list[str] | tuple[str, ...] = DEFAULT_GRAPH,
            cpu_models: list[str] | tuple[str, ...] = DEFAULT_CPU, bench_models: list[str] | tuple[str, ...] = DEFAULT_BENCH,
            python: str = DEVICE_PYTHON, ffi_wheel: Path | None = None,
            prompt_len: int = 300, prefill_chunk: int = 128, steps: int = 6, max_mib: float = MAX_MIB,
            log: Callable[[str], None] = print) -> tuple[Path, int]:
     """Build (or reuse) the artifacts, record the llvm expectations, pack; returns (folder, bytes)."""
-    from ..backends import RunOptions, backend
-    from ..targets import preset_peak_gbps
-    from .artifacts import default_cache_dir, ensure_artifact
-
     from ..config import IN_CHECKOUT
+    from ..targets import preset_peak_gbps
+    from .artifacts import ensure_artifact
 
     if not IN_CHECKOUT:  # it packs the checkout's run-side code (pipeline/, benchmarks/, configs/)
         raise ArtifactError(f"mlcpipe bundle packs the run-side code of a checkout; {REPO_ROOT} is an installed mlcpipe "
@@ -244,21 +282,7 @@ def bundle(out: Path | None = None, sets: list[str] | tuple[str, ...] = DEFAULT_
         if model in cpu_models:
             found = ensure_artifact(model, quant, "llvm", log=log, overrides={"mcpu": PORTABLE_MCPU})
             entries.append(({"model": model, "quantization": quant, "kind": "llvm", "variant": "portable"}, found))
-    # what the llvm build of this machine computes for the same prompt and weights
-    expected: dict[tuple[str, str], dict[str, np.ndarray]] = {}
-    for model, quant in pairs:
-        art = ensure_artifact(model, quant, "llvm", log=log)
-        engine = backend("llvm").open_engine(art, "synthetic", 0, RunOptions(prefill_chunk=prefill_chunk))
-        length = min(prompt_len, engine.context_window - steps - 1)
-        prompt = [int(t) for t in np.random.default_rng(0).integers(0, engine.vocab_size, size=length)]
-        log(f"[mlcpipe] recording the llvm tokens and logits of {model} {quant} ({length} prompt tokens, {steps} steps)")
-        tokens, logits = teacher_forced(engine, prompt, steps)
-        expected[(model, quant)] = {"prompt": np.asarray(prompt, np.int32), "tokens": tokens, "logits": logits,
-                                    "prefill_chunk": np.int32(engine.prefill_chunk)}
-        truth = _f32_truth(model, art, quant, prompt, tokens, log)
-        if truth is not None:
-            expected[(model, quant)]["truth"] = truth
-        del engine
+    expected = {(model, quant): _expected(model, quant, prompt_len, prefill_chunk, steps, log) for model, quant in pairs}
     created = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     with atomic_directory(out, kind="bundle") as tmp:
         index = []
@@ -274,19 +298,7 @@ def bundle(out: Path | None = None, sets: list[str] | tuple[str, ...] = DEFAULT_
             index.append({**entry, "name": name, "dir": f"artifacts/{name}", "expected": recorded,
                           "prefill_chunk": int(record["prefill_chunk"]), "manifest_target": manifest["target"],
                           "peak_gbps": preset_peak_gbps(manifest.get("target_name", ""))})
-        site = tmp / "site"
-        for package in CODE:
-            _python_files(REPO_ROOT / package, site / package)
-        shutil.copytree(REPO_ROOT / "configs", site / "configs")
-        for name in PURE_PACKAGES:
-            _pure_package(name, site)
-        import tvm_ffi
-
-        ffi_version = metadata.version("apache-tvm-ffi")
-        if python == "current" and ffi_wheel is None:
-            _ffi_from_dir(Path(tvm_ffi.__file__).parent, site)
-        else:
-            _ffi_from_wheel(ffi_wheel or _ffi_wheel(ffi_version, python_version, default_cache_dir().parent / "wheels", log), site)
+        ffi_version = _site(tmp / "site", python, python_version, ffi_wheel, log)
         _tvm_runtime(tmp / "tvm_runtime")
         (tmp / "run.sh").write_text(RUN_SH.format(created=created, python=python_version))
         (tmp / "run.sh").chmod(0o755)

@@ -10,8 +10,8 @@ from ..errors import OptionError
 
 def run_options(rpc: str | None, rpc_tracker: str | None, rpc_key: str | None, adapter: str | None, browser: bool,
                 prefill_chunk: int | None = None):
-    """backends.RunOptions for the options (connects to the RPC server or tracker when given)."""
-    from ..backends import RunOptions
+    """device.RunOptions for the options (connects to the RPC server or tracker when given)."""
+    from ..device import RunOptions
 
     if (rpc or rpc_tracker) and (adapter or browser):
         raise OptionError("--rpc/--rpc-tracker run TVM's runtime elsewhere; --adapter/--browser choose a WebGPU runtime here: give one kind")
@@ -23,9 +23,9 @@ def run_options(rpc: str | None, rpc_tracker: str | None, rpc_key: str | None, a
     return RunOptions(remote=remote, adapter=adapter, browser=browser, prefill_chunk=prefill_chunk)
 
 
-def backend_of(artifact: Path):
-    """The backend module of the artifact's target kind (its manifest checked first)."""
+def device_of(artifact: Path):
+    """The run-side module of the artifact's target kind (its manifest checked first)."""
     from ..artifact import RUN_FIELDS, read_manifest
-    from ..backends import backend
+    from ..device import device
 
-    return backend(read_manifest(artifact, RUN_FIELDS)["target"]["kind"])
+    return device(read_manifest(artifact, RUN_FIELDS)["target"]["kind"])

@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
-from .device import backend_of, run_options
+from .device import device_of, run_options
 
 
 class _NoBar:
@@ -37,8 +37,10 @@ def profile(artifact: Path | None, model: str, quant: str | None, target_name: s
     `output` when given, and returned. `progress_bar(length, label)`: a context manager giving an
     object with `update(n)`."""
     from ..artifact import RUN_FIELDS, read_manifest
+    from ..profiler.driver import profile as profile_engine
     from ..profiler.reports import render
     from ..profiler.schema import save_profile
+    from ..runtime import open_engine
 
     from ..artifact import check_distinct_paths, write_file_atomic
 
@@ -50,7 +52,7 @@ def profile(artifact: Path | None, model: str, quant: str | None, target_name: s
 
         artifact = ensure_artifact(model, quant, target_name, log=log)
     manifest = read_manifest(artifact, RUN_FIELDS)
-    device = backend_of(artifact)
+    device = device_of(artifact)
     options = dataclasses.replace(run_options(rpc, rpc_tracker, rpc_key, adapter, browser), timed=True, console=log)
     if browser and fmt is None:
         fmt = "phase"  # the browser harness's per-phase GPU profile reports and metrics lines
@@ -63,11 +65,11 @@ def profile(artifact: Path | None, model: str, quant: str | None, target_name: s
 
         return ensure_artifact(model_config_of(artifact), manifest["quantization"], "llvm", log=log)
 
-    engine = device.open_engine(artifact, weights, 0, options)
+    engine = open_engine(artifact, weights, 0, options)
     try:
         with progress_bar(total, f"profiling {manifest['target']['kind']}") as bar:
-            data = device.profile(engine, options, weights, llvm_twin, prompt_len=prompt_len, gen_len=gen_len, runs=runs,
-                                  warmup=warmup, progress=lambda label, done, n: bar.update(1))
+            data = profile_engine(engine, options, weights, llvm_twin, prompt_len=prompt_len, gen_len=gen_len, runs=runs,
+                                 warmup=warmup, progress=lambda label, done, n: bar.update(1))
     finally:
         if hasattr(engine, "close"):
             engine.close()

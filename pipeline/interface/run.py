@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import OptionError, OptionValueError
-from .device import backend_of, run_options
+from .device import run_options
 
 
 def parse_tokens(text: str) -> list[int]:
@@ -24,7 +24,7 @@ def run(artifact: Path, weights: str | None = None, *, prompt_tokens: str | None
     """Generate from the prompt; returns (the decoded text when a tokenizer is known, the token ids).
     `sampling`: the sampling flags given (temperature, top_p, ..., seed); none: greedy."""
     from ..generation import Sampling
-    from ..runtime import check_logits_path
+    from ..runtime import check_logits_path, open_engine
     from ..runtime import save_logits as write_logits
     from ..tokenizer import find_tokenizer
 
@@ -46,7 +46,7 @@ def run(artifact: Path, weights: str | None = None, *, prompt_tokens: str | None
     given = {k: v for k, v in (sampling or {}).items() if v is not None}
     sampler = Sampling(**given) if given else None
     options = run_options(rpc, rpc_tracker, rpc_key, adapter, browser, prefill_chunk)
-    engine = backend_of(artifact).open_engine(artifact, weights, weights_seed, options)
+    engine = open_engine(artifact, weights, weights_seed, options)
     try:
         logits = []
         out = engine.generate(tokens, max_new_tokens, on_logits=lambda step, values: logits.append(values), sampling=sampler)

@@ -8,7 +8,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from ..backends import kinds_with
+from ..device import kinds_with
 from ..config import CONFIG_DIR, check_path_name, check_quantization, load_model_config, load_yaml, model_dirs, short_repr, short_text
 from ..errors import ConfigError
 from ..quantization import QUANTIZATIONS

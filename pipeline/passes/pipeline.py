@@ -5,7 +5,8 @@ Phases (as MLC-LLM orders them):
                        CPU paged-prefill attention fixed: kv_cache_fixes.py)
   2. lower             Relax ops -> TIR PrimFuncs, FuseOps + FuseTIR (elementwise epilogues)
   3. fuse-tir          dequantize fused into the NT_matmul that consumes it
-  4. schedule          our schedule rules for the target (schedules/)
+  4. schedule          the schedule pass the caller gives (schedules.schedule_pass: our rules for
+                       the target; passes/ does not import schedules/, which sit above it)
   5. finalize          Relax VM lowering: memory planning, builtins, shape lowering (and, when
                        the build gives one, the pass attaching `_metadata` right after memory
                        planning, where MLC-LLM attaches it: function_table.py)
@@ -25,11 +26,11 @@ from .kv_cache_fixes import FixKVCacheKernels
 from .shape_funcs import CanonicalShapeFuncs
 
 
-def phase_passes(target_kind: str, tuning=None, on_kernel=None, after_memory_plan=None) -> list[tuple[str, list[tvm.transform.Pass]]]:
-    """(phase name, passes) of every phase, in order. `after_memory_plan`: an optional pass run right after StaticPlanBlockMemory (the build's
-    AttachMetadata, whose memory estimate reads the planned allocations)."""
-    from schedules import schedule_pass
-
+def phase_passes(schedule: tvm.transform.Pass | None, after_memory_plan=None) -> list[tuple[str, list[tvm.transform.Pass]]]:
+    """(phase name, passes) of every phase, in order. `schedule`: the schedule phase's pass (None:
+    that phase and the next are empty). `after_memory_plan`: an optional pass run right after
+    StaticPlanBlockMemory (the build's AttachMetadata, whose memory estimate reads the planned
+    allocations)."""
     return [
         # the batched functions are lowered last: kernels they share with prefill/decode keep
         # their names and `seq_len` dims (function_table.py)
@@ -47,7 +48,7 @@ def phase_passes(target_kind: str, tuning=None, on_kernel=None, after_memory_pla
             ],
         ),
         ("fuse-tir", [FuseDequantizeMatmul(), relax.transform.DeadCodeElimination(), RestoreBatchedFunctions]),
-        ("schedule", [schedule_pass(target_kind, tuning, on_kernel)]),
+        ("schedule", [schedule] if schedule is not None else []),
         (
             "finalize",
             [
@@ -78,26 +79,27 @@ def run_pipeline(
     target: tvm.target.Target,
     dump_dir: Path | None = None,
     on_phase: Callable[[str, tvm.IRModule], None] | None = None,
-    tuning: dict | None = None,
-    on_kernel: Callable[[str, dict | None], None] | None = None,
+    schedule: tvm.transform.Pass | None = None,
     after_memory_plan: tvm.transform.Pass | None = None,
     until: str | None = None,
 ) -> tvm.IRModule:
     """Run every phase under `target`; dump `NN-<phase>.py` TVMScript into `dump_dir` if given.
 
     `on_phase(name, mod)` sees the module after each phase (used to record the fused kernels
-    before scheduling hides their structure). `tuning` (kernel signature -> rule + knobs, from
-    pipeline/tuning.py) overrides rule defaults; `on_kernel(name, record)` hears which rule and
-    knobs each kernel got. `after_memory_plan` runs right after StaticPlanBlockMemory (the
+    before scheduling hides their structure). `schedule`: the schedule phase's pass
+    (`schedules.schedule_pass(kind, tuning, on_kernel)`), needed unless the run stops before that
+    phase. `after_memory_plan` runs right after StaticPlanBlockMemory (the
     build's AttachMetadata). `until` (a name in PHASES) stops after that phase: `until="fuse-tir"`
     gives the fused, unscheduled kernels.
     """
     if until is not None and until not in PHASES:
         raise ValueError(f"until={until!r}: not a phase; allowed: {', '.join(PHASES)}")
+    if schedule is None and PHASES.index(until or PHASES[-1]) >= PHASES.index("schedule"):
+        raise ValueError("run_pipeline: the schedule phase needs a schedule pass (schedules.schedule_pass(kind, tuning, on_kernel))")
     if dump_dir is not None:
         dump_dir.mkdir(parents=True, exist_ok=True)
         (dump_dir / "00-input.py").write_text(mod.script(show_meta=False))
-    phases = phase_passes(target.kind.name, tuning, on_kernel, after_memory_plan)
+    phases = phase_passes(schedule, after_memory_plan)
     assert tuple(name for name, _ in phases) == PHASES
     with target:
         for index, (name, passes) in enumerate(phases, start=1):

@@ -321,13 +321,24 @@ def _same_or_both(va, vb) -> str:
 def compare(a: dict, b: dict, name_a: str = "A", name_b: str = "B", alpha: float = 0.05,
             noise_floor_pct: float = NOISE_FLOOR_PCT) -> str:
     """The A/B report (markdown) comparing profile `a` (before) with profile `b` (after)."""
-    out: list[str] = []
     model = _same_or_both(a.get("display_name", a["model"]), b.get("display_name", b["model"]))
     quant = _same_or_both(a["quantization"], b["quantization"])
     device = _same_or_both(a["device"], b["device"])
-    out.append(f"# Cross Performance Comparison: {model} {quant} on {device} (A: {name_a} vs B: {name_b})")
-    out.append("")
+    out = [f"# Cross Performance Comparison: {model} {quant} on {device} (A: {name_a} vs B: {name_b})", ""]
+    rows = kernel_rows(a, b, alpha, noise_floor_pct)
+    m = sum(1 for r in rows if r["calls_a"] and r["calls_b"])
+    out += _summary_section(a, b, name_a, name_b)
+    out += _steps_section(a, b, name_a, name_b)
+    out += _kernels_overview(rows, m, name_a, name_b, alpha, noise_floor_pct)
+    out += _key_findings(rows, m, name_a, name_b, alpha)
+    out += _detail_table(rows, name_a, name_b)
+    out += _legend(name_a, name_b, alpha, noise_floor_pct)
+    return "\n".join(out) + "\n"
 
+
+def _summary_section(a: dict, b: dict, name_a: str, name_b: str) -> list[str]:
+    """1. the summary metrics side by side."""
+    out: list[str] = []
     # 1. summary
     out.append("## 1. High-Level Performance Summary")
     out.append("")
@@ -342,6 +353,12 @@ def compare(a: dict, b: dict, name_a: str = "A", name_b: str = "B", alpha: float
     out.append(gfm_table(["Metric", name_a, name_b, f"Δ ({name_b} - {name_a})", "Change (%)"], body, ["l"] * 5))
     out.append("")
 
+    return out
+
+
+def _steps_section(a: dict, b: dict, name_a: str, name_b: str) -> list[str]:
+    """2. the decode steps' times paired by rank."""
+    out: list[str] = []
     # 2. step distribution
     out.append("## 2. Step Duration Distribution Comparison")
     out.append("")
@@ -355,11 +372,14 @@ def compare(a: dict, b: dict, name_a: str = "A", name_b: str = "B", alpha: float
         out.append("*No measured decode steps in either profile.*")
     out.append("")
 
+    return out
+
+
+def _kernels_overview(rows: list[dict], m: int, name_a: str, name_b: str, alpha: float, noise_floor_pct: float) -> list[str]:
+    """3. the per-kernel comparison's overview: the main difference, the verdicts, the drift."""
+    out: list[str] = []
     # 3. kernels
-    rows = kernel_rows(a, b, alpha, noise_floor_pct)
     drift = drift_pct(rows)
-    m = sum(1 for r in rows if r["calls_a"] and r["calls_b"])
-    threshold = f"p < {alpha / max(1, m):.2g} = {alpha:g}/{m}"
     out.append("## 3. Per-Kernel Comparison")
     out.append("")
     out.append("### Overview")
@@ -385,6 +405,13 @@ def compare(a: dict, b: dict, name_a: str = "A", name_b: str = "B", alpha: float
                    "between the two profiles (CPU frequency, thread-pool contention, other processes), so the noise floors "
                    "are raised; re-profile both on a quiet machine to confirm a shift of many kernels at once.")
     out.append("")
+    return out
+
+
+def _key_findings(rows: list[dict], m: int, name_a: str, name_b: str, alpha: float) -> list[str]:
+    """The most suspicious (kernel, phase) rows, with what moved and the verdict."""
+    out: list[str] = []
+    threshold = f"p < {alpha / max(1, m):.2g} = {alpha:g}/{m}"
     out.append("### Key Findings:")
     tops = [r for r in rows if r["suspicion"] > 0][:TOP_FINDINGS]
     if not tops:
@@ -421,6 +448,12 @@ def compare(a: dict, b: dict, name_a: str = "A", name_b: str = "B", alpha: float
                "**Suspicion Score**. Examine the interplay between its share of total kernel time (β) and its per-call "
                "duration (μ) changes to understand the root cause; a kernel marked `noise` or `unchanged` did not move "
                "beyond run-to-run variation.")
+    return out
+
+
+def _detail_table(rows: list[dict], name_a: str, name_b: str) -> list[str]:
+    """Every (kernel, phase) row, by suspicion score."""
+    out: list[str] = []
     out.append("### Detailed comparison table")
     out.append("This table aggregates the performance of each (kernel, phase) pair across both runs, sorted by "
                "**Suspicion Score** in descending order.")
@@ -450,6 +483,12 @@ def compare(a: dict, b: dict, name_a: str = "A", name_b: str = "B", alpha: float
         out.append("*No measured kernel samples in either profile.*")
     out.append("")
 
+    return out
+
+
+def _legend(name_a: str, name_b: str, alpha: float, noise_floor_pct: float) -> list[str]:
+    """4. what every column and verdict means."""
+    out: list[str] = []
     # 4. legend
     out.append("## 4. Legend")
     out.append(f"- **A / B**: `{name_a}` is the baseline (before), `{name_b}` the candidate (after); "
@@ -484,7 +523,7 @@ def compare(a: dict, b: dict, name_a: str = "A", name_b: str = "B", alpha: float
                "Calls of one profile share the machine's state, so a small p alone is not a regression.")
     out.append("- **Suspicion Score**: A composite score `|Δβ| * (|Z-Score(β)| + |Z-Score(log_μ)|)` to rank potential "
                "issues. **Focus on items with the highest score first.**")
-    return "\n".join(out) + "\n"
+    return out
 
 
 def check_comparable(a: dict, b: dict, name_a: str, name_b: str) -> None:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import platform
-import resource
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,7 +25,8 @@ from ..device import tvm_runtime as rt
 from ..kernel_inputs import KV_CACHE_CREATE
 from ..runtime import Engine
 
-from .schema import overhead_metrics, profile_header, run_records
+from .core import alternate, document, kernel_table, measured_ms, metrics
+from .schema import run_records
 
 
 def device_description(target_kind: str, device=None) -> str:
@@ -176,22 +176,6 @@ def _wrapped_kv_cache_factory(engine: Engine, recorder: _Recorder) -> Callable[[
     return make
 
 
-def percentiles(values: list[float]) -> dict[str, float]:
-    if not values:
-        return {"mean": 0.0, "p50": 0.0, "p95": 0.0, "p99": 0.0, "min": 0.0, "max": 0.0}
-    arr = np.asarray(values)
-    return {
-        "mean": float(arr.mean()), "p50": float(np.percentile(arr, 50)), "p95": float(np.percentile(arr, 95)),
-        "p99": float(np.percentile(arr, 99)), "min": float(arr.min()), "max": float(arr.max()),
-    }
-
-
-def ttft_ms(steps: list[dict], warmup: int) -> float:
-    """Median time to first token of the measured runs: from the request (a new sequence in a
-    fresh KV cache) through the prompt's prefill to the first token sampled on the host."""
-    return float(np.median([s["first_token_ns"] / 1e6 for s in steps if s["run"] >= warmup and "first_token_ns" in s]))
-
-
 def run_once(engine: Engine, prompt: list[int], gen_len: int, recorder: _Recorder | None, make_kv, run: int, steps: list):
     """One generation, as a request is served: a new sequence, the prompt's prefill, the first
     token, then decode steps. Appends step records to `steps` (the prefill's also has
@@ -278,73 +262,33 @@ def profile(
     """Profile `engine`; returns the profile as a JSON-ready dict (schema in `schema.py`)."""
     manifest = engine.manifest
     prompt = random_prompt(engine, prompt_len, gen_len, seed)
-    params = kernel_params(engine.artifact, manifest)
     kernels = {k["name"] for k in manifest["kernels"]}
-    skip = uncounted_params(params, manifest)
-    total = (warmup + runs) * 2
-    done = 0
-
-    def tick(label):
-        nonlocal done
-        done += 1
-        if progress:
-            progress(label, done, total)
-
-    # The two modes alternate run by run, so drift in machine load hits both alike.
-    recorder = _Recorder(kernels, skip, engine.device)
+    recorder = _Recorder(kernels, uncounted_params(kernel_params(engine.artifact, manifest), manifest), engine.device)
     make_kv = _wrapped_kv_cache_factory(engine, recorder)
     low_steps: list = []
     steps: list = []
-    tokens = []
+    tokens: list[int] = []
+
+    def low_overhead(run: int) -> None:
+        engine.vm.set_instrument(None)  # whole-step timing only
+        run_once(engine, prompt, gen_len, None, None, run, low_steps)
+
+    def per_kernel(run: int) -> None:
+        nonlocal tokens
+        engine.vm.set_instrument(recorder.instrument)
+        tokens = run_once(engine, prompt, gen_len, recorder, make_kv, run, steps)
+
     try:
-        for run in range(warmup + runs):
-            engine.vm.set_instrument(None)  # low-overhead mode: whole-step timing only
-            run_once(engine, prompt, gen_len, None, None, run, low_steps)
-            tick("low-overhead")
-            engine.vm.set_instrument(recorder.instrument)  # per-kernel mode
-            tokens = run_once(engine, prompt, gen_len, recorder, make_kv, run, steps)
-            tick("per-kernel")
+        alternate(warmup, runs, [("low-overhead", low_overhead), ("per-kernel", per_kernel)], progress)
     finally:
         engine.vm.set_instrument(None)
-
-    def measured(step_list, phase):
-        return [s["ns"] / 1e6 for s in step_list if s["run"] >= warmup and s["phase"] == phase]
-
-    prefill_ms = measured(steps, "prefill")
-    decode_ms = measured(steps, "decode")
-    low_prefill, low_decode = measured(low_steps, "prefill"), measured(low_steps, "decode")
-    per_kernel_total = sum(prefill_ms) + sum(decode_ms)
-    low_total = sum(low_prefill) + sum(low_decode)
+    per_kernel_total = sum(measured_ms(steps, "prefill", warmup)) + sum(measured_ms(steps, "decode", warmup))
     weight_bytes = sum(int(int(np.prod(p["shape"])) * rt.dtype_bytes(p["dtype"])) for p in manifest["parameters"])
     roles = {k["name"]: k.get("role", "other") for k in manifest["kernels"]}
-    p50_decode_low = float(np.median(low_decode)) if low_decode else 0.0
-    return {
-        **profile_header(manifest),
-        "device": device_description(manifest["target"]["kind"], engine.device),
-        "num_layers": engine.config["model_config"]["num_hidden_layers"],
-        "config": {"prompt_len": prompt_len, "gen_len": gen_len, "runs": runs, "warmup_runs": warmup, "seed": seed,
-                   "threads": rt.num_threads() if backend(manifest["target"]["kind"]).HOST_CPU else None},
-        "metrics": {
-            "load_ms": engine.load_seconds * 1e3,
-            "ttft_ms": ttft_ms(low_steps, warmup),
-            "prefill_ms": float(np.median(low_prefill)),
-            "prefill_tok_s": prompt_len / (float(np.median(low_prefill)) / 1e3),
-            "decode_ms_per_token": percentiles(low_decode),
-            "decode_tok_s": 1e3 / p50_decode_low if p50_decode_low else 0.0,
-            "warmup_prefill_ms": [s["ns"] / 1e6 for s in low_steps if s["run"] < warmup and s["phase"] == "prefill"],
-            "peak_host_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-            "weight_bytes": weight_bytes,
-            "overhead": overhead_metrics(per_kernel_total, low_total),
-        },
-        "generated_tokens": tokens,
-        "kernels": {  # every kernel of the artifact; ones never called have empty bytes/arg_shapes
-            name: {
-                "role": roles.get(name, "other"),
-                "bytes": {phase: b for (k, phase), b in recorder.bytes.items() if k == name},
-                "arg_shapes": {phase: sh for (k, phase), sh in recorder.shapes.items() if k == name},
-            }
-            for name in sorted(kernels)
-        },
-        **run_records(low_steps, steps, recorder.samples, warmup),
-        "environment": {"TVM_NUM_THREADS": os.environ.get("TVM_NUM_THREADS"), "load_average": list(os.getloadavg())},
-    }
+    host_cpu = backend(manifest["target"]["kind"]).HOST_CPU
+    config = {"prompt_len": prompt_len, "gen_len": gen_len, "runs": runs, "warmup_runs": warmup, "seed": seed,
+              "threads": rt.num_threads() if host_cpu else None}
+    return document(engine, device_description(manifest["target"]["kind"], engine.device), config,
+                    metrics(engine, prompt_len, low_steps, per_kernel_total, warmup, weight_bytes), tokens,
+                    kernel_table(kernels, roles, recorder.bytes, recorder.shapes),  # every kernel; ones never called: empty
+                    run_records(low_steps, steps, recorder.samples, warmup), {"TVM_NUM_THREADS": os.environ.get("TVM_NUM_THREADS")})

@@ -9,8 +9,6 @@ and uploaded as a library of their own. Details: docs/profiler.md.
 
 from __future__ import annotations
 
-import os
-import resource
 import tempfile
 import time
 from collections.abc import Callable
@@ -27,14 +25,12 @@ from .measure import (
     RecordedCall,
     RecordedTensor,
     kernel_params,
-    percentiles,
     random_prompt,
     record_calls,
     run_once,
-    ttft_ms,
     uncounted_params,
 )
-from .schema import overhead_metrics, profile_header
+from .core import alternate, document, kernel_table, metrics
 
 NUMBER = 5  # launches averaged per time_evaluator measurement
 
@@ -139,61 +135,75 @@ def profile_remote(
     calls = record_calls(record_engine, prompt_len, gen_len, seed)
     mapping = map_kernels(sorted({c.kernel for c in calls}), llvm_manifest, manifest)
     kernels = [mapping[c.kernel] for c in calls]
-
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="mlcpipe-rpc-kernels-") as tmp:
-        library = kernel_library(engine.artifact, manifest, Path(tmp))
-        module = upload_library(engine.remote, library, where)
+        module = upload_library(engine.remote, kernel_library(engine.artifact, manifest, Path(tmp)), where)
     kernels_load_ms = (time.perf_counter() - started) * 1e3
     params = kernel_params(engine.artifact, manifest)
     pool = _RemoteCalls(module, engine.device, params)
     rtt = round_trip_ms(engine.remote)
-
-    total, done = (warmup + runs) * 2, 0
     low_steps: list[dict] = []
     steps: list[dict] = []
     samples: list[dict] = []
     tokens: list[int] = []
+
+    def low_overhead(run: int) -> None:  # the real run on the remote
+        nonlocal tokens
+        tokens = run_once(engine, prompt, gen_len, None, None, run, low_steps)
+
+    def per_kernel(run: int) -> None:  # device time of every recorded call, laid end to end
+        steps.extend(_timed_steps(pool, calls, kernels, run, warmup, prompt_len, samples))
+
+    alternate(warmup, runs, [("low-overhead", low_overhead), ("per-kernel", per_kernel)], progress)
+    low = [{"mode": "low-overhead", "run": s["run"], "warmup": s["run"] < warmup, "phase": s["phase"], "step": s["step"],
+            "tokens": s["tokens"], "start_ms": s["start_ns"] / 1e6, "ms": s["ns"] / 1e6,
+            **({"first_token_ms": s["first_token_ns"] / 1e6} if "first_token_ns" in s else {})} for s in low_steps]
+    per_kernel_total = sum(s["ms"] for s in steps if not s["warmup"])
+    moved, shapes = _moved_bytes(kernels, calls, uncounted_params(params, manifest))
+    roles = {k["name"]: k.get("role", "other") for k in manifest["kernels"]}
+    weight_bytes = sum(int(np.prod(p["shape"])) * tvm.runtime.DataType(p["dtype"]).bits // 8 for p in manifest["parameters"])
+    method = {
+        "kind": "rpc",
+        "remote": where,
+        "rpc_round_trip_ms": rtt,
+        "metrics": "low-overhead mode: wall time on this machine of each forward step of the real generation on the "
+                   "remote, RPC round trips included (a few per step; see rpc_round_trip_ms)",
+        "samples": f"per-kernel mode: remote time_evaluator (device time, mean of {NUMBER} launches) of every call of the "
+                   "llvm call sequence, on kernels compiled from the artifact's tir/scheduled.json; samples laid end to end",
+        "call_sequence": f"recorded on llvm ({record_engine.artifact}): {len(calls)} kernel calls per generation",
+        "kernel_map": {k: v for k, v in sorted(mapping.items()) if k != v},
+        "kernel_library_ms": kernels_load_ms,
+    }
+    config = {"prompt_len": prompt_len, "gen_len": gen_len, "runs": runs, "warmup_runs": warmup, "seed": seed, "threads": None}
+    return document(engine, f"{manifest['target']['kind']} device {engine.device} of {where}", config,
+                    metrics(engine, prompt_len, low_steps, per_kernel_total, warmup, weight_bytes), tokens,
+                    kernel_table(roles, roles, moved, shapes), {"steps": low + steps, "samples": samples}, {"remote": where}, method)
+
+
+def _timed_steps(pool: _RemoteCalls, calls: list[RecordedCall], kernels: list[str], run: int, warmup: int, prompt_len: int,
+                 samples: list[dict]) -> list[dict]:
+    """One per-kernel run: every recorded call timed on the remote (`pool`), in call order, laid
+    end to end; its samples appended to `samples`; the step records returned."""
     groups: list[tuple[str, int, list[int]]] = []
     for i, call in enumerate(calls):
         if not groups or groups[-1][:2] != (call.phase, call.step):
             groups.append((call.phase, call.step, []))
         groups[-1][2].append(i)
-    step_tokens = {"prefill": prompt_len, "decode": 1}
-    for run in range(warmup + runs):
-        raw: list[dict] = []
-        tokens = run_once(engine, prompt, gen_len, None, None, run, raw)  # low-overhead: the real run
-        low_steps.extend(raw)
-        done += 1
-        if progress:
-            progress("low-overhead", done, total)
-        clock = 0.0  # per-kernel: device time laid end to end
-        for phase, step, indices in groups:
-            step_start = clock
-            for i in indices:
-                ms = pool.time_ms(kernels[i], calls[i], run)
-                samples.append({"kernel": kernels[i], "parent": calls[i].parent, "phase": phase, "step": step, "run": run,
-                                "warmup": run < warmup, "start_ms": clock, "ms": ms})
-                clock += ms
-            steps.append({"mode": "per-kernel", "run": run, "warmup": run < warmup, "phase": phase, "step": step,
-                          "tokens": step_tokens[phase], "start_ms": step_start, "ms": clock - step_start})
-        done += 1
-        if progress:
-            progress("per-kernel", done, total)
+    steps, clock = [], 0.0
+    for phase, step, indices in groups:
+        step_start = clock
+        for i in indices:
+            ms = pool.time_ms(kernels[i], calls[i], run)
+            samples.append({"kernel": kernels[i], "parent": calls[i].parent, "phase": phase, "step": step, "run": run,
+                            "warmup": run < warmup, "start_ms": clock, "ms": ms})
+            clock += ms
+        steps.append({"mode": "per-kernel", "run": run, "warmup": run < warmup, "phase": phase, "step": step,
+                      "tokens": prompt_len if phase == "prefill" else 1, "start_ms": step_start, "ms": clock - step_start})
+    return steps
 
-    low = [{"mode": "low-overhead", "run": s["run"], "warmup": s["run"] < warmup, "phase": s["phase"], "step": s["step"],
-            "tokens": s["tokens"], "start_ms": s["start_ns"] / 1e6, "ms": s["ns"] / 1e6,
-            **({"first_token_ms": s["first_token_ns"] / 1e6} if "first_token_ns" in s else {})} for s in low_steps]
 
-    def measured(step_list: list[dict], phase: str) -> list[float]:
-        return [s["ms"] for s in step_list if not s["warmup"] and s["phase"] == phase]
-
-    low_prefill, low_decode = measured(low, "prefill"), measured(low, "decode")
-    low_total = sum(low_prefill) + sum(low_decode)
-    per_kernel_total = sum(measured(steps, "prefill")) + sum(measured(steps, "decode"))
-    prefill_ms = float(np.median(low_prefill))
-    p50_decode = float(np.median(low_decode)) if low_decode else 0.0
-    skip = uncounted_params(params, manifest)
+def _moved_bytes(kernels: list[str], calls: list[RecordedCall], skip: dict[str, set[int]]) -> tuple[dict, dict]:
+    """(kernel, phase) -> bytes of its counted tensor arguments, and -> their shapes, from the first such call."""
     moved: dict[tuple[str, str], int] = {}
     shapes: dict[tuple[str, str], list] = {}
     for kernel, call in zip(kernels, calls):
@@ -202,49 +212,4 @@ def profile_remote(
                 int(np.prod(a.shape)) * tvm.runtime.DataType(a.dtype).bits // 8
                 for pos, a in enumerate(call.args) if isinstance(a, RecordedTensor) and pos not in skip.get(kernel, set()))
             shapes[(kernel, call.phase)] = [list(a.shape) if isinstance(a, RecordedTensor) else None for a in call.args]
-    roles = {k["name"]: k.get("role", "other") for k in manifest["kernels"]}
-    weight_bytes = sum(int(np.prod(p["shape"])) * tvm.runtime.DataType(p["dtype"]).bits // 8 for p in manifest["parameters"])
-    kind = manifest["target"]["kind"]
-    return {
-        **profile_header(manifest),
-        "device": f"{kind} device {engine.device} of {where}",
-        "method": {
-            "kind": "rpc",
-            "remote": where,
-            "rpc_round_trip_ms": rtt,
-            "metrics": "low-overhead mode: wall time on this machine of each forward step of the real generation on the "
-                       "remote, RPC round trips included (a few per step; see rpc_round_trip_ms)",
-            "samples": f"per-kernel mode: remote time_evaluator (device time, mean of {NUMBER} launches) of every call of the "
-                       "llvm call sequence, on kernels compiled from the artifact's tir/scheduled.json; samples laid end to end",
-            "call_sequence": f"recorded on llvm ({record_engine.artifact}): {len(calls)} kernel calls per generation",
-            "kernel_map": {k: v for k, v in sorted(mapping.items()) if k != v},
-            "kernel_library_ms": kernels_load_ms,
-        },
-        "num_layers": engine.config["model_config"]["num_hidden_layers"],
-        "config": {"prompt_len": prompt_len, "gen_len": gen_len, "runs": runs, "warmup_runs": warmup, "seed": seed, "threads": None},
-        "metrics": {
-            "load_ms": engine.load_seconds * 1e3,
-            "ttft_ms": ttft_ms(low_steps, warmup),
-            "prefill_ms": prefill_ms,
-            "prefill_tok_s": prompt_len / (prefill_ms / 1e3) if prefill_ms else 0.0,
-            "decode_ms_per_token": percentiles(low_decode),
-            "decode_tok_s": 1e3 / p50_decode if p50_decode else 0.0,
-            "warmup_prefill_ms": [s["ms"] for s in low if s["warmup"] and s["phase"] == "prefill"],
-            "peak_host_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-            "weight_bytes": weight_bytes,
-            "overhead": overhead_metrics(per_kernel_total, low_total),
-        },
-        "generated_tokens": tokens,
-        "kernels": {
-            name: {
-                "role": roles.get(name, "other"),
-                "bytes": {phase: b for (k, phase), b in moved.items() if k == name},
-                "arg_shapes": {phase: sh for (k, phase), sh in shapes.items() if k == name},
-            }
-            for name in sorted(roles)
-        },
-        "steps": low + steps,
-        "samples": samples,
-        "environment": {"remote": where, "load_average": list(os.getloadavg())},
-    }
-
+    return moved, shapes

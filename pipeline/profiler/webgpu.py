@@ -8,9 +8,7 @@ come from the manifest's argument shapes with the step's token count bound to sy
 
 from __future__ import annotations
 
-import os
 import re
-import resource
 import time
 from collections.abc import Callable
 
@@ -18,8 +16,9 @@ import numpy as np
 
 from ..errors import ArtifactError
 from ..runners.dawn import WebGPUEngine
-from .measure import kernel_params, percentiles, ttft_ms, uncounted_params
-from .schema import overhead_metrics, profile_header, run_records
+from .core import alternate, document, kernel_table, measured_ms, metrics
+from .measure import kernel_params, uncounted_params
+from .schema import run_records
 
 _SINGLE = re.compile(r"^(B|batch_size|num_seq)$")  # one sequence
 
@@ -60,32 +59,62 @@ def profile(engine: WebGPUEngine, prompt_len: int = 32, gen_len: int = 8, runs: 
     engine.check_tokens([0] * prompt_len, gen_len)
     prompt = [int(t) for t in np.random.default_rng(seed).integers(0, engine.vocab_size, size=prompt_len)]
     kernels = {k["name"]: k for k in manifest["kernels"]}
-    skip = uncounted_params(kernel_params(engine.artifact, manifest), manifest)
-    total = (warmup + runs) * 2
-    done = 0
+    timed = _TimedRuns(engine, prompt, gen_len, kernels, uncounted_params(kernel_params(engine.artifact, manifest), manifest))
     low_steps: list[dict] = []
     steps: list[dict] = []
-    samples: list[tuple] = []
-    moved: dict[tuple[str, str], tuple[int, list]] = {}
     tokens: list[int] = []
 
-    def one_run(run: int, timed: bool, out: list[dict]) -> list[int]:
+    def per_kernel(run: int) -> None:
+        nonlocal tokens
+        tokens = timed.run(run, True, steps)
+
+    try:
+        alternate(warmup, runs, [("low-overhead", lambda run: timed.run(run, False, low_steps)), ("per-kernel", per_kernel)], progress)
+    finally:
+        engine.timed = False
+    per_kernel_total = sum(measured_ms(steps, "prefill", warmup)) + sum(measured_ms(steps, "decode", warmup))
+    roles = {name: k.get("role", "other") for name, k in kernels.items()}
+    config = {"prompt_len": prompt_len, "gen_len": gen_len, "runs": runs, "warmup_runs": warmup, "seed": seed,
+              "threads": None, "adapter": engine.adapter}
+    method = {"kind": "real run", "timer": "timestamp-query",
+              "runtime": f"{engine.adapter_info.get('browser') or 'Dawn (npm webgpu)'} + @mlc-ai/web-runtime",
+              "adapter": engine.adapter_info, "bytes": "manifest argument shapes at the step's token count"}
+    moved = {key: b for key, (b, _) in timed.moved.items()}
+    shapes = {key: sh for key, (_, sh) in timed.moved.items()}
+    return document(engine, device_description(engine), config,
+                    metrics(engine, prompt_len, low_steps, per_kernel_total, warmup, engine.weight_bytes), tokens,
+                    kernel_table(set(kernels) | {s[0] for s in timed.samples}, roles, moved, shapes),
+                    run_records(low_steps, steps, timed.samples, warmup), method=method)
+
+
+class _TimedRuns:
+    """Generations on a WebGPUEngine as a request is served (a new sequence, the prompt's prefill
+    in chunks, the first token, decode steps); with `timed`, every kernel dispatch's GPU time
+    (timestamp queries) recorded as a sample laid end to end from its step's start."""
+
+    def __init__(self, engine: WebGPUEngine, prompt: list[int], gen_len: int, kernels: dict, skip: dict[str, set[int]]):
+        self.engine, self.prompt, self.gen_len, self.kernels, self.skip = engine, prompt, gen_len, kernels, skip
+        self.samples: list[tuple] = []
+        self.moved: dict[tuple[str, str], tuple[int, list]] = {}
+
+    def run(self, run: int, timed: bool, out: list[dict]) -> list[int]:
+        """One generation; its step records appended to `out`; the generated tokens."""
+        engine, prompt = self.engine, self.prompt
         engine.timed = timed
         t_request = time.perf_counter_ns()  # TTFT counts from here: a new sequence, prefill, first token
         engine.reset()
         t_start = time.perf_counter_ns()
         generated: list[int] = []
-        for step in range(gen_len):
+        for step in range(self.gen_len):
+            t0 = time.perf_counter_ns()
             if step == 0:
-                t0 = time.perf_counter_ns()
                 for i in range(0, len(prompt), engine.prefill_chunk):
                     chunk_start = time.perf_counter_ns()
                     logits = engine._step("prefill", np.asarray(prompt[i : i + engine.prefill_chunk]))
-                    record(run, timed, "prefill", 0, len(prompt[i : i + engine.prefill_chunk]), chunk_start - t_start)
+                    self._record(run, timed, "prefill", 0, len(prompt[i : i + engine.prefill_chunk]), chunk_start - t_start)
             else:
-                t0 = time.perf_counter_ns()
                 logits = engine._step("decode", np.asarray([generated[-1]]))
-                record(run, timed, "decode", step, 1, t0 - t_start)
+                self._record(run, timed, "decode", step, 1, t0 - t_start)
             t1 = time.perf_counter_ns()
             out.append({"run": run, "phase": "prefill" if step == 0 else "decode", "step": step,
                         "tokens": len(prompt) if step == 0 else 1, "start_ns": t0 - t_start, "ns": t1 - t0})
@@ -94,67 +123,12 @@ def profile(engine: WebGPUEngine, prompt_len: int = 32, gen_len: int = 8, runs: 
                 out[-1]["first_token_ns"] = time.perf_counter_ns() - t_request
         return generated
 
-    def record(run: int, timed: bool, phase: str, step: int, n_tokens: int, start_ns: int) -> None:
+    def _record(self, run: int, timed: bool, phase: str, step: int, n_tokens: int, start_ns: int) -> None:
         if not timed:
             return
         at = start_ns
-        for name, ns in engine.last_kernels:
-            samples.append((name, "vm", phase, step, run, at, ns))
+        for name, ns in self.engine.last_kernels:
+            self.samples.append((name, "vm", phase, step, run, at, ns))
             at += ns
-            if (name, phase) not in moved and name in kernels:
-                moved[(name, phase)] = _bytes_at(kernels[name]["args"], n_tokens, skip.get(name, set()))
-
-    try:
-        for run in range(warmup + runs):
-            one_run(run, False, low_steps)
-            done += 1
-            if progress:
-                progress("low-overhead", done, total)
-            tokens = one_run(run, True, steps)
-            done += 1
-            if progress:
-                progress("per-kernel", done, total)
-    finally:
-        engine.timed = False
-
-    def measured(step_list, phase):
-        return [s["ns"] / 1e6 for s in step_list if s["run"] >= warmup and s["phase"] == phase]
-
-    low_prefill, low_decode = measured(low_steps, "prefill"), measured(low_steps, "decode")
-    per_kernel_total = sum(measured(steps, "prefill")) + sum(measured(steps, "decode"))
-    p50_prefill = float(np.median(low_prefill))
-    p50_decode = float(np.median(low_decode)) if low_decode else 0.0
-    names = sorted(set(kernels) | {s[0] for s in samples})
-    return {
-        **profile_header(manifest),
-        "device": device_description(engine),
-        "num_layers": engine.config["model_config"]["num_hidden_layers"],
-        "config": {"prompt_len": prompt_len, "gen_len": gen_len, "runs": runs, "warmup_runs": warmup, "seed": seed,
-                   "threads": None, "adapter": engine.adapter},
-        "method": {"kind": "real run", "timer": "timestamp-query",
-                   "runtime": f"{engine.adapter_info.get('browser') or 'Dawn (npm webgpu)'} + @mlc-ai/web-runtime",
-                   "adapter": engine.adapter_info, "bytes": "manifest argument shapes at the step's token count"},
-        "metrics": {
-            "load_ms": engine.load_seconds * 1e3,
-            "ttft_ms": ttft_ms(low_steps, warmup),
-            "prefill_ms": p50_prefill,
-            "prefill_tok_s": prompt_len / (p50_prefill / 1e3),
-            "decode_ms_per_token": percentiles(low_decode),
-            "decode_tok_s": 1e3 / p50_decode if p50_decode else 0.0,
-            "warmup_prefill_ms": [s["ns"] / 1e6 for s in low_steps if s["run"] < warmup and s["phase"] == "prefill"],
-            "peak_host_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
-            "weight_bytes": engine.weight_bytes,
-            "overhead": overhead_metrics(per_kernel_total, sum(low_prefill) + sum(low_decode)),
-        },
-        "generated_tokens": tokens,
-        "kernels": {
-            name: {
-                "role": kernels.get(name, {}).get("role", "other"),
-                "bytes": {phase: b for (k, phase), (b, _) in moved.items() if k == name},
-                "arg_shapes": {phase: sh for (k, phase), (_, sh) in moved.items() if k == name},
-            }
-            for name in names
-        },
-        **run_records(low_steps, steps, samples, warmup),
-        "environment": {"load_average": list(os.getloadavg())},
-    }
+            if (name, phase) not in self.moved and name in self.kernels:
+                self.moved[(name, phase)] = _bytes_at(self.kernels[name]["args"], n_tokens, self.skip.get(name, set()))

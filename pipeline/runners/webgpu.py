@@ -23,7 +23,8 @@ from typing import Any
 import numpy as np
 import tvm
 
-from ..backends import imported_device_modules, kinds_with
+from ..backends import kinds_with
+from ..backends.modules import imported_device_modules
 from ..backends.binfmt import BlobReader, ModuleBlob
 
 # Workaround for TVM's `> packGridDimX` (see the module docstring).
@@ -640,3 +641,20 @@ def kernel_names(func: tvm.tirx.PrimFunc, target: tvm.target.Target, args: list[
     host = _Host(compiled.host, args)
     host.run(compiled.host.body)
     return [launch.kernel for launch in host.launches]
+
+
+class LavapipeKernels:
+    """(name, args) -> args: an artifact's scheduled TIR kernel compiled to WGSL and run on Mesa
+    lavapipe through wgpu (f16 included), for f16 artifacts where Dawn has no shader-f16 here."""
+
+    adapter = "lavapipe (wgpu; kernels from tir/scheduled.json: no Dawn adapter with shader-f16 here)"
+
+    def __init__(self, artifact, manifest):
+        from pathlib import Path
+
+        self._scheduled = tvm.ir.load_json((Path(artifact) / "tir" / "scheduled.json").read_text())
+        self._target = tvm.target.Target(manifest["target"])
+        self.adapter_info = adapter_info()
+
+    def __call__(self, name: str, args: list) -> list:
+        return run_primfunc(self._scheduled[name], self._target, args)

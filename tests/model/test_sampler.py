@@ -19,6 +19,7 @@ from pipeline.build import build
 from pipeline.model import sampler
 from pipeline.passes import run_pipeline
 from pipeline.targets import load_target
+from schedules import schedule_pass
 
 from tests.helpers.sampler_reference import LOWEST, argsort_ref, bitmask_ref, penalty_ref, softmax_ref, top_p_ref
 
@@ -47,7 +48,7 @@ def sampler_vm(vocab: int) -> relax.VirtualMachine:
     """The six functions alone for `vocab`, through mlcpipe's pass pipeline, built for llvm."""
     if vocab not in _SAMPLER_VMS:
         target = load_target("llvm").tvm_target()
-        mod = run_pipeline(sampler.attach_sampler(tvm.IRModule(), target, vocab), target)
+        mod = run_pipeline(sampler.attach_sampler(tvm.IRModule(), target, vocab), target, schedule=schedule_pass("llvm"))
         _SAMPLER_VMS[vocab] = relax.VirtualMachine(relax.build(mod, target, relax_pipeline=None), CPU)
     return _SAMPLER_VMS[vocab]
 

@@ -16,6 +16,7 @@ from pipeline.passes import PHASES, phase_passes, run_pipeline
 from pipeline.quantization import QUANTIZATIONS
 from pipeline.roles import WEIGHT_ROLES
 from pipeline.targets import load_target
+from schedules import schedule_pass
 from schedules.llvm.matmul_nt import MatmulNT
 
 LINEAR_ROLES = set(WEIGHT_ROLES)
@@ -49,7 +50,7 @@ def test_ir_dump_after_each_phase(tiny_q4_artifact):
     # the final decode function never calls a standalone dequantize
     final = (tiny_q4_artifact / "ir" / "05-finalize.py").read_text()
     assert not re.search(r"\bdequantize\d*\b(?!_)", final.split("def decode(")[1].split("@R.function")[0].replace("fused_dequantize", "").replace("take_dequantize", ""))
-    assert tuple(name for name, _ in phase_passes("llvm")) == PHASES
+    assert tuple(name for name, _ in phase_passes(schedule_pass("llvm"))) == PHASES
 
 
 def test_run_pipeline_stops_after_the_phase_asked(tiny_config):
@@ -57,6 +58,8 @@ def test_run_pipeline_stops_after_the_phase_asked(tiny_config):
     mod, _ = export_model(tiny_config, "q4f32_1", target)
     with pytest.raises(ValueError, match="until='tune': not a phase; allowed: fuse-high-level, lower"):
         run_pipeline(mod, target, until="tune")
+    with pytest.raises(ValueError, match="the schedule phase needs a schedule pass"):
+        run_pipeline(mod, target, until="schedule")  # passes/ does not pick the schedules: its caller does
     seen = []
     fused = run_pipeline(mod, target, on_phase=lambda name, _: seen.append(name), until="fuse-tir")
     assert seen == ["fuse-high-level", "lower", "fuse-tir"]

@@ -13,6 +13,7 @@ from pipeline.build import export_model
 from pipeline.passes import phase_passes
 from pipeline.passes.shape_funcs import CanonicalShapeFuncs, order_stores
 from pipeline.targets import load_target
+from schedules import schedule_pass
 
 
 @pytest.fixture(scope="module")
@@ -21,7 +22,7 @@ def before_canonical(tiny_config):
     target = load_target("llvm").tvm_target()
     mod, _ = export_model(tiny_config, "q4f16_1", target)
     with target:
-        for _name, passes in phase_passes("llvm"):
+        for _name, passes in phase_passes(schedule_pass("llvm")):
             if CanonicalShapeFuncs in passes:
                 passes = passes[: passes.index(CanonicalShapeFuncs)]
             mod = tvm.transform.Sequential(passes)(mod)

@@ -114,7 +114,7 @@ def test_runner_errors_are_one_line(model, monkeypatch, tmp_path):
 @pytest.mark.dawn
 def test_check_webgpu_on_swiftshader(model):
     """`mlcpipe check --adapter swiftshader`: every kernel of lib.wasm in Dawn's Vulkan backend."""
-    from pipeline.backends import RunOptions
+    from pipeline.device import RunOptions
     from pipeline.conformance import check_artifact
 
     _, artifact, _, _ = model

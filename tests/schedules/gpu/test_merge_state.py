@@ -24,6 +24,7 @@ from pipeline.config import parse_model_config
 from pipeline.passes import run_pipeline
 from pipeline.runners import webgpu as runner
 from pipeline.targets import load_target
+from schedules import schedule_pass
 
 
 HEAD_DIM = 64
@@ -53,7 +54,7 @@ def case(request):
     heads, kv_heads, quant = CASES[request.param]
     target = load_target("webgpu").tvm_target()
     mod, _ = export_model(_config(heads, kv_heads), quant, target)
-    mod = run_pipeline(mod, target, until="schedule")
+    mod = run_pipeline(mod, target, schedule=schedule_pass("webgpu"), until="schedule")
     dtype = "float16" if quant.endswith("f16_1") else "float32"
     return heads, kv_heads, dtype, {name: mod[name] for name in KERNELS}
 

@@ -18,7 +18,7 @@ and writes 5 files to --out (the device tool returns at most 8): report.md, summ
 checks.json, profiles.json.gz (artifact -> its `mlcpipe-profile` JSON) and run.sh's log.txt.
 Exit 0 when every step ran and passed, 1 when one failed, 2 when the bundle cannot be used.
 
-    python -m pipeline.device.job --bundle DIR --out DIR [--steps run,check,profile,bench]
+    python -m pipeline.interface.job --bundle DIR --out DIR [--steps run,check,profile,bench]
         [--kinds cuda,llvm] [--budget-s 450]
 """
 
@@ -39,7 +39,7 @@ import numpy as np
 
 from ..artifact import BUNDLE_INDEX
 from ..quantization import QUANTIZATIONS, TOLERANCE
-from . import tvm_runtime as rt
+from ..device import tvm_runtime as rt
 
 BUNDLE_FORMAT = "mlcpipe-bundle/1"
 STEPS = ("run", "check", "profile", "bench")  # what --steps chooses; "device" (is it here?) always runs first
@@ -123,7 +123,7 @@ def load_bundle(path: Path) -> dict:
 def environment() -> dict:
     env = {"python": platform.python_version(), "numpy": np.__version__, "cpu": _cpu_model(), "cpus": os.cpu_count(),
            "tvm_runtime": str(rt.library_dir())}
-    from ..backends.cuda import cuda_device, cuda_present
+    from ..device.cuda import cuda_device, runs_here as cuda_present
 
     if cuda_present():
         gpu = cuda_device()
@@ -189,7 +189,8 @@ class Job:
               f" ({record[step]['seconds']} s)", flush=True)
 
     def run(self) -> int:
-        from ..backends import RunOptions, backend
+        from ..device import RunOptions, device
+        from ..runtime import open_engine as open_artifact
 
         entries = self.entries()
         if not entries:
@@ -202,13 +203,13 @@ class Job:
                 nonlocal engine
                 if engine is None:
                     started = time.monotonic()
-                    engine = backend(entry["kind"]).open_engine(path, "synthetic", 0, RunOptions(prefill_chunk=entry.get("prefill_chunk")))
+                    engine = open_artifact(path, "synthetic", 0, RunOptions(prefill_chunk=entry.get("prefill_chunk")))
                     self.results[name]["load_s"] = round(time.monotonic() - started, 2)
                 return engine
 
             self.results[name] = {"model": entry["model"], "quantization": entry["quantization"], "kind": entry["kind"],
                                   "variant": entry.get("variant", "")}
-            self._do(name, "device", lambda: {"ok": True, "device": str(backend(entry["kind"]).local_device())})
+            self._do(name, "device", lambda: {"ok": True, "device": str(device(entry["kind"]).local_device())})
             if not self.results[name]["device"]["ok"]:
                 continue  # nothing of it runs here: said once
             if "run" in self.steps and entry.get("expected"):
@@ -250,14 +251,14 @@ class Job:
         return {"ok": report.ok and report.executed, "summary": report.summary, "failed": failed[:20]}
 
     def _profile(self, entry: dict, engine) -> dict:
-        from ..backends import RunOptions, backend
+        from ..device import RunOptions
+        from ..profiler.driver import profile
         from ..profiler.reports import render
         from ..profiler.schema import validate
 
         prompt_len, gen_len, runs = PROFILE_SIZES
         prompt_len = min(prompt_len, engine.context_window - gen_len - 1)
-        data = backend(entry["kind"]).profile(engine, RunOptions(timed=True), "synthetic", None, prompt_len=prompt_len,
-                                              gen_len=gen_len, runs=runs)
+        data = profile(engine, RunOptions(timed=True), "synthetic", None, prompt_len=prompt_len, gen_len=gen_len, runs=runs)
         data["peak_gbps"] = entry.get("peak_gbps")
         data["timing"] = "host clock around each kernel, the device synchronised before and after it"
         validate(data)
@@ -347,7 +348,7 @@ def bench_tables(results: dict, top: int = 12) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.device.job", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m pipeline.interface.job", description=__doc__.split("\n\n")[0])
     parser.add_argument("--bundle", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--steps", default=",".join(STEPS), help="comma-separated: " + ", ".join(STEPS))

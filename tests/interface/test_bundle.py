@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.backends.cuda import cuda_present
+from pipeline.device.cuda import runs_here as cuda_present
 from tests.helpers.cli import mlcpipe
 
 SET = "llama-tiny:q4f32_1"

@@ -1,0 +1,30 @@
+"""`profile` for an open engine: the measurement that fits where the model runs."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+from ..backends import backend
+from ..device import RunOptions
+
+
+def profile(engine, options: RunOptions, weights, llvm_twin: Callable[[], Path] | None, **sizes) -> dict:
+    """Per-kernel profile of `engine`: in a WebGPU runtime every kernel of the real run timed by
+    timestamp queries; in TVM's runtime here the VM instrument; over RPC remote timers on the call
+    sequence recorded on an llvm build of the same model (the artifact itself when it is one, else
+    `llvm_twin()`)."""
+    kind = engine.manifest["target"]["kind"]
+    if backend(kind).WEBGPU_RUNTIME:
+        from .webgpu import profile as measure_webgpu
+
+        return measure_webgpu(engine, **sizes)
+    if options.remote is None:
+        from .measure import profile as measure
+
+        return measure(engine, **sizes)
+    from ..runtime import Engine
+    from .remote import profile_remote
+
+    twin = engine.artifact if backend(kind).HOST_CPU else llvm_twin()
+    return profile_remote(engine, Engine(twin, weights), **sizes)
