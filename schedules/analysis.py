@@ -17,6 +17,7 @@ from tvm import s_tir, te, tirx
 from tvm.ir.expr import TensorLoad
 from tvm.s_tir import dlight as dl
 
+from pipeline.model.sampler_tir import sampler_info  # noqa: F401  (the sampler rules recognise their kernels by it)
 from pipeline.quantization import QUANTIZATIONS, DequantizePattern
 
 

@@ -23,16 +23,13 @@ from .sampler_spec import (  # noqa: F401  (the constants the kernels and their 
     SORT_TILE,
     TOP_P_CHUNK,
 )
+from .sampler_tir import exchange_rows, lowest_f32, pair_lo
 
 DEFAULT_MAX_BATCH_SIZE = 80  # MLC-LLM's default bound of batch_size / num_samples
 FUNCTIONS = (
     "softmax_with_temperature", "argsort_probs", "sample_with_top_p",
     "apply_penalty_inplace", "apply_logit_bias_inplace", "apply_bitmask_inplace",
 )
-
-
-def _min_f32():
-    return T.min_value("float32")
 
 
 def _attrs(kind: str, **sizes: int) -> dict:
@@ -94,13 +91,13 @@ def softmax_chunk_stats(vocab_size: int, chunk: int = SOFTMAX_CHUNK) -> tirx.Pri
                         logits[vb, T.min(vc * chunk + vi, vocab_size - 1)] / temperature[vb],
                         logits[vb, T.min(vc * chunk + vi, vocab_size - 1)],
                     ),
-                    _min_f32(),
+                    lowest_f32(),
                 )
         for b, c, i in T.grid(batch_size, T.int64(nc), T.int64(chunk)):
             with T.sblock("chunk_max"):
                 vb, vc, vi = T.axis.remap("SSR", [b, c, i])
                 with T.init():
-                    chunk_max[vb, vc] = _min_f32()
+                    chunk_max[vb, vc] = lowest_f32()
                 chunk_max[vb, vc] = T.max(chunk_max[vb, vc], scaled[vb, vc, vi])
         for b, c, i in T.grid(batch_size, T.int64(nc), T.int64(chunk)):
             with T.sblock("chunk_sum"):
@@ -144,7 +141,7 @@ def softmax_merge(vocab_size: int, chunk: int = SOFTMAX_CHUNK) -> tirx.PrimFunc:
             with T.sblock("row_max"):
                 vb, vc = T.axis.remap("SR", [b, c])
                 with T.init():
-                    row_max[vb] = _min_f32()
+                    row_max[vb] = lowest_f32()
                 row_max[vb] = T.max(row_max[vb], chunk_max[vb, vc])
         for b, c in T.grid(batch_size, T.int64(nc)):
             with T.sblock("row_sum"):
@@ -201,17 +198,6 @@ def softmax_normalize(vocab_size: int) -> tirx.PrimFunc:
     return kernel
 
 
-def _better(key_a, idx_a, key_b, idx_b):
-    """(key_a, idx_a) comes first in the sorted row: larger key, or equal key and smaller index."""
-    return tirx.Or(key_a > key_b, tirx.And(key_a == key_b, idx_a < idx_b))
-
-
-def _swap(desc, key_lo, idx_lo, key_hi, idx_hi):
-    """The pair (lo, hi) is out of order: hi comes first where the run is descending (desc), lo
-    first elsewhere. (Written as a select: LLVM codegen of bool == bool emits an fcmp.)"""
-    return tirx.Select(desc, _better(key_hi, idx_hi, key_lo, idx_lo), _better(key_lo, idx_lo, key_hi, idx_hi))
-
-
 def argsort_tiles(vocab_size: int, out_len: int) -> tirx.PrimFunc:
     """The padded row (probs, then the lowest float32 with indices >= V) with every tile bitonic-
     sorted: stages k = 2 .. tile of the network over the whole row (a pair (i, i + j) is put in
@@ -232,7 +218,7 @@ def argsort_tiles(vocab_size: int, out_len: int) -> tirx.PrimFunc:
         for b, i in T.grid(batch_size, padded):
             with T.sblock("load"):
                 vb, vi = T.axis.remap("SS", [b, i])
-                work_k[vb, vi] = T.if_then_else(vi < vocab_size, probs[vb, T.min(vi, vocab_size - 1)], _min_f32())
+                work_k[vb, vi] = T.if_then_else(vi < vocab_size, probs[vb, T.min(vi, vocab_size - 1)], lowest_f32())
                 work_i[vb, vi] = vi
         for b in range(batch_size):
             with T.sblock("sort"):
@@ -241,19 +227,10 @@ def argsort_tiles(vocab_size: int, out_len: int) -> tirx.PrimFunc:
                     for step in range(log_k):
                         for p in range(padded // 2):
                             log_j: T.let[T.int32] = log_k - 1 - step
-                            lo: T.let[T.int32] = T.shift_left(T.shift_right(p, log_j), log_j + 1) + T.bitwise_and(
-                                p, T.shift_left(1, log_j) - 1)
+                            lo: T.let[T.int32] = pair_lo(p, log_j)
                             hi: T.let[T.int32] = lo + T.shift_left(1, log_j)
                             desc: T.let[T.bool] = T.bitwise_and(lo, T.shift_left(1, log_k)) == 0
-                            key_lo: T.let[T.float32] = work_k[vb, lo]
-                            key_hi: T.let[T.float32] = work_k[vb, hi]
-                            idx_lo: T.let[T.int32] = work_i[vb, lo]
-                            idx_hi: T.let[T.int32] = work_i[vb, hi]
-                            if _swap(desc, key_lo, idx_lo, key_hi, idx_hi):
-                                work_k[vb, lo] = key_hi
-                                work_k[vb, hi] = key_lo
-                                work_i[vb, lo] = idx_hi
-                                work_i[vb, hi] = idx_lo
+                            exchange_rows(work_k, work_i, vb, lo, hi, desc)
         for b, i in T.grid(batch_size, out_len):
             with T.sblock("store"):
                 vb, vi = T.axis.remap("SS", [b, i])
@@ -279,15 +256,7 @@ def argsort_global(vocab_size: int) -> tirx.PrimFunc:
                 lo: T.let[T.int32] = T.floordiv(vp, sort_j) * sort_j * 2 + T.floormod(vp, sort_j)
                 hi: T.let[T.int32] = lo + sort_j
                 desc: T.let[T.bool] = T.bitwise_and(lo, sort_k) == 0
-                key_lo: T.let[T.float32] = keys[vb, lo]
-                key_hi: T.let[T.float32] = keys[vb, hi]
-                idx_lo: T.let[T.int32] = idx[vb, lo]
-                idx_hi: T.let[T.int32] = idx[vb, hi]
-                if _swap(desc, key_lo, idx_lo, key_hi, idx_hi):
-                    keys[vb, lo] = key_hi
-                    keys[vb, hi] = key_lo
-                    idx[vb, lo] = idx_hi
-                    idx[vb, hi] = idx_lo
+                exchange_rows(keys, idx, vb, lo, hi, desc)
 
     return kernel
 
@@ -313,18 +282,9 @@ def argsort_merge(vocab_size: int, final: bool) -> tirx.PrimFunc:
                 for step in range(log_tile):
                     for p in range(tile // 2):
                         log_j: T.let[T.int32] = log_tile - 1 - step
-                        lo: T.let[T.int32] = vt * tile + T.shift_left(T.shift_right(p, log_j), log_j + 1) + T.bitwise_and(
-                            p, T.shift_left(1, log_j) - 1)
+                        lo: T.let[T.int32] = vt * tile + pair_lo(p, log_j)
                         hi: T.let[T.int32] = lo + T.shift_left(1, log_j)
-                        key_lo: T.let[T.float32] = keys[vb, lo]
-                        key_hi: T.let[T.float32] = keys[vb, hi]
-                        idx_lo: T.let[T.int32] = idx[vb, lo]
-                        idx_hi: T.let[T.int32] = idx[vb, hi]
-                        if _swap(desc, key_lo, idx_lo, key_hi, idx_hi):
-                            keys[vb, lo] = key_hi
-                            keys[vb, hi] = key_lo
-                            idx[vb, lo] = idx_hi
-                            idx[vb, hi] = idx_lo
+                        exchange_rows(keys, idx, vb, lo, hi, desc)
 
     @T.prim_func(private=True, s_tir=True)
     def merge_final(var_keys: T.handle, var_idx: T.handle, var_out_keys: T.handle, var_out_idx: T.handle):
@@ -347,18 +307,9 @@ def argsort_merge(vocab_size: int, final: bool) -> tirx.PrimFunc:
                 for step in range(log_tile):
                     for p in range(tile // 2):
                         log_j: T.let[T.int32] = log_tile - 1 - step
-                        lo: T.let[T.int32] = vt * tile + T.shift_left(T.shift_right(p, log_j), log_j + 1) + T.bitwise_and(
-                            p, T.shift_left(1, log_j) - 1)
+                        lo: T.let[T.int32] = vt * tile + pair_lo(p, log_j)
                         hi: T.let[T.int32] = lo + T.shift_left(1, log_j)
-                        key_lo: T.let[T.float32] = work_k[vb, lo]
-                        key_hi: T.let[T.float32] = work_k[vb, hi]
-                        idx_lo: T.let[T.int32] = work_i[vb, lo]
-                        idx_hi: T.let[T.int32] = work_i[vb, hi]
-                        if _better(key_hi, idx_hi, key_lo, idx_lo):
-                            work_k[vb, lo] = key_hi
-                            work_k[vb, hi] = key_lo
-                            work_i[vb, lo] = idx_hi
-                            work_i[vb, hi] = idx_lo
+                        exchange_rows(work_k, work_i, vb, lo, hi, T.bool(True))
         for b, i in T.grid(batch_size, vocab_size):
             with T.sblock("store"):
                 vb, vi = T.axis.remap("SS", [b, i])
@@ -525,7 +476,7 @@ def apply_bitmask(vocab_size: int) -> tirx.PrimFunc:
                 logits[seq_ids[vs], vv] = T.if_then_else(
                     T.bitwise_and(T.shift_right(bitmask[seq_ids[vs], vv // 32], vv % 32), 1) == 1,
                     logits[seq_ids[vs], vv],
-                    _min_f32(),
+                    lowest_f32(),
                 )
 
     return kernel

@@ -15,35 +15,10 @@ from tvm import s_tir, tirx
 from tvm.script import tirx as T
 from tvm.target import Target
 
+from pipeline.model.sampler_tir import exchange_rows, exchange_tile, lowest_f32, pair_lo
+
+from ..analysis import sampler_info
 from ..base import GPUScheduleRule, max_threads
-
-SAMPLER_ATTR = "mlcpipe.sampler"  # set by pipeline/model/sampler.py on every sampler kernel
-
-
-def _info(func: tirx.PrimFunc) -> dict | None:
-    if func.attrs is None or SAMPLER_ATTR not in func.attrs:
-        return None
-    return {str(k): (str(v) if str(k) == "kind" else int(v)) for k, v in func.attrs[SAMPLER_ATTR].items()}
-
-
-def _lowest(kind: str):
-    """The lowest float32, bit-exact as the reference kernel writes it on llvm. CUDA prints the
-    constant exactly (hex float) but cannot take the address of a literal for a reinterpret;
-    the WGSL and MSL printers write 7 digits (-3.402823e+38), so there it is the bit pattern."""
-    if kind == "cuda":
-        return T.min_value("float32")
-    return tirx.reinterpret("float32", tirx.IntImm("int32", -8388609))  # 0xff7fffff
-
-
-def _better(key_a, idx_a, key_b, idx_b):
-    return tirx.Or(key_a > key_b, tirx.And(key_a == key_b, idx_a < idx_b))
-
-
-def _swap(desc, key_lo, idx_lo, key_hi, idx_hi):
-    """The pair (lo, hi) is out of order: hi comes first where the run is descending (desc), lo
-    first elsewhere. (Written as a select: LLVM codegen of bool == bool emits an fcmp.)"""
-    return tirx.Select(desc, _better(key_hi, idx_hi, key_lo, idx_lo), _better(key_lo, idx_lo, key_hi, idx_hi))
-
 
 def _reduce_threads(threads: int) -> int:
     """Lanes of a reduction workgroup: a power of two, at most 256."""
@@ -56,7 +31,7 @@ def _reduce_threads(threads: int) -> int:
 def softmax_chunk_stats_gpu(vocab_size: int, chunk: int, threads: int, kind: str) -> tirx.PrimFunc:
     """One workgroup per (row, chunk): a max then a sum over the chunk, tree-reduced in
     workgroup memory."""
-    lowest = _lowest(kind)
+    lowest = lowest_f32(exact_literal=kind == "cuda")
     lanes = _reduce_threads(threads)
     nc = -(-vocab_size // chunk)
     per_lane = -(-chunk // lanes)
@@ -117,7 +92,7 @@ def softmax_chunk_stats_gpu(vocab_size: int, chunk: int, threads: int, kind: str
 
 def softmax_merge_gpu(vocab_size: int, chunk: int, threads: int, kind: str) -> tirx.PrimFunc:
     """One workgroup per row over its chunk statistics."""
-    lowest = _lowest(kind)
+    lowest = lowest_f32(exact_literal=kind == "cuda")
     lanes = _reduce_threads(threads)
     nc = -(-vocab_size // chunk)
     per_lane = -(-nc // lanes)
@@ -288,7 +263,7 @@ def penalty_gpu(vocab_size: int, threads: int) -> tirx.PrimFunc:
 
 
 def bitmask_gpu(vocab_size: int, threads: int, kind: str) -> tirx.PrimFunc:
-    lowest = _lowest(kind)
+    lowest = lowest_f32(exact_literal=kind == "cuda")
     words = -(-vocab_size // 32)
     blocks_per_seq = -(-vocab_size // threads)
 
@@ -331,15 +306,7 @@ def argsort_global_gpu(padded: int, threads: int) -> tirx.PrimFunc:
                         lo: T.let[T.int32] = T.floordiv(p, sort_j) * sort_j * 2 + T.floormod(p, sort_j)
                         hi: T.let[T.int32] = lo + sort_j
                         desc: T.let[T.bool] = T.bitwise_and(lo, sort_k) == 0
-                        key_lo: T.let[T.float32] = keys[b, lo]
-                        key_hi: T.let[T.float32] = keys[b, hi]
-                        idx_lo: T.let[T.int32] = idx[b, lo]
-                        idx_hi: T.let[T.int32] = idx[b, hi]
-                        if _swap(desc, key_lo, idx_lo, key_hi, idx_hi):
-                            keys[b, lo] = key_hi
-                            keys[b, hi] = key_lo
-                            idx[b, lo] = idx_hi
-                            idx[b, hi] = idx_lo
+                        exchange_rows(keys, idx, b, lo, hi, desc)
 
     return kernel
 
@@ -350,7 +317,7 @@ def _tile_threads(tile: int, threads: int) -> int:
 
 def argsort_tiles_gpu(vocab_size: int, padded: int, tile: int, out_len: int, threads: int, kind: str) -> tirx.PrimFunc:
     """Load a tile (probs, padding), run stages k = 2 .. tile in workgroup memory, store."""
-    lowest = _lowest(kind)
+    lowest = lowest_f32(exact_literal=kind == "cuda")
     threads = _tile_threads(tile, threads)
     log_tile = tile.bit_length() - 1
     tiles = padded // tile
@@ -382,19 +349,10 @@ def argsort_tiles_gpu(vocab_size: int, padded: int, tile: int, out_len: int, thr
                             for q in range(pairs):
                                 log_j: T.let[T.int32] = log_k - 1 - step
                                 p: T.let[T.int32] = q * threads + tx
-                                lo: T.let[T.int32] = T.shift_left(T.shift_right(p, log_j), log_j + 1) + T.bitwise_and(
-                                    p, T.shift_left(1, log_j) - 1)
+                                lo: T.let[T.int32] = pair_lo(p, log_j)
                                 hi: T.let[T.int32] = lo + T.shift_left(1, log_j)
                                 desc: T.let[T.bool] = T.bitwise_and(base + lo, T.shift_left(1, log_k)) == 0
-                                key_lo: T.let[T.float32] = sk[lo]
-                                key_hi: T.let[T.float32] = sk[hi]
-                                idx_lo: T.let[T.int32] = si[lo]
-                                idx_hi: T.let[T.int32] = si[hi]
-                                if _swap(desc, key_lo, idx_lo, key_hi, idx_hi):
-                                    sk[lo] = key_hi
-                                    sk[hi] = key_lo
-                                    si[lo] = idx_hi
-                                    si[hi] = idx_lo
+                                exchange_tile(sk, si, lo, hi, desc)
                             T.tvm_storage_sync("shared")
                     for e in range(per_thread):
                         if base + e * threads + tx < out_len:
@@ -434,18 +392,9 @@ def argsort_merge_gpu(padded: int, tile: int, threads: int) -> tirx.PrimFunc:
                         for q in range(pairs):
                             log_j: T.let[T.int32] = log_tile - 1 - step
                             p: T.let[T.int32] = q * threads + tx
-                            lo: T.let[T.int32] = T.shift_left(T.shift_right(p, log_j), log_j + 1) + T.bitwise_and(
-                                p, T.shift_left(1, log_j) - 1)
+                            lo: T.let[T.int32] = pair_lo(p, log_j)
                             hi: T.let[T.int32] = lo + T.shift_left(1, log_j)
-                            key_lo: T.let[T.float32] = sk[lo]
-                            key_hi: T.let[T.float32] = sk[hi]
-                            idx_lo: T.let[T.int32] = si[lo]
-                            idx_hi: T.let[T.int32] = si[hi]
-                            if _swap(desc, key_lo, idx_lo, key_hi, idx_hi):
-                                sk[lo] = key_hi
-                                sk[hi] = key_lo
-                                si[lo] = idx_hi
-                                si[hi] = idx_lo
+                            exchange_tile(sk, si, lo, hi, desc)
                         T.tvm_storage_sync("shared")
                     for e in range(per_thread):
                         keys[b, base + e * threads + tx] = sk[e * threads + tx]
@@ -485,18 +434,9 @@ def argsort_merge_final_gpu(vocab_size: int, padded: int, tile: int, threads: in
                         for q in range(pairs):
                             log_j: T.let[T.int32] = log_tile - 1 - step
                             p: T.let[T.int32] = q * threads + tx
-                            lo: T.let[T.int32] = T.shift_left(T.shift_right(p, log_j), log_j + 1) + T.bitwise_and(
-                                p, T.shift_left(1, log_j) - 1)
+                            lo: T.let[T.int32] = pair_lo(p, log_j)
                             hi: T.let[T.int32] = lo + T.shift_left(1, log_j)
-                            key_lo: T.let[T.float32] = sk[lo]
-                            key_hi: T.let[T.float32] = sk[hi]
-                            idx_lo: T.let[T.int32] = si[lo]
-                            idx_hi: T.let[T.int32] = si[hi]
-                            if _better(key_hi, idx_hi, key_lo, idx_lo):
-                                sk[lo] = key_hi
-                                sk[hi] = key_lo
-                                si[lo] = idx_hi
-                                si[hi] = idx_lo
+                            exchange_tile(sk, si, lo, hi, T.bool(True))
                         T.tvm_storage_sync("shared")
                     for e in range(per_thread):
                         if base + e * threads + tx < vocab_size:
@@ -558,7 +498,7 @@ class SamplerGPU(GPUScheduleRule):
 
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
         del tunable
-        info = _info(func) if isinstance(func, tirx.PrimFunc) and self.is_target_available(target) else None
+        info = sampler_info(func) if self.is_target_available(target) else None
         if info is None:
             return None
         threads = self.threads or max_threads(target)

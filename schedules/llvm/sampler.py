@@ -13,9 +13,8 @@ import dataclasses
 from tvm import s_tir, tirx
 from tvm.target import Target
 
+from ..analysis import sampler_info
 from ..base import CPUScheduleRule
-
-SAMPLER_ATTR = "mlcpipe.sampler"  # set by pipeline/model/sampler.py on every sampler kernel
 
 
 @dataclasses.dataclass
@@ -30,6 +29,6 @@ class SamplerCPU(CPUScheduleRule):
         del tunable
         if not self.is_target_available(target) or not isinstance(func, tirx.PrimFunc):
             return None
-        if func.attrs is None or SAMPLER_ATTR not in func.attrs:
+        if sampler_info(func) is None:
             return None
         return s_tir.Schedule(func)
