@@ -7,7 +7,7 @@
 Builds each prefill NT matmul of the model (lm_head left out: the model runs it on one token;
 `--decode`: each one-token matmul, lm_head included) with each rule's default knobs for `--mcpu` (which the host must be able to run: e.g. haswell,
 AVX2 + FMA only, on any AVX2 host), checks every rule's output against the first rule's, and
-times each (pipeline.tune.time_kernel_ms: best of `repeat`, the thread pool as set by
+times each (pipeline.tuning.knobs.time_kernel_ms: best of `repeat`, the thread pool as set by
 TVM_NUM_THREADS). A rule may carry knobs (`DecodeGEMVQ4VNNI:planes=1;rows=2`). `--cold`: the
 calls rotate through input copies beyond the last-level cache (the weights stream from memory as
 in the model; what `mlcpipe tune` times) and the rules are timed in interleaved rounds, medians
@@ -46,7 +46,7 @@ def main(argv=None) -> int:
     from pipeline.kernel_info import random_args, symbolic_dims
     from pipeline.roles import role_of_param
     from pipeline.device import device
-    from pipeline.tune import compile_kernel, interleaved_times, run_kernel, time_kernel_ms, unscheduled_kernels
+    from pipeline.tuning.knobs import compile_kernel, interleaved_times, run_kernel, time_kernel_ms, unscheduled_kernels
     from schedules import rule_by_name
     from schedules.analysis import match_nt_matmul
 

@@ -32,7 +32,7 @@ def _builds(model: str, quant: str, out_root: Path, log) -> dict[str, Path]:
     from pipeline.config import load_model_config
     from pipeline.kernel_info import symbolic_dims
     from pipeline.targets import load_target
-    from pipeline.tune import unscheduled_kernels
+    from pipeline.tuning.knobs import unscheduled_kernels
     from pipeline.tuning import TuningDB
     from schedules.signature import kernel_signature
 

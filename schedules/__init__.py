@@ -3,7 +3,7 @@
 Each rule follows TVM dlight's contract: `apply(func, target, tunable) -> Schedule | None`, None
 meaning "not mine" so the next rule (or no schedule) is used. Rules are dataclasses whose fields
 are their tuning knobs; `knob_space(func, target)` lists the candidates valid for one kernel.
-A tuning table (pipeline/tuning.py: kernel signature -> rule name + knobs, or a MetaSchedule
+A tuning table (pipeline/tuning/__init__.py: kernel signature -> rule name + knobs, or a MetaSchedule
 trace: trace_replay.py) overrides the defaults kernel by kernel.
 """
 

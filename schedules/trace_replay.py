@@ -1,6 +1,6 @@
 """Replay a MetaSchedule trace stored in the tuning database.
 
-`mlcpipe tune --tuner metaschedule` (pipeline/tune_metaschedule.py) keeps the best schedule
+`mlcpipe tune --tuner metaschedule` (pipeline/tuning/metaschedule.py) keeps the best schedule
 MetaSchedule found for a kernel as its trace: the schedule primitives and sampling decisions,
 postprocessors included, serialised with TVM's JSON. Replaying it on the same kernel gives the
 schedule back without searching again. The trace names blocks and loops as that kernel had

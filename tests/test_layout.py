@@ -288,8 +288,8 @@ LAYERS = (
     ("artifact", ("pipeline.artifact", "pipeline.tensor_cache", "pipeline.mlc_contract", "pipeline.weights", "pipeline.build",
                   "pipeline.tuning")),
     ("device", ("pipeline.device", "pipeline.rpc")),
-    ("runtime", ("pipeline.generation", "pipeline.runtime", "pipeline.runners", "pipeline.conformance", "pipeline.tune",
-                 "pipeline.tune_metaschedule")),
+    ("runtime", ("pipeline.generation", "pipeline.runtime", "pipeline.runners", "pipeline.conformance", "pipeline.tuning.knobs",
+                 "pipeline.tuning.metaschedule")),  # the tuners time candidates on the device
     ("profiler", ("pipeline.profiler",)),
     ("interface", ("pipeline.interface", "pipeline.nightly")),
     ("cli", ("pipeline.cli",)),

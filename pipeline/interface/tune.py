@@ -24,12 +24,12 @@ def tune(model: str, quant: str, target_name: str, *, mcpu: str | None = None, a
     target = load_target(target_name, target_overrides(mcpu, arch))
     db = TuningDB.load(db_path or default_db_path(target.name))
     if tuner == "metaschedule":
-        from ..tune_metaschedule import report, tune_metaschedule
+        from ..tuning.metaschedule import report, tune_metaschedule
 
         results = tune_metaschedule(config, quant, target, db, pattern=pattern, trials=trials, log=log)
         kept = sum(r.kept for r in results)
         return f"{report(results)}\n\n{len(results)} kernels searched, {kept} MetaSchedule schedules kept; database: {db.path}"
-    from ..tune import report, tune as run_tune
+    from ..tuning.knobs import report, tune as run_tune
 
     results = run_tune(config, quant, target, db, pattern=pattern, budget=budget, tokens=tokens, log=log)
     return f"{report(results)}\n\n{len(results)} kernels tuned; database: {db.path}"

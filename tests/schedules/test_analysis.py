@@ -17,7 +17,7 @@ from pipeline.kernel_info import random_args
 from pipeline.quantization import QUANTIZATIONS, GroupQuantize
 from pipeline.quantization.relax_modules import dequantize_te
 from pipeline.targets import load_target
-from pipeline.tune import unscheduled_kernels
+from pipeline.tuning.knobs import unscheduled_kernels
 from schedules import RULES
 from schedules.analysis import match_nt_matmul, registered_patterns
 from schedules.gpu.gemv_dequant import GEMVDequant

@@ -96,7 +96,7 @@ def _run(code: str, tmp_path: Path) -> None:
 
 def test_importing_the_rules_installs_no_lowering(tmp_path):
     _run('''
-import schedules, schedules.llvm, schedules.llvm.fast_exp, schedules.gpu, pipeline.build, pipeline.tune
+import schedules, schedules.llvm, schedules.llvm.fast_exp, schedules.gpu, pipeline.build, pipeline.tuning.knobs
 assert libm_exp(), "importing the schedules installed the fast exp"
 from schedules.llvm import fast_exp
 fast_exp.install()

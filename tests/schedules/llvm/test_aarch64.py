@@ -14,7 +14,7 @@ from pipeline.kernel_info import kernel_args, random_args
 from pipeline.quantization import QUANTIZATIONS
 from pipeline.runners.qemu_arm import link_aarch64, run_aarch64
 from pipeline.targets import load_target
-from pipeline.tune import compile_kernel, unscheduled_kernels
+from pipeline.tuning.knobs import compile_kernel, unscheduled_kernels
 from schedules import schedule_func
 from schedules.analysis import match_nt_matmul as match
 from schedules.llvm.gemm_bf16 import PrefillGEMMBF16

@@ -14,7 +14,7 @@ import tvm
 from pipeline.config import load_model_config
 from pipeline.kernel_info import random_args
 from pipeline.targets import load_target
-from pipeline.tune import unscheduled_kernels
+from pipeline.tuning.knobs import unscheduled_kernels
 from schedules import schedule_func
 from schedules.analysis import match_nt_matmul as match
 from schedules.llvm.gemm_bf16 import PrefillGEMMBF16

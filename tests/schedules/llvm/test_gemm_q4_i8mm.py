@@ -16,7 +16,7 @@ from pipeline.config import load_model_config
 from pipeline.kernel_info import random_args
 from pipeline.runners.qemu_arm import link_aarch64, run_aarch64
 from pipeline.targets import load_target
-from pipeline.tune import compile_kernel, unscheduled_kernels
+from pipeline.tuning.knobs import compile_kernel, unscheduled_kernels
 from schedules import schedule_func
 from schedules.analysis import match_nt_matmul as match
 from schedules.llvm.gemm_dequant import PrefillGEMM

@@ -10,7 +10,7 @@ import pytest
 import tvm
 
 from pipeline.config import load_model_config
-from pipeline.tune import compile_kernel, unscheduled_kernels
+from pipeline.tuning.knobs import compile_kernel, unscheduled_kernels
 from schedules.analysis import match_nt_matmul as match
 from schedules.llvm.gemm_bf16 import PrefillGEMMBF16
 from schedules.llvm.gemm_f32 import PrefillGEMMF32

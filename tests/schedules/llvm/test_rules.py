@@ -13,7 +13,7 @@ import tvm
 from pipeline.kernel_info import random_args
 from pipeline.quantization import QUANTIZATIONS
 from pipeline.targets import load_target
-from pipeline.tune import unscheduled_kernels
+from pipeline.tuning.knobs import unscheduled_kernels
 from schedules import RULES, schedule_func
 from schedules.analysis import match_nt_matmul as match
 from schedules.llvm.gemm_dequant import PrefillGEMM

@@ -11,7 +11,7 @@ from tvm.script import tirx as T
 
 from pipeline.kernel_info import random_args
 from pipeline.targets import load_target
-from pipeline.tune import unscheduled_kernels
+from pipeline.tuning.knobs import unscheduled_kernels
 from schedules.analysis import match_nt_matmul as match
 from schedules.llvm import fast_exp
 from schedules.llvm.elementwise import Elementwise

@@ -15,9 +15,9 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .artifact import remove_leftovers, sha256_file, temp_sibling, write_lock
-from .config import artifacts_root, short_repr, short_text
-from .errors import ArtifactError
+from ..artifact import remove_leftovers, sha256_file, temp_sibling, write_lock
+from ..config import artifacts_root, short_repr, short_text
+from ..errors import ArtifactError
 
 SCHEMA, VERSION = "mlcpipe-tuning", 1
 

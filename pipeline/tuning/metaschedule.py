@@ -20,14 +20,14 @@ from pathlib import Path
 
 import tvm
 
-from .backends import backend, kinds_with
-from .device import device as device_of
-from .config import ModelConfig
-from .kernel_info import random_args, symbolic_dims
-from .targets import TargetSpec
-from .threads import configure as configure_threads
-from .tune import TuneError, compile_kernel, output_mismatch, run_kernel, time_kernel_ms, timing_device, unscheduled_kernels
-from .tuning import TuningDB
+from ..backends import backend, kinds_with
+from ..device import device as device_of
+from ..config import ModelConfig
+from ..kernel_info import random_args, symbolic_dims
+from ..targets import TargetSpec
+from ..threads import configure as configure_threads
+from .knobs import TuneError, compile_kernel, output_mismatch, run_kernel, time_kernel_ms, timing_device, unscheduled_kernels
+from . import TuningDB
 
 
 @dataclass

@@ -5,7 +5,7 @@ For every kernel (after fusion, before scheduling) each rule that takes it lists
 against the first rule's default (what build applies untuned) and timed (the median of `repeat`
 rounds, each timing every candidate once: interleaved_times). The fastest, of whichever rule,
 wins (e.g. PrefillGEMMQ4VNNI, PrefillGEMMBF16 or PrefillGEMMF32 for a q4f16_1 prefill GEMM on a
-CPU with VNNI and BF16). Winners go into the tuning database (pipeline/tuning.py) that `mlcpipe build` applies; a candidate whose
+CPU with VNNI and BF16). Winners go into the tuning database (pipeline/tuning/__init__.py) that `mlcpipe build` applies; a candidate whose
 output differs is rejected and reported. Timing needs the target's device (the backend's
 `timing_device`). Details: docs/tuning.md.
 """
@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import tvm
 
-from .config import ModelConfig
-from .kernel_info import random_args, symbolic_dims
-from .targets import TargetSpec
-from .tuning import TuningDB
+from ..config import ModelConfig
+from ..kernel_info import random_args, symbolic_dims
+from ..targets import TargetSpec
+from . import TuningDB
 
 
 
@@ -53,15 +53,15 @@ class KernelTuning:
 
 def timing_device(kind: str):
     """The device kernels of this target kind are timed on, as its device module says."""
-    from .device import device
+    from ..device import device
 
     return device(kind).timing_device()
 
 
 def unscheduled_kernels(config: ModelConfig, quant: str, target: tvm.target.Target) -> dict[str, tvm.tirx.PrimFunc]:
     """The model's PrimFuncs after fusion (dequantize fused into its matmul), before scheduling."""
-    from .build import export_model
-    from .passes import run_pipeline
+    from ..build import export_model
+    from ..passes import run_pipeline
 
     mod, _ = export_model(config, quant, target)
     mod = run_pipeline(mod, target, until="fuse-tir")
@@ -80,7 +80,7 @@ def _candidates(space: dict[str, list], default: dict, budget: int, seed: int) -
 def compile_kernel(func: tvm.tirx.PrimFunc, target: tvm.target.Target):
     """One scheduled PrimFunc built on its own, callable as lib["main"] (with the lowerings the
     build uses: it is timed as the model will run it)."""
-    from .backends import backend
+    from ..backends import backend
 
     backend(target.kind.name).install_lowerings()
     with target:
@@ -148,7 +148,7 @@ def interleaved_times(candidates: list[tuple], args, device, repeat: int, cold_b
 def output_mismatch(got: np.ndarray, want: np.ndarray, quant: str) -> str | None:
     """None when two schedules' outputs agree (within the quantization's tolerance, relative to the
     output's scale: 2% for f16 models), else why not."""
-    from .quantization import QUANTIZATIONS
+    from ..quantization import QUANTIZATIONS
 
     scale = float(np.abs(want).max()) or 1.0
     tol = QUANTIZATIONS[quant].tolerance
@@ -175,7 +175,7 @@ def tune(
     from schedules import RULES
     from schedules.signature import kernel_signature
 
-    from .device import device as device_of
+    from ..device import device as device_of
 
     device = timing_device(target.kind)
     cold_bytes = device_of(target.kind).timing_cold_bytes()

@@ -16,7 +16,7 @@ from pipeline.cli import main
 from pipeline.quantization import QUANTIZATIONS
 from pipeline.runtime import Engine
 from pipeline.targets import load_target
-from pipeline.tune import unscheduled_kernels
+from pipeline.tuning.knobs import unscheduled_kernels
 from pipeline.tuning import TuningDB
 from pipeline.weights import convert_weights
 from schedules.signature import kernel_signature
@@ -117,7 +117,7 @@ def test_candidates_are_compared_at_the_quantization_entrys_tolerance(monkeypatc
 
     from pipeline import conformance
     from pipeline.quantization import TOLERANCE, GroupQuantize, NoQuantize
-    from pipeline.tune import output_mismatch
+    from pipeline.tuning.knobs import output_mismatch
 
     assert conformance.TOLERANCE is TOLERANCE
     assert {q: e.tolerance for q, e in QUANTIZATIONS.items()} == {"q0f16": 2e-2, "q0f32": 1e-4, "q4f16_1": 2e-2, "q4f32_1": 1e-4}
@@ -152,7 +152,7 @@ def test_metaschedule_search_is_checked_timed_and_its_trace_replayed_by_build(ti
     checked against ours and timed. Its trace, stored in a database, is applied by `mlcpipe build`
     (the whole model still matches the NumPy Llama); the same trace filed under another kernel's
     signature does not fit that kernel, which keeps the rules' schedule."""
-    from pipeline.tune_metaschedule import tune_metaschedule
+    from pipeline.tuning.metaschedule import tune_metaschedule
 
     quant = "q4f16_1"
     target = load_target("llvm")
@@ -224,7 +224,7 @@ def test_llvm_timings_rotate_inputs_beyond_the_last_level_cache():
     import numpy as np
 
     from pipeline.device import device
-    from pipeline.tune import time_kernel_ms, timing_copies
+    from pipeline.tuning.knobs import time_kernel_ms, timing_copies
 
     sizes = []
     for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
@@ -252,7 +252,7 @@ def test_candidates_are_timed_in_interleaved_rounds(monkeypatch):
     """A machine whose speed drifts (twice as fast for the first 4 timings): timed one candidate
     after another (5 each), the first would get the fast phase and win; in rounds, the really
     faster one wins, and each candidate's figure is the median of its rounds."""
-    import pipeline.tune as tune_mod
+    import pipeline.tuning.knobs as tune_mod
 
     cost = {"a": 1.0, "b": 0.8}
     calls: list[str] = []
