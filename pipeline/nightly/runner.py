@@ -40,6 +40,10 @@ from .verify import verify_artifact
 RESULT = "result.json"
 LOG_TAIL_LINES = 20
 HEARTBEAT_SECONDS = 30.0
+# How often the main thread wakes while cells run. Ctrl-C's SIGINT may land on a cell thread; Python
+# runs its handler in the main thread only when that thread next runs, and a wait blocked for a
+# whole heartbeat let a build finish and replace its cell before the KeyboardInterrupt came.
+SIGNAL_POLL_SECONDS = 0.2
 CHECK_REPORTS = ("conformance.json", "conformance.txt", "profile.json", "profile.md")
 REBUILD_DIFFERS = "rebuild-differs"  # a cell's second build's copy of each file that differed
 
@@ -338,18 +342,22 @@ class Runner:
         self.echo(f"[nightly] {n} cells, {self.jobs} jobs; out {self.out}; cache {self.cache_dir}")
         records: dict[str, dict] = {}
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="cell")
-        futures = {pool.submit(self.run_cell, cell): cell for cell in self.cells}
-        try:
+        futures: dict[concurrent.futures.Future, Cell] = {}
+        try:  # Ctrl-C while the cells are submitted (a thread's start is a wait) is handled too
+            for cell in self.cells:
+                futures[pool.submit(self.run_cell, cell)] = cell
             pending = set(futures)
+            last_line = time.perf_counter()
             while pending:
-                done, pending = concurrent.futures.wait(pending, timeout=HEARTBEAT_SECONDS,
+                done, pending = concurrent.futures.wait(pending, timeout=SIGNAL_POLL_SECONDS,
                                                         return_when=concurrent.futures.FIRST_COMPLETED)
                 for future in done:
                     record = future.result()
                     records[record["cell"]] = record
                     self.echo(progress_line(len(records), n, record))
-                if pending and not done:
-                    now = time.perf_counter()
+                    last_line = time.perf_counter()
+                if pending and time.perf_counter() - last_line >= HEARTBEAT_SECONDS:
+                    now = last_line = time.perf_counter()
                     running = [f"{c.id} ({now - self._started[c.id]:.0f} s)" for f, c in futures.items()
                                if f in pending and c.id in self._started]
                     self.echo(f"[nightly] {len(records)}/{n} done; running: {', '.join(running) or '-'}")
@@ -358,9 +366,11 @@ class Runner:
             self.interrupted = True
             self.stop()
             pool.shutdown(wait=True, cancel_futures=True)
-            for future, cell in futures.items():
+            submitted = {cell.id: future for future, cell in futures.items()}
+            for cell in self.cells:
+                future = submitted.get(cell.id)
                 if cell.id not in records:
-                    done = future.done() and not future.cancelled()
+                    done = future is not None and future.done() and not future.cancelled()
                     records[cell.id] = future.result() if done else interrupted_record(cell, None)
             return [records[c.id] for c in self.cells]
         pool.shutdown(wait=True)

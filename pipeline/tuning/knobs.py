@@ -6,7 +6,7 @@ against the first rule's default (what build applies untuned) and timed (the med
 rounds, each timing every candidate once: interleaved_times). The fastest, of whichever rule,
 wins (e.g. PrefillGEMMQ4VNNI, PrefillGEMMBF16 or PrefillGEMMF32 for a q4f16_1 prefill GEMM on a
 CPU with VNNI and BF16). Winners go into the tuning database (pipeline/tuning/__init__.py) that `mlcpipe build` applies; a candidate whose
-output differs is rejected and reported. Timing needs the target's device (the backend's
+output differs is rejected and reported. Timing needs the target's device (its device module's
 `timing_device`). Details: docs/tuning.md.
 """
 

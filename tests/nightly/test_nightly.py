@@ -432,3 +432,37 @@ def test_ctrl_c_while_a_worker_starts_stops_it(tmp_path, monkeypatch):
     assert time.perf_counter() - started < 4, "the worker ran on after Ctrl-C"
     with open(tmp_path / "log", "a") as log, pytest.raises(runner_module.CellInterrupted, match="^interrupted$"):
         runner._worker(cell, log, tmp_path / "work")  # once stopping, no worker starts
+
+
+def test_ctrl_c_on_a_cell_thread_stops_the_run_at_once(tmp_path, monkeypatch):
+    """Was: Ctrl-C's SIGINT could land on a cell thread; Python runs the handler in the main thread,
+    which slept in a wait for a whole heartbeat (30 s) meanwhile, so a build could finish and
+    replace its cell after Ctrl-C (test_outputs' Ctrl-C test failed that way once in CI). Now the
+    main thread wakes every SIGNAL_POLL_SECONDS: the run stops well inside a heartbeat, the cell
+    is reported interrupted and keeps what it had."""
+    import signal
+    import threading
+    from types import SimpleNamespace
+
+    from pipeline.nightly import runner as runner_module
+
+    cell = SimpleNamespace(id="c1", model="llama-tiny", quant="q4f32_1", target=SimpleNamespace(name="llvm", preset="llvm", options={}))
+    runner = runner_module.Runner([], tmp_path / "out", tmp_path / "cache")
+    runner.cells = [cell]
+    monkeypatch.setattr(runner_module, "HEARTBEAT_SECONDS", 60.0)
+    finished = []
+
+    def run_cell(c):
+        runner._started[c.id] = time.perf_counter()
+        time.sleep(0.5)  # the main thread is waiting on the cells by now
+        signal.pthread_kill(threading.get_ident(), signal.SIGINT)  # Ctrl-C, delivered to this (cell) thread
+        if runner._stopping.wait(20):  # what stop() sets
+            return runner_module.interrupted_record(c, None)
+        finished.append(c.id)  # the "build" ran to its end: it would have replaced the cell
+        return {"cell": c.id, "status": "passed"}
+
+    monkeypatch.setattr(runner, "run_cell", run_cell)
+    started = time.perf_counter()
+    (record,) = runner._run_all()
+    assert time.perf_counter() - started < 5, "the main thread reacted to Ctrl-C only at its next heartbeat"
+    assert runner.interrupted and record["status"] == "interrupted" and not finished
