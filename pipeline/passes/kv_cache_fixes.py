@@ -9,7 +9,9 @@ Llama never hit it. `prefill_paged_cpu` has the same signature and contract (the
 TVM's `_causal_or_sliding_cross_mask`: with causal and a window W, query row r of a chunk sees the
 last W - r - 1 history rows; the sliding length_info (last page length, window offset, sink)) and
 skips masked rows instead. RoPE inside attention (rotary_mode 1) is not implemented (asserted):
-mlcpipe's models rotate q/k before the cache.
+mlcpipe's models rotate q/k before the cache. It records its window (WINDOW_ATTR) so the llvm
+schedule can swap in its vectorised kernel of the same contract (schedules/llvm/attention.py);
+this one stays the reference `check` compares that with.
 """
 
 from __future__ import annotations
@@ -121,10 +123,11 @@ def replacement(func: tirx.PrimFunc, sliding_window_size: int) -> tirx.PrimFunc:
     h_kv, page_size = int(page_shape[2]), int(page_shape[3])
     ours = prefill_paged_cpu(h_kv, h_q, d, str(func.params[0].dtype), page_size, symbol.endswith("_sliding_window"),
                              sliding_window_size)
-    return ours.with_attr("global_symbol", symbol)
+    # the window it was made with, for the llvm schedule's faster kernel of the same contract
+    return ours.with_attr("global_symbol", symbol).with_attr(WINDOW_ATTR, sliding_window_size)
 
 
-WINDOW_ATTR = "mlcpipe.sliding_window"  # module attribute: the window the KV cache was made with
+WINDOW_ATTR = "mlcpipe.sliding_window"  # the window the KV cache was made with: a module attribute, and on our kernel
 DEFAULT_WINDOW = 1024  # TVM's layer_sliding_window_size default
 
 

@@ -1,12 +1,15 @@
-"""CPU attention kernels replacing TVM's `batch_decode_paged_kv_cpu` and `batch_prefill_ragged_kv`.
+"""CPU attention kernels replacing TVM's `batch_decode_paged_kv_cpu`, `batch_prefill_ragged_kv` and
+the paged prefill `batch_prefill_paged_kv_cpu` (and its `_sliding_window` twin, as the passes' fix
+left it: pipeline/passes/kv_cache_fixes.py).
 
 Same signatures and contracts (decode: online-softmax attention of one new token per sequence over
-its paged K/V; ragged prefill: causal attention of a prompt chunk over itself; output and
-log2-sum-exp per head), but (sequence or query token, KV head) pairs run in parallel, all query
-heads of a GQA group share each K/V row, and the head dimension is vectorised; both kernels share
-one online-softmax body (`_attend`). Handles: TVM's signatures with head dim % 16 == 0 and whole
-GQA groups; rotary embedding inside attention (rotary_mode 1) is not implemented (asserted).
-No knobs. Design notes: docs/schedules.md.
+its paged K/V; ragged prefill: causal attention of a prompt chunk over itself; paged prefill: a
+chunk's queries over their sequences' history, with the cross mask of a causal or sliding-window
+layer; output and log2-sum-exp per head), but (sequence or query token, KV head) pairs run in
+parallel, all query heads of a GQA group share each K/V row, and the head dimension is vectorised;
+the kernels share one online-softmax body (`_attend`). Handles: TVM's signatures with head dim % 16
+== 0 and whole GQA groups; rotary embedding inside attention (rotary_mode 1) is not implemented
+(asserted). No knobs. Design notes: docs/schedules.md.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ from .microkernels import lane_sum
 LOG2E = 1.4426950408889634
 KERNEL_NAME = "batch_decode_paged_kv_cpu"
 RAGGED_KERNEL_NAME = "batch_prefill_ragged_kv"
+PAGED_PREFILL_NAMES = ("batch_prefill_paged_kv_cpu", "batch_prefill_paged_kv_cpu_sliding_window")
+WINDOW_ATTR = "mlcpipe.sliding_window"  # the window the passes' paged prefill kernel was made with
 BLOCK = 16  # K/V rows per softmax block
 
 
@@ -208,6 +213,112 @@ def prefill_ragged_attention(num_kv_heads: int, num_qo_heads: int, head_dim: int
     return batch_prefill_ragged_kv
 
 
+def history_rows(pages, page_values, begin, page_size: int, h, lo, sink, offset):
+    """(key, value) loads of rows lo.. of a sequence's history in the paged KV cache: positions past
+    the `sink` attention-sink rows sit `offset` further on (a sliding window's evicted pages)."""
+
+    def at(kind):
+        def load(row, x):
+            pos = lo + row
+            seq_pos = pos + T.Select(pos >= sink, offset - sink, 0)  # a select, not a branch: the loads stay vectorised
+            return pages[page_values[begin + seq_pos // page_size], kind, h, seq_pos % page_size, x]
+        return load
+
+    return at(0), at(1)
+
+
+def prefill_paged_attention(num_kv_heads: int, num_qo_heads: int, head_dim: int, page_size: int, dtype: str,
+                            sliding_window: bool, window: int, lanes: int = 16) -> tirx.PrimFunc:
+    """A prefill chunk's queries over their sequences' paged history. Query row r of a chunk of n
+    sees history rows [lo, hi): causal without a window: [0, kv_len - n + r + 1); causal with a
+    window W: [kv_len - max(W - r - 1, 0), kv_len); not causal: all (TVM's cross mask). A row that
+    sees none gets output 0 and log2-sum-exp -50000, as TVM's kernel gives it."""
+    group = num_qo_heads // num_kv_heads
+    chunks = head_dim // lanes
+    assert head_dim % lanes == 0 and num_qo_heads % num_kv_heads == 0
+    win = window if sliding_window else 0
+
+    def declare_info(handle, batch):
+        return T.match_buffer(handle, (3, batch) if sliding_window else (batch,), "int32", offset_factor=1)
+
+    def info(buf, row, b):  # last page length, window offset, sink length (the latter two: sliding only)
+        if not sliding_window:
+            return buf[b] if row == 0 else tirx.const(0, "int32")
+        return buf[row, b]
+
+    # fmt: off
+    @T.prim_func
+    def batch_prefill_paged_kv_cpu(
+        var_q: T.handle, var_q_indptr: T.handle, var_pages: T.handle, var_page_indptr: T.handle,
+        var_page_values: T.handle, var_length_info: T.handle, var_k_rope_pos_offset: T.handle,
+        var_q_rope_position: T.handle, var_output: T.handle, var_lse: T.handle,
+        causal: T.int32, rotary_mode: T.int32, rope_scale: T.float32, rope_theta: T.float32, sm_scale: T.float32,
+    ):
+        T.func_attr({"op_pattern": 8, "tirx.is_scheduled": True, "tirx.noalias": True})
+        batch_size = T.int32()
+        total_len = T.int32()
+        nnz_pages = T.int32()
+        max_num_pages = T.int32()
+        q = T.match_buffer(var_q, (total_len, num_qo_heads, head_dim), dtype)
+        q_indptr = T.match_buffer(var_q_indptr, (batch_size + 1,), "int32", offset_factor=1)
+        pages = T.match_buffer(var_pages, (max_num_pages, 2, num_kv_heads, page_size, head_dim), dtype)
+        page_indptr = T.match_buffer(var_page_indptr, (batch_size + 1,), "int32", offset_factor=1)
+        page_values = T.match_buffer(var_page_values, (nnz_pages,), "int32", offset_factor=1)
+        length_info = declare_info(var_length_info, batch_size)
+        k_rope_pos_offset = T.match_buffer(var_k_rope_pos_offset, (batch_size,), "int32", offset_factor=1)  # noqa: F841 - declares the symbolic dim for TVMScript
+        q_rope_position = T.match_buffer(var_q_rope_position, (total_len,), "int32", offset_factor=1)  # noqa: F841 - declares the symbolic dim for TVMScript
+        output = T.match_buffer(var_output, (total_len, num_qo_heads, head_dim), dtype)
+        lse = T.match_buffer(var_lse, (total_len, num_qo_heads), "float32")
+        assert rotary_mode == 0, "mlcpipe's CPU paged prefill attention expects RoPE applied before attention (rotary_mode 0)"
+        for task in T.parallel(total_len * num_kv_heads):
+            qv = T.alloc_buffer((group, head_dim), "float32")
+            o = T.alloc_buffer((group, head_dim), "float32")
+            part = T.alloc_buffer((lanes,), "float32")
+            score = T.alloc_buffer((group, BLOCK), "float32")
+            top = T.alloc_buffer((2,), "float32")
+            m = T.alloc_buffer((group,), "float32")
+            d = T.alloc_buffer((group,), "float32")
+            seq = T.alloc_buffer((1,), "int32")
+            # tokens taken as 0, n-1, 1, n-2, ...: causal rows grow with the token (as the ragged kernel)
+            t = T.if_then_else(task // num_kv_heads % 2 == 0, task // num_kv_heads // 2, total_len - 1 - task // num_kv_heads // 2)
+            h = task % num_kv_heads
+            seq[0] = 0
+            for b in range(batch_size):
+                if q_indptr[b] <= t:
+                    seq[0] = b
+            b = seq[0]
+            r = t - q_indptr[b]
+            qo_len = q_indptr[b + 1] - q_indptr[b]
+            begin = page_indptr[b]
+            end = page_indptr[b + 1]
+            kv_len = T.if_then_else(
+                begin != end,
+                (end - begin - 1) * page_size + info(length_info, 0, b) - info(length_info, 1, b) + info(length_info, 2, b),
+                0,
+            )
+            sink = info(length_info, 2, b)
+            offset = info(length_info, 1, b)
+            lo = T.if_then_else(causal > 0 and win > 0, T.max(kv_len - T.max(win - r - 1, 0), 0), 0)
+            hi = T.if_then_else(causal > 0 and win == 0, T.min(kv_len - qo_len + r + 1, kv_len), kv_len)
+            for g in range(group):
+                m[g] = T.float32(-50000.0)
+                d[g] = T.float32(0.0)
+                for c in range(chunks):
+                    for l in T.vectorized(lanes):
+                        qv[g, c * lanes + l] = T.Cast("float32", q[t, h * group + g, c * lanes + l]) * sm_scale
+                        o[g, c * lanes + l] = T.float32(0.0)
+            _attend(qv, o, part, score, top, m, d, T.max(hi - lo, 0),
+                    history_rows(pages, page_values, begin, page_size, h, lo, sink, offset),
+                    group, chunks, lanes, False)  # every token of the chunk reads these rows: they stay in cache
+            for g in range(group):
+                for c in range(chunks):
+                    for l in T.vectorized(lanes):
+                        output[t, h * group + g, c * lanes + l] = T.Cast(dtype, T.if_then_else(hi > lo, o[g, c * lanes + l] / d[g], T.float32(0.0)))
+                lse[t, h * group + g] = T.if_then_else(hi > lo, m[g] * T.float32(LOG2E) + T.log2(d[g]), T.float32(-50000.0))
+    # fmt: on
+    return batch_prefill_paged_kv_cpu
+
+
 def _symbol(func: tirx.PrimFunc) -> str | None:
     attrs = func.attrs
     return str(attrs["global_symbol"]) if attrs is not None and "global_symbol" in attrs else None
@@ -217,11 +328,35 @@ def _shape(param) -> list:
     return list(param.shape)
 
 
+def _paged_prefill(func: tirx.PrimFunc) -> tirx.PrimFunc | None:
+    """Ours for the passes' paged prefill kernel (it records its window in WINDOW_ATTR; TVM's own,
+    without it, is left alone), where head dim and GQA groups fit."""
+    symbol = _symbol(func)
+    if symbol not in PAGED_PREFILL_NAMES or len(func.params) != 15 or WINDOW_ATTR not in func.attrs:
+        return None
+    q_shape, page_shape = _shape(func.params[0]), _shape(func.params[2])
+    try:
+        qo_heads, head_dim = int(q_shape[1]), int(q_shape[2])
+        kv_heads, page_size = int(page_shape[2]), int(page_shape[3])
+    except (TypeError, ValueError):
+        return None
+    if head_dim % 16 or qo_heads % kv_heads:
+        return None
+    return prefill_paged_attention(kv_heads, qo_heads, head_dim, page_size, str(func.params[0].dtype),
+                                   symbol.endswith("_sliding_window"), int(func.attrs[WINDOW_ATTR]))
+
+
 def replace_attention_kernels(mod: tvm.IRModule) -> tuple[tvm.IRModule, list[str]]:
-    """Swap TVM's CPU decode and ragged-prefill attention for ours where the signature matches
-    (head dim a multiple of 16, whole GQA groups); returns the module and the names replaced."""
+    """Swap TVM's CPU decode and ragged-prefill attention, and the passes' paged prefill, for ours
+    where the signature matches (head dim a multiple of 16, whole GQA groups); returns the module
+    and the names replaced."""
     replaced = []
     for gvar, func in list(mod.functions_items()):
+        new = _paged_prefill(func) if isinstance(func, tirx.PrimFunc) else None
+        if new is not None:
+            mod[gvar] = new.with_attr("global_symbol", _symbol(func))
+            replaced.append(gvar.name_hint)
+            continue
         if isinstance(func, tirx.PrimFunc) and _symbol(func) == RAGGED_KERNEL_NAME and len(func.params) == 14:
             q_shape, k_shape = _shape(func.params[0]), _shape(func.params[2])
             try:

@@ -214,6 +214,47 @@ def test_decode_attention_replacement_matches_tvms_kernel():
     assert replaced == []
 
 
+@pytest.mark.parametrize("heads", [(8, 32, 64), (1, 4, 256)], ids=["llama-3.2-1b", "gemma-3-1b"])
+@pytest.mark.parametrize("sliding", [False, True], ids=["causal", "sliding-window"])
+def test_prefill_paged_attention_replacement_matches_the_passes_kernel(heads, sliding):
+    """A chunk's queries over their paged history (a prompt longer than the prefill chunk), ours
+    against the passes' kernel (pipeline/passes/kv_cache_fixes.py), at the 1B's and Gemma 3 1B's
+    heads, causal and with a window narrower than the history (rows that see nothing included),
+    attention-sink rows too; then the schedule swaps it in only where the passes made it."""
+    from pipeline.kernel_info import kernel_args
+    from pipeline.passes.kv_cache_fixes import prefill_paged_cpu, replacement
+    from schedules.llvm.attention import prefill_paged_attention, replace_attention_kernels
+
+    kv_heads, qo_heads, head_dim = heads
+    for window in ((24, 300) if sliding else (1024,)):
+        theirs = prefill_paged_cpu(kv_heads, qo_heads, head_dim, "float16", 16, sliding, window)
+        ours = prefill_paged_attention(kv_heads, qo_heads, head_dim, 16, "float16", sliding, window)
+        for tokens, sink in ((1, 0), (7, 0), (130, 0), *(((130, 3),) if sliding else ())):
+            args, label = kernel_args(theirs, tokens, seed=tokens)
+            if sink:  # length_info (3, batch): last page length, window offset, sink rows
+                args[5][2, :] = sink
+            outs = []
+            for func in (theirs, ours):
+                lib = tvm.compile(tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target=TARGET)
+                tensors = [tvm.runtime.tensor(a.copy(), tvm.cpu()) if isinstance(a, np.ndarray) else a for a in args]
+                lib["main"](*tensors)
+                outs.append([tensors[8].numpy().astype(np.float32), tensors[9].numpy()])
+            label = f"{label},window={window},sink={sink}"
+            assert np.isfinite(outs[1][0]).all(), label
+            np.testing.assert_allclose(outs[1][0], outs[0][0], atol=2e-3, err_msg=label)
+            np.testing.assert_allclose(outs[1][1], outs[0][1], rtol=1e-5, atol=1e-5, err_msg=label)
+            if sliding and window == 24 and tokens == 130:  # the last rows of the chunk see no history
+                assert (outs[0][1][-1] == -50000).all() and (outs[1][0][-1] == 0).all(), label
+    from tvm.relax.frontend.nn.llm import kv_cache as kc
+
+    name = "batch_prefill_paged_kv_cpu" + ("_sliding_window" if sliding else "")
+    tvms = kc._attention_prefill_cpu(kv_heads, qo_heads, head_dim, "float16", sliding, {}).with_attr("global_symbol", name)
+    mod, replaced = replace_attention_kernels(tvm.IRModule({"paged": replacement(tvms, window)}))
+    assert replaced == ["paged"]
+    tvm.ir.assert_structural_equal(mod["paged"], ours.with_attr("global_symbol", name))  # the window it recorded
+    assert replace_attention_kernels(tvm.IRModule({"paged": tvms}))[1] == []  # TVM's own (no window recorded): not ours
+
+
 def test_prefill_ragged_attention_replacement_matches_tvms_kernel():
     """Causal attention of a prompt chunk over itself, 1B shapes, against TVM's CPU kernel."""
     from tvm.relax.frontend.nn.llm import kv_cache as kc
