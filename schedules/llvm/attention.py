@@ -77,6 +77,55 @@ def _attend(qv, o, part, score, top, m, d, kv_rows, kv, group: int, chunks: int,
                         T.buffer_store(o, o[g, x] + score[g, r] * T.Cast("float32", value(blk * BLOCK + r, x)), [g, x])
 
 
+def _scratch(group: int, head_dim: int, lanes: int):
+    """A task's attention state (qv, o, part, score, top, m, d; what `_attend` takes) as local buffers."""
+    return (T.alloc_buffer((group, head_dim), "float32"), T.alloc_buffer((group, head_dim), "float32"),
+            T.alloc_buffer((lanes,), "float32"), T.alloc_buffer((group, BLOCK), "float32"), T.alloc_buffer((2,), "float32"),
+            T.alloc_buffer((group,), "float32"), T.alloc_buffer((group,), "float32"))
+
+
+def _start(qv, o, m, d, q, row, head0, scale, chunks: int, lanes: int) -> None:
+    """Emit: the group's running state emptied (m, d, o) and its queries q[row, head0 + g] scaled
+    into qv (float32)."""
+    with T.serial(qv.shape[0]) as g:
+        T.buffer_store(m, T.float32(-50000.0), [g])
+        T.buffer_store(d, T.float32(0.0), [g])
+        with T.serial(chunks) as c:
+            with T.vectorized(lanes) as l:
+                T.buffer_store(qv, T.Cast("float32", q[row, head0 + g, c * lanes + l]) * scale, [g, c * lanes + l])
+                T.buffer_store(o, T.float32(0.0), [g, c * lanes + l])
+
+
+def _finish(o, m, d, output, lse, row, head0, chunks: int, lanes: int, seen=None) -> None:
+    """Emit: output[row, head0 + g] = o / d and its log2-sum-exp; where `seen` is false (no K/V
+    row visible), output 0 and log2-sum-exp -50000, as TVM's kernels give them."""
+    with T.serial(o.shape[0]) as g:
+        with T.serial(chunks) as c:
+            with T.vectorized(lanes) as l:
+                value = o[g, c * lanes + l] / d[g]
+                value = value if seen is None else T.if_then_else(seen, value, T.float32(0.0))
+                T.buffer_store(output, T.Cast(output.dtype, value), [row, head0 + g, c * lanes + l])
+        total = m[g] * T.float32(LOG2E) + T.log2(d[g])
+        T.buffer_store(lse, total if seen is None else T.if_then_else(seen, total, T.float32(-50000.0)), [row, head0 + g])
+
+
+def _paired_token(task, num_kv_heads: int, tokens):
+    """The query token of a (token, KV head) task, taken as 0, n-1, 1, n-2, ...: causal rows grow
+    with the token, and the thread pool hands each thread a contiguous range of tasks: pairs keep
+    them even."""
+    pair = task // num_kv_heads
+    return T.if_then_else(pair % 2 == 0, pair // 2, tokens - 1 - pair // 2)
+
+
+def _find_sequence(seq, indptr, batch_size, t) -> None:
+    """Emit: seq[0] = the sequence whose query tokens (indptr) hold token t."""
+    T.buffer_store(seq, 0, [0])
+    with T.serial(batch_size) as b:
+        with T.If(indptr[b] <= t):
+            with T.Then():
+                T.buffer_store(seq, b, [0])
+
+
 def paged_rows(pages, page_table_values, begin, page_size: int, h):
     """(key, value) loads of a sequence's rows in the paged KV cache."""
 
@@ -119,31 +168,15 @@ def decode_attention(num_kv_heads: int, num_qo_heads: int, head_dim: int, page_s
         lse = T.match_buffer(lse_handle, (B, num_qo_heads), "float32")
         assert rotary_mode == 0, "mlcpipe's CPU decode attention expects RoPE applied before the KV append (rotary_mode 0)"
         for task in T.parallel(B * num_kv_heads):
-            q = T.alloc_buffer((group, head_dim), "float32")
-            o = T.alloc_buffer((group, head_dim), "float32")
-            part = T.alloc_buffer((lanes,), "float32")
-            score = T.alloc_buffer((group, BLOCK), "float32")
-            top = T.alloc_buffer((2,), "float32")
-            m = T.alloc_buffer((group,), "float32")
-            d = T.alloc_buffer((group,), "float32")
+            q, o, part, score, top, m, d = _scratch(group, head_dim, lanes)
             b = task // num_kv_heads
             h = task % num_kv_heads
             begin = page_table_indptr[b]
             end = page_table_indptr[b + 1]
             kv_len = T.if_then_else(begin != end, (end - begin - 1) * page_size + length_info[b], 0)
-            for g in range(group):
-                m[g] = T.float32(-50000.0)
-                d[g] = T.float32(0.0)
-                for c in range(chunks):
-                    for l in T.vectorized(lanes):
-                        q[g, c * lanes + l] = T.Cast("float32", Q[b, h * group + g, c * lanes + l]) * sm_scale
-                        o[g, c * lanes + l] = T.float32(0.0)
+            _start(q, o, m, d, Q, b, h * group, sm_scale, chunks, lanes)
             _attend(q, o, part, score, top, m, d, kv_len, paged_rows(pages, page_table_values, begin, page_size, h), group, chunks, lanes, True)
-            for g in range(group):
-                for c in range(chunks):
-                    for l in T.vectorized(lanes):
-                        output[b, h * group + g, c * lanes + l] = T.Cast(dtype, o[g, c * lanes + l] / d[g])
-                lse[b, h * group + g] = m[g] * T.float32(LOG2E) + T.log2(d[g])
+            _finish(o, m, d, output, lse, b, h * group, chunks, lanes)
     # fmt: on
     return batch_decode_paged_kv_cpu
 
@@ -176,39 +209,18 @@ def prefill_ragged_attention(num_kv_heads: int, num_qo_heads: int, head_dim: int
         lse = T.match_buffer(lse_handle, (qo_len, num_qo_heads), "float32")
         assert rotary_mode == 0, "mlcpipe's CPU prefill attention expects RoPE applied before attention (rotary_mode 0)"
         for task in T.parallel(qo_len * num_kv_heads):
-            qv = T.alloc_buffer((group, head_dim), "float32")
-            o = T.alloc_buffer((group, head_dim), "float32")
-            part = T.alloc_buffer((lanes,), "float32")
-            score = T.alloc_buffer((group, BLOCK), "float32")
-            top = T.alloc_buffer((2,), "float32")
-            m = T.alloc_buffer((group,), "float32")
-            d = T.alloc_buffer((group,), "float32")
+            qv, o, part, score, top, m, d = _scratch(group, head_dim, lanes)
             seq = T.alloc_buffer((1,), "int32")
-            # query tokens taken as 0, n-1, 1, n-2, ...: causal rows grow with the token, and the
-            # thread pool hands each thread a contiguous range of tasks: pairs keep them even
-            t = T.if_then_else(task // num_kv_heads % 2 == 0, task // num_kv_heads // 2, qo_len - 1 - task // num_kv_heads // 2)
+            t = _paired_token(task, num_kv_heads, qo_len)
             h = task % num_kv_heads
-            seq[0] = 0
-            for b in range(batch_size):
-                if q_indptr[b] <= t:
-                    seq[0] = b
+            _find_sequence(seq, q_indptr, batch_size, t)
             b = seq[0]
             q_count = q_indptr[b + 1] - q_indptr[b]
             kv_count = kv_indptr[b + 1] - kv_indptr[b]
             visible = T.if_then_else(causal > 0, kv_count - q_count + (t - q_indptr[b]) + 1, kv_count)
-            for g in range(group):
-                m[g] = T.float32(-50000.0)
-                d[g] = T.float32(0.0)
-                for c in range(chunks):
-                    for l in T.vectorized(lanes):
-                        qv[g, c * lanes + l] = T.Cast("float32", q[t, h * group + g, c * lanes + l]) * sm_scale
-                        o[g, c * lanes + l] = T.float32(0.0)
+            _start(qv, o, m, d, q, t, h * group, sm_scale, chunks, lanes)
             _attend(qv, o, part, score, top, m, d, visible, ragged_rows(k, v, kv_indptr[b], h), group, chunks, lanes, False)
-            for g in range(group):
-                for c in range(chunks):
-                    for l in T.vectorized(lanes):
-                        output[t, h * group + g, c * lanes + l] = T.Cast(dtype, o[g, c * lanes + l] / d[g])
-                lse[t, h * group + g] = m[g] * T.float32(LOG2E) + T.log2(d[g])
+            _finish(o, m, d, output, lse, t, h * group, chunks, lanes)
     # fmt: on
     return batch_prefill_ragged_kv
 
@@ -271,21 +283,11 @@ def prefill_paged_attention(num_kv_heads: int, num_qo_heads: int, head_dim: int,
         lse = T.match_buffer(var_lse, (total_len, num_qo_heads), "float32")
         assert rotary_mode == 0, "mlcpipe's CPU paged prefill attention expects RoPE applied before attention (rotary_mode 0)"
         for task in T.parallel(total_len * num_kv_heads):
-            qv = T.alloc_buffer((group, head_dim), "float32")
-            o = T.alloc_buffer((group, head_dim), "float32")
-            part = T.alloc_buffer((lanes,), "float32")
-            score = T.alloc_buffer((group, BLOCK), "float32")
-            top = T.alloc_buffer((2,), "float32")
-            m = T.alloc_buffer((group,), "float32")
-            d = T.alloc_buffer((group,), "float32")
+            qv, o, part, score, top, m, d = _scratch(group, head_dim, lanes)
             seq = T.alloc_buffer((1,), "int32")
-            # tokens taken as 0, n-1, 1, n-2, ...: causal rows grow with the token (as the ragged kernel)
-            t = T.if_then_else(task // num_kv_heads % 2 == 0, task // num_kv_heads // 2, total_len - 1 - task // num_kv_heads // 2)
+            t = _paired_token(task, num_kv_heads, total_len)
             h = task % num_kv_heads
-            seq[0] = 0
-            for b in range(batch_size):
-                if q_indptr[b] <= t:
-                    seq[0] = b
+            _find_sequence(seq, q_indptr, batch_size, t)
             b = seq[0]
             r = t - q_indptr[b]
             qo_len = q_indptr[b + 1] - q_indptr[b]
@@ -300,21 +302,11 @@ def prefill_paged_attention(num_kv_heads: int, num_qo_heads: int, head_dim: int,
             offset = info(length_info, 1, b)
             lo = T.if_then_else(causal > 0 and win > 0, T.max(kv_len - T.max(win - r - 1, 0), 0), 0)
             hi = T.if_then_else(causal > 0 and win == 0, T.min(kv_len - qo_len + r + 1, kv_len), kv_len)
-            for g in range(group):
-                m[g] = T.float32(-50000.0)
-                d[g] = T.float32(0.0)
-                for c in range(chunks):
-                    for l in T.vectorized(lanes):
-                        qv[g, c * lanes + l] = T.Cast("float32", q[t, h * group + g, c * lanes + l]) * sm_scale
-                        o[g, c * lanes + l] = T.float32(0.0)
+            _start(qv, o, m, d, q, t, h * group, sm_scale, chunks, lanes)
             _attend(qv, o, part, score, top, m, d, T.max(hi - lo, 0),
                     history_rows(pages, page_values, begin, page_size, h, lo, sink, offset),
                     group, chunks, lanes, False)  # every token of the chunk reads these rows: they stay in cache
-            for g in range(group):
-                for c in range(chunks):
-                    for l in T.vectorized(lanes):
-                        output[t, h * group + g, c * lanes + l] = T.Cast(dtype, T.if_then_else(hi > lo, o[g, c * lanes + l] / d[g], T.float32(0.0)))
-                lse[t, h * group + g] = T.if_then_else(hi > lo, m[g] * T.float32(LOG2E) + T.log2(d[g]), T.float32(-50000.0))
+            _finish(o, m, d, output, lse, t, h * group, chunks, lanes, seen=hi > lo)
     # fmt: on
     return batch_prefill_paged_kv_cpu
 
