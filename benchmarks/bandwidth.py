@@ -54,7 +54,7 @@ def tvm_reduction(array: np.ndarray, threads: int, repeats: int) -> float | None
         import tvm
         from tvm import s_tir, te
 
-        from pipeline.targets import load_target
+        from mlcpipe.targets import load_target
     except ImportError:
         return None
     rows, lanes = 64, 16

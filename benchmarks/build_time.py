@@ -34,7 +34,7 @@ def build_once(model: str, quant: str, target: str, env: dict) -> dict:
     """One `mlcpipe build` in a fresh process: wall seconds, phases, peak RSS (MiB)."""
     out = Path(tempfile.mkdtemp(prefix="mlcpipe-build-time-"))
     try:
-        cmd = [sys.executable, "-m", "pipeline.cli", "build", "--model", model, "--quant", quant,
+        cmd = [sys.executable, "-m", "mlcpipe.cli", "build", "--model", model, "--quant", quant,
                "--target", target, "--output", str(out / "art")]
         started = time.perf_counter()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
@@ -82,7 +82,7 @@ def main(argv=None) -> int:
         f"# `mlcpipe build` time per target: {args.model} {args.quant}", "",
         f"CPU: {cpu_model()} (llvm host: {cpu_llvm()}), {os.cpu_count()} cores; TVM_NUM_THREADS="
         f"{os.environ.get('TVM_NUM_THREADS', 'unset')}; {args.rounds} round(s), median wall seconds of a fresh "
-        f"`python -m pipeline.cli build` process; phases from the build's log. Goal: at most {GOAL_S:.0f} s per target.", "",
+        f"`python -m mlcpipe.cli build` process; phases from the build's log. Goal: at most {GOAL_S:.0f} s per target.", "",
         "| target | parser stack | wall s | " + " | ".join(phase_names) + " | peak MiB | goal |",
         "|---|---|---|" + "---|" * len(phase_names) + "---|---|",
     ]
@@ -100,7 +100,7 @@ def main(argv=None) -> int:
     text = "\n".join(lines) + "\n"
     print(text)
     if args.output:
-        from pipeline.artifact import write_file_atomic
+        from mlcpipe.artifact import write_file_atomic
 
         write_file_atomic(args.output, text)
     return 0

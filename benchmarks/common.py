@@ -54,7 +54,7 @@ class Result:
 
 
 def load_config(model: str):
-    from pipeline.config import load_model_config
+    from mlcpipe.config import load_model_config
 
     return load_model_config(model)
 
@@ -62,8 +62,8 @@ def load_config(model: str):
 def hf_weights(config, seed: int = 0) -> Iterator[tuple[str, tuple[int, ...], Callable[[], np.ndarray]]]:
     """(HF tensor name, shape, loader of the float32 array) for every tensor of the checkpoint,
     the same seeded values mlcpipe's `--weights synthetic` uses (pipeline.weights.synthetic_source)."""
-    from pipeline.model import WEIGHT_MAPS
-    from pipeline.weights import synthetic_source
+    from mlcpipe.model import WEIGHT_MAPS
+    from mlcpipe.weights import synthetic_source
 
     get = synthetic_source(config, seed)
     for ws in WEIGHT_MAPS[config.architecture](config):
@@ -130,7 +130,7 @@ def cpu_llvm() -> str:
     """The llvm target's CPU name (LLVM's host detection) and the features the CPU rules key on."""
     import tvm
 
-    from pipeline.targets import load_target
+    from mlcpipe.targets import load_target
 
     target = tvm.target.Target(load_target("llvm").target)
     has = [f for f in ("avx2", "fma", "avx512f", "avx512vnni", "avx512bf16", "avx512fp16", "amx-bf16", "avxvnni",

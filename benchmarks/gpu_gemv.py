@@ -54,8 +54,8 @@ def run_cuda(args) -> int:
     import tvm
     from tvm.s_tir import dlight as dl
 
-    from pipeline.targets import load_target
-    from schedules.gpu.gemv_dequant import GEMVDequant
+    from mlcpipe.targets import load_target
+    from mlcpipe.schedules.gpu.gemv_dequant import GEMVDequant
 
     dev = tvm.cuda(0)
     major, minor = (int(x) for x in str(dev.compute_version).split("."))
@@ -114,8 +114,8 @@ def run_lavapipe(args) -> int:
     except ImportError:
         print("no wgpu package either: nothing more to check here")
         return 0
-    from pipeline.targets import load_target
-    from schedules.gpu.gemv_dequant import GEMVDequant
+    from mlcpipe.targets import load_target
+    from mlcpipe.schedules.gpu.gemv_dequant import GEMVDequant
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
     from test_gpu_rules import check_on_lavapipe

@@ -144,7 +144,7 @@ def main(argv=None) -> int:
 
     if args.rounds < 1:
         raise SystemExit(f"error: --rounds: got {args.rounds}; allowed: an integer >= 1")
-    from pipeline.config import load_model_config
+    from mlcpipe.config import load_model_config
 
     config = load_model_config(args.model)
     quants = _csv(args.quants, tuple(config.quantizations), "quants")

@@ -65,7 +65,7 @@ def mlcpipe_side(engine, artifact: Path, peak_gbps: float | None) -> dict:
 
 
 def _mlcpipe_times(engine, out: dict) -> None:
-    from pipeline.device import tvm_runtime as rt
+    from mlcpipe.device import tvm_runtime as rt
 
     for n in PREFILL:
         if n + 1 > engine.context_window:
@@ -141,9 +141,9 @@ def kernel_times(regions: dict, sync) -> dict:
 
 def decode_gemvs(artifact: Path) -> list[tuple[str, str, dict]]:
     """(kernel, role, signature) of the artifact's weight GEMVs at one token (static shapes)."""
-    from pipeline.artifact import read_json, read_manifest, verified
-    from pipeline.kernel_inputs import symbolic_dims
-    from pipeline.roles import WEIGHT_ROLES
+    from mlcpipe.artifact import read_json, read_manifest, verified
+    from mlcpipe.kernel_inputs import symbolic_dims
+    from mlcpipe.roles import WEIGHT_ROLES
 
     manifest = read_manifest(artifact)
     record = read_json(verified(artifact, manifest, manifest["reference"]["kernels"], "reference"), "reference record")
@@ -159,9 +159,9 @@ def gemv_bandwidth(artifact: Path, device, peak_gbps: float | None) -> list[dict
     """Per decode GEMV: µs per launch and GB/s, from a CUDA graph of GEMV_LAUNCHES launches over
     weight copies rotated through L2_FACTOR x the L2 (TVM's launches join the graph through
     tvm_ffi's torch stream); without torch, TVM's time evaluator on one input set (L2-warm)."""
-    from pipeline.artifact import read_manifest, verified_library
-    from pipeline.device import tvm_runtime as rt
-    from pipeline.kernel_inputs import random_args
+    from mlcpipe.artifact import read_manifest, verified_library
+    from mlcpipe.device import tvm_runtime as rt
+    from mlcpipe.kernel_inputs import random_args
 
     manifest = read_manifest(artifact)
     library = rt.load_module(verified_library(artifact, manifest))
@@ -217,7 +217,7 @@ def _graph_us(torch, func, sets: list[list]) -> float:
 def effective_weights(config, quant: str, seed: int = 0) -> dict[str, np.ndarray]:
     """HF name -> float32 values the `quant` build of the synthetic model computes with: every
     matrix quantized and dequantized as the kernels do it, the rest rounded to the model dtype."""
-    from pipeline.quantization import QUANTIZATIONS
+    from mlcpipe.quantization import QUANTIZATIONS
 
     from .common import hf_weights
 
@@ -258,8 +258,8 @@ def torch_side(artifact: Path, expected: dict[str, Path], modes: tuple[str, ...]
     logits the bundle recorded for it (`expected`: quantization -> the .npz of `mlcpipe bundle`)."""
     import torch
 
-    from pipeline.artifact import RUNTIME_CONFIG
-    from pipeline.config import parse_model_config
+    from mlcpipe.artifact import RUNTIME_CONFIG
+    from mlcpipe.config import parse_model_config
 
     from .common import hf_weights
     from .peers.torch_llama import TorchLlama
@@ -280,7 +280,7 @@ def torch_side(artifact: Path, expected: dict[str, Path], modes: tuple[str, ...]
             got = model.forward([int(t) for t in data["prompt"]]).cpu().numpy()
             want = data["logits"][0]
             result["logits_rel_err_vs_llvm"] = {SAME_MODEL[mode]: float(np.abs(got - want).max() / np.abs(want).max())}
-            from pipeline.interface.job import rel_l2
+            from mlcpipe.interface.job import rel_l2
 
             result["logits_rel_l2_vs_llvm"] = {SAME_MODEL[mode]: rel_l2(got, want)}
             if "truth" in data.files:
@@ -379,7 +379,7 @@ def render_kernels(results: dict, top: int = 12) -> str:
 def main(argv: list[str] | None = None) -> int:
     import argparse
 
-    from pipeline.interface.job import main as job
+    from mlcpipe.interface.job import main as job
 
     parser = argparse.ArgumentParser(prog="python -m benchmarks.llm_gpu", description=__doc__.split("\n\n")[0])
     parser.add_argument("--bundle", type=Path, required=True)

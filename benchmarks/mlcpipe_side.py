@@ -15,7 +15,7 @@ import json
 import time
 from pathlib import Path
 
-from pipeline.roles import WEIGHT_ROLES
+from mlcpipe.roles import WEIGHT_ROLES
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE_DIR = ".bench-cache"  # beside the artifacts
@@ -43,11 +43,11 @@ def source_hash() -> str:
 
 def build_artifact(model: str, quant: str, rebuild: bool = False, log=print) -> tuple[Path, float, bool]:
     """(artifact dir, build seconds, reused?)."""
-    from pipeline.build import build, default_output
-    from pipeline.config import load_model_config
-    from pipeline.targets import load_target
+    from mlcpipe.build import build, default_output
+    from mlcpipe.config import load_model_config
+    from mlcpipe.targets import load_target
 
-    from pipeline.targets import HOST_CPU_ENV
+    from mlcpipe.targets import HOST_CPU_ENV
 
     config, target = load_model_config(model), load_target("llvm")
     output = default_output(config, quant, target)
@@ -82,7 +82,7 @@ def _logical_weight_shape(shapes: list) -> list[int] | None:
 def gemv_kernels(prof: dict, bound_gbps: float | None = None) -> list[dict]:
     """The decode-phase matmul kernels (the fused dequantize GEMVs on q4): bytes per call,
     average time, GB/s and % of the bound, sorted by total time."""
-    from pipeline.profiler.schema import kernel_stats
+    from mlcpipe.profiler.schema import kernel_stats
 
     rows = []
     for r in kernel_stats(prof, "decode"):
@@ -105,8 +105,8 @@ def run(settings, quant: str, rebuild: bool = False):
     import numpy as np
     import tvm
 
-    from pipeline.profiler.measure import profile
-    from pipeline.runtime import Engine
+    from mlcpipe.profiler.measure import profile
+    from mlcpipe.runtime import Engine
 
     from .common import Result, prompt_tokens, time_prefill
 

@@ -42,13 +42,13 @@ def main(argv=None) -> int:
 
     import tvm
 
-    from pipeline.config import load_model_config
-    from pipeline.kernel_info import random_args, symbolic_dims
-    from pipeline.roles import role_of_param
-    from pipeline.device import device
-    from pipeline.tuning.knobs import compile_kernel, interleaved_times, run_kernel, time_kernel_ms, unscheduled_kernels
-    from schedules import rule_by_name
-    from schedules.analysis import match_nt_matmul
+    from mlcpipe.config import load_model_config
+    from mlcpipe.kernel_info import random_args, symbolic_dims
+    from mlcpipe.roles import role_of_param
+    from mlcpipe.device import device
+    from mlcpipe.tuning.knobs import compile_kernel, interleaved_times, run_kernel, time_kernel_ms, unscheduled_kernels
+    from mlcpipe.schedules import rule_by_name
+    from mlcpipe.schedules.analysis import match_nt_matmul
 
     target = tvm.target.Target({"kind": "llvm", "mcpu": args.mcpu})
     specs = args.rules.split(",")

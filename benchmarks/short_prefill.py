@@ -28,13 +28,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _builds(model: str, quant: str, out_root: Path, log) -> dict[str, Path]:
-    from pipeline.build import build
-    from pipeline.config import load_model_config
-    from pipeline.kernel_info import symbolic_dims
-    from pipeline.targets import load_target
-    from pipeline.tuning.knobs import unscheduled_kernels
-    from pipeline.tuning import TuningDB
-    from schedules.signature import kernel_signature
+    from mlcpipe.build import build
+    from mlcpipe.config import load_model_config
+    from mlcpipe.kernel_info import symbolic_dims
+    from mlcpipe.targets import load_target
+    from mlcpipe.tuning.knobs import unscheduled_kernels
+    from mlcpipe.tuning import TuningDB
+    from mlcpipe.schedules.signature import kernel_signature
 
     config, target = load_model_config(model), load_target("llvm")
     tiles_only = TuningDB(out_root / "low-batch-0.json")
@@ -66,10 +66,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("-o", "--output", type=Path, default=None, help="Also write the table here.")
     args = parser.parse_args(argv)
-    from pipeline.threads import configure
+    from mlcpipe.threads import configure
 
     configure(args.threads)
-    from pipeline.runtime import Engine
+    from mlcpipe.runtime import Engine
 
     def log(msg):
         print(msg, file=sys.stderr, flush=True)

@@ -16,7 +16,7 @@ import numpy as np
 import tvm
 from tvm import relax
 
-from schedules import schedule_pass
+from mlcpipe.schedules import schedule_pass
 
 from .artifact import ARTIFACT_FORMAT, MANIFEST, RUNTIME_CONFIG, TENSOR_CACHE, ArtifactError, atomic_directory, check_not_inside, file_digests, write_json
 from .backends import backend

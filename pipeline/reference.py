@@ -65,7 +65,7 @@ def build_reference(unscheduled: tvm.IRModule, names: list[str], model_config: d
     whose fused kernels before scheduling are `unscheduled` (`host_cpu`: the artifact runs on
     the CPU, so its attention kernels are TVM's CPU ones already). Returns the files written,
     relative to the artifact."""
-    from schedules.llvm import fast_exp
+    from mlcpipe.schedules.llvm import fast_exp
 
     counterparts = {} if host_cpu else attention_counterparts(model_config, dtype)
     kernels, functions = {}, {}

@@ -17,8 +17,8 @@ from tvm import s_tir, te, tirx
 from tvm.ir.expr import TensorLoad
 from tvm.s_tir import dlight as dl
 
-from pipeline.model.sampler_tir import sampler_info  # noqa: F401  (the sampler rules recognise their kernels by it)
-from pipeline.quantization import QUANTIZATIONS, DequantizePattern
+from mlcpipe.model.sampler_tir import sampler_info  # noqa: F401  (the sampler rules recognise their kernels by it)
+from mlcpipe.quantization import QUANTIZATIONS, DequantizePattern
 
 
 # ---- blocks --------------------------------------------------------------------------------

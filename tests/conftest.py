@@ -12,7 +12,7 @@ os.environ.setdefault("TVM_NUM_THREADS", str(max(1, min(2, (os.cpu_count() or 2)
 
 @pytest.fixture(scope="session")
 def tiny_config():
-    from pipeline.config import load_model_config
+    from mlcpipe.config import load_model_config
 
     return load_model_config("llama-tiny")
 

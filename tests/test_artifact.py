@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from pipeline.artifact import (
+from mlcpipe.artifact import (
     MANIFEST,
     RUN_FIELDS,
     atomic_directory,
@@ -22,7 +22,7 @@ from pipeline.artifact import (
     verified,
     write_file_atomic,
 )
-from pipeline.errors import ArtifactError
+from mlcpipe.errors import ArtifactError
 
 
 def _artifact(path, files: dict[str, bytes], **manifest) -> dict:

@@ -51,7 +51,7 @@ def _compare(engine, model, prompt, steps, tolerance):
 def test_torch_peer_is_the_same_model(artifacts, tiny_config):
     torch = _torch()
     from benchmarks.peers.torch_llama import load
-    from pipeline.runtime import Engine
+    from mlcpipe.runtime import Engine
 
     torch.set_num_threads(2)
     art, _, _ = build_artifact(MODEL, "q0f32", log=lambda *_: None)
@@ -66,7 +66,7 @@ def test_torch_int4_peer_is_mlcpipe_q4(artifacts, tiny_config):
     """The int4 path packs mlcpipe's own q4 values: with fp32 activations it matches q4f32_1."""
     torch = _torch()
     from benchmarks.peers.torch_llama import load
-    from pipeline.runtime import Engine
+    from mlcpipe.runtime import Engine
 
     art, _, _ = build_artifact(MODEL, "q4f32_1", log=lambda *_: None)
     model = load(tiny_config, "int4", seed=0, max_len=64, dtype=torch.float32)
@@ -112,7 +112,7 @@ def test_short_prefill_benchmark_compares_the_two_builds(monkeypatch, tmp_path):
     import tvm
 
     from benchmarks import short_prefill
-    from pipeline.targets import load_target
+    from mlcpipe.targets import load_target
 
     monkeypatch.setenv("MLCPIPE_ARTIFACTS", str(tmp_path / "artifacts"))
     out = tmp_path / "short.md"
@@ -129,7 +129,7 @@ def test_short_prefill_benchmark_compares_the_two_builds(monkeypatch, tmp_path):
 def _host_has(feature: str) -> bool:
     import tvm
 
-    from pipeline.targets import load_target
+    from mlcpipe.targets import load_target
 
     return tvm.target.codegen.target_has_features(feature, load_target("llvm").tvm_target())
 
@@ -157,7 +157,7 @@ def test_decode_gemv_benchmark_cold_with_knob_variants(tmp_path, monkeypatch):
     """`--decode --cold` with a knob variant (`Rule:planes=1;rows=2`): each one-token matmul
     (lm_head too), both variants built with their knobs (outputs checked to agree), timed
     interleaved on inputs rotated beyond the last-level cache (the header says how many bytes)."""
-    import pipeline.device.llvm as llvm
+    import mlcpipe.device.llvm as llvm
     from benchmarks import prefill_gemm
 
     monkeypatch.setattr(llvm, "timing_cold_bytes", lambda: 8 << 20)  # a small rotation keeps the test short
@@ -219,8 +219,8 @@ def test_transformers_peer_is_the_same_model(artifacts, model_name):
     weights: its logits are mlcpipe's q0f32 logits (a prompt past the chunk and Gemma's window)."""
     torch = _torch()
     from benchmarks.peers.transformers_model import Session, load
-    from pipeline.config import load_model_config
-    from pipeline.runtime import Engine
+    from mlcpipe.config import load_model_config
+    from mlcpipe.runtime import Engine
 
     torch.set_num_threads(2)
     config = load_model_config(model_name)
@@ -242,8 +242,8 @@ def test_transformers_peer_config_of_each_shipped_model(model_name):
     eos_token_id a list, not a tuple), with the model's own sizes."""
     from transformers import AutoConfig
 
-    from pipeline.config import load_model_config
-    from pipeline.hf_config import transformers_fields
+    from mlcpipe.config import load_model_config
+    from mlcpipe.hf_config import transformers_fields
 
     config = load_model_config(model_name)
     model_type, fields = transformers_fields(config)
@@ -270,5 +270,6 @@ def test_build_time_table_per_target(tmp_path, capsys):
         cells = dict(zip(columns, (c.strip() for c in row.strip("|").split("|"))))
         phases = [float(cells[c]) for c in columns[3:-2]]
         assert all(p >= 0 for p in phases) and float(cells["wall s"]) >= sum(phases) > 0
-        assert cells["goal"] == "met" and float(cells["peak MiB"]) > 100
+        # the goal column says what the wall time says (a speed figure, not this test's verdict: CI shares its cores)
+        assert cells["goal"] == ("met" if float(cells["wall s"]) <= 60 else "missed") and float(cells["peak MiB"]) > 100
     assert not list(tmp_path.glob("*.tmp*")) and "Goal: at most 60 s" in capsys.readouterr().out

@@ -8,11 +8,11 @@ import json
 
 import pytest
 
-from pipeline.artifact import RUN_FIELDS, file_digests, read_manifest
-from pipeline.build import build
-from pipeline.errors import ArtifactError, ConfigError
-from pipeline.targets import load_target
-from pipeline.weights import expected_parameters
+from mlcpipe.artifact import RUN_FIELDS, file_digests, read_manifest
+from mlcpipe.build import build
+from mlcpipe.errors import ArtifactError, ConfigError
+from mlcpipe.targets import load_target
+from mlcpipe.weights import expected_parameters
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +44,7 @@ def test_the_manifest_records_what_the_phases_made(built, tiny_config):
 
 
 def test_a_bad_tuning_database_is_refused_before_anything_is_built(tiny_config, tmp_path):
-    from pipeline.tuning import target_key
+    from mlcpipe.tuning import target_key
 
     db = tmp_path / "db.json"
     db.write_text(json.dumps({"schema": "mlcpipe-tuning", "version": 1,

@@ -1,7 +1,7 @@
 """pipeline/config.py's folders: where configs are found and artifacts go, in the checkout and in
-mlcpipe installed from its wheel (not editable) used from another directory: the shipped configs
-are found, a user's own configs/models/ folder is searched first, and artifacts go to ./artifacts
-there, never into site-packages or the checkout."""
+mlcpipe installed from its wheel (not editable) used from another directory: one import name
+(`mlcpipe`), the shipped configs found, a user's own configs/models/ folder searched first, and
+artifacts go to ./artifacts there, never into site-packages or the checkout."""
 
 from __future__ import annotations
 
@@ -41,10 +41,15 @@ def _env(site: Path) -> dict[str, str]:
 def test_the_wheel_runs_from_another_directory(installed, tmp_path):
     site, script = installed
     env = _env(site)
-    where = subprocess.run([sys.executable, "-c", "import pipeline, schedules; print(pipeline.__file__); print(schedules.__file__)"],
+    where = subprocess.run([sys.executable, "-c", "import mlcpipe, mlcpipe.schedules as s; print(mlcpipe.__file__); print(s.__file__)"],
                            env=env, cwd=tmp_path, capture_output=True, text=True, check=True)
     assert all(line.startswith(str(site)) for line in where.stdout.split()), where.stdout  # not the checkout
-    assert sorted(p.name for p in (site / "pipeline" / "configs" / "models").glob("*.yaml")) == sorted(
+    # one import name in site-packages: no generic `pipeline` / `schedules` for other distributions to collide with
+    assert sorted(p.name for p in site.iterdir() if p.is_dir() and not p.name.endswith((".dist-info", ".data"))) == ["bin", "mlcpipe"]
+    for name in ("pipeline", "schedules"):
+        gone = subprocess.run([sys.executable, "-c", f"import {name}"], env=env, cwd=tmp_path, capture_output=True, text=True)
+        assert gone.returncode != 0 and "ModuleNotFoundError" in gone.stderr, name
+    assert sorted(p.name for p in (site / "mlcpipe" / "configs" / "models").glob("*.yaml")) == sorted(
         p.name for p in (REPO / "configs" / "models").glob("*.yaml"))
 
     def mlcpipe(*args: str) -> subprocess.CompletedProcess:
@@ -72,12 +77,12 @@ def test_the_wheel_runs_from_another_directory(installed, tmp_path):
     # an unknown name lists both folders
     bad = subprocess.run([str(script), "build", "--model", "nope", "--quant", "q4f32_1", "--target", "llvm"], env=env, cwd=tmp_path,
                          capture_output=True, text=True)
-    assert bad.returncode == 2 and f"no such config in {own}, {site / 'pipeline' / 'configs' / 'models'}" in bad.stderr, bad.stderr
+    assert bad.returncode == 2 and f"no such config in {own}, {site / 'mlcpipe' / 'configs' / 'models'}" in bad.stderr, bad.stderr
     assert "'my-tiny'" in bad.stderr and "'llama-tiny'" in bad.stderr
 
 
 def test_folders_in_the_checkout(tmp_path, monkeypatch):
-    from pipeline import config
+    from mlcpipe import config
 
     monkeypatch.delenv("MLCPIPE_ARTIFACTS", raising=False)
     assert config.IN_CHECKOUT and config.artifacts_root() == REPO / "artifacts" and config.CONFIG_DIR == REPO / "configs"

@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline import conformance
-from pipeline.build import build
-from pipeline.roles import WEIGHT_ROLES
-from pipeline.targets import load_target
+from mlcpipe import conformance
+from mlcpipe.build import build
+from mlcpipe.roles import WEIGHT_ROLES
+from mlcpipe.targets import load_target
 
 from tests.helpers.cli import mlcpipe
 
@@ -39,7 +39,7 @@ def test_check_runs_the_shipped_library(llvm_artifact, tiny_config, tmp_path):
     import json
     import shutil
 
-    from pipeline.artifact import sha256_file
+    from mlcpipe.artifact import sha256_file
 
     other = build(dataclasses.replace(tiny_config, rms_norm_eps=0.5), "q4f32_1", load_target("llvm"),
                   output=tmp_path / "other", log=lambda *_: None)
@@ -57,7 +57,7 @@ def test_check_runs_the_shipped_library(llvm_artifact, tiny_config, tmp_path):
 
 
 def test_check_catches_a_wrong_kernel(llvm_artifact, monkeypatch):
-    from pipeline import runtime
+    from mlcpipe import runtime
 
     def perturbed(artifact, manifest, options):
         def run(name, args):

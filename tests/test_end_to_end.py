@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.build import build
-from pipeline.quantization import QUANTIZATIONS
-from pipeline.runtime import Engine
-from pipeline.targets import load_target
-from pipeline.weights import convert_weights
+from mlcpipe.build import build
+from mlcpipe.quantization import QUANTIZATIONS
+from mlcpipe.runtime import Engine
+from mlcpipe.targets import load_target
+from mlcpipe.weights import convert_weights
 
 from tests.helpers.checkpoints import hf_config, random_hf_weights, write_hf_checkpoint
 from tests.helpers.reference_checks import PROMPT, as_model_sees_it, check_against_reference

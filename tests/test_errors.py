@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.artifact import atomic_directory
-from pipeline.config import load_model_config
-from pipeline.errors import ArtifactError, ConfigError
-from pipeline.targets import detect_host_cpu, load_target
-from pipeline.weights import convert_weights
+from mlcpipe.artifact import atomic_directory
+from mlcpipe.config import load_model_config
+from mlcpipe.errors import ArtifactError, ConfigError
+from mlcpipe.targets import detect_host_cpu, load_target
+from mlcpipe.weights import convert_weights
 
 from tests.helpers.checkpoints import random_hf_weights, write_hf_checkpoint
 from tests.helpers.cli import mlcpipe, write_yaml
@@ -50,7 +50,7 @@ def test_unknown_model_name_lists_available():
 
 
 def test_group_size_checked_for_q4(tmp_path):
-    from pipeline.config import check_quantization
+    from mlcpipe.config import check_quantization
 
     cfg = load_model_config(str(write_yaml(tmp_path, hidden_size=120, num_attention_heads=4, head_dim=30)))
     with pytest.raises(ConfigError, match=r"field 'hidden_size': got 120; q4f16_1 needs a multiple of its group size 32"):

@@ -14,11 +14,11 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from pipeline.build import build
-from pipeline.cli import main
-from pipeline.generation import Sampling
-from pipeline.targets import load_target
-from pipeline.weights import convert_weights
+from mlcpipe.build import build
+from mlcpipe.cli import main
+from mlcpipe.generation import Sampling
+from mlcpipe.targets import load_target
+from mlcpipe.weights import convert_weights
 
 from tests.helpers.checkpoints import random_hf_weights, write_hf_checkpoint
 from tests.helpers.sampler_reference import argsort_ref, penalty_ref, softmax_ref

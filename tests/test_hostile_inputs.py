@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from pipeline.config import MODELS_DIR
+from mlcpipe.config import MODELS_DIR
 
 from tests.helpers.checkpoints import random_hf_weights, write_hf_checkpoint, write_tiny_tokenizer
 from tests.helpers.fs import snapshot
@@ -47,9 +47,9 @@ def case(subprocess_run: bool = False, memory_gb: int | None = None):
 
 @pytest.fixture(scope="module")
 def shared(tiny_config, tmp_path_factory):
-    from pipeline.build import build
-    from pipeline.targets import load_target
-    from pipeline.weights import convert_weights
+    from mlcpipe.build import build
+    from mlcpipe.targets import load_target
+    from mlcpipe.weights import convert_weights
 
     root = tmp_path_factory.mktemp("hostile")
     art = build(tiny_config, QUANT, load_target("llvm"), output=root / "art", weights="synthetic", log=lambda *_: None)
@@ -622,8 +622,8 @@ def convert_with_a_tokenizer_that_is_not_one(ctx):
 # ---- tuning database ------------------------------------------------------------------------------
 
 def _tuning_db(ctx, records_of_target) -> list[str]:
-    from pipeline.targets import load_target
-    from pipeline.tuning import target_key
+    from mlcpipe.targets import load_target
+    from mlcpipe.tuning import target_key
 
     key = target_key(load_target("llvm").target)
     db = ctx.write("db.json", json.dumps({"schema": "mlcpipe-tuning", "version": 1, "records": {key: records_of_target}}))
@@ -842,12 +842,12 @@ def invoke(argv: list, own_process: bool, memory_gb: int | None) -> tuple[int, s
     env = argv.pop(0) if argv and isinstance(argv[0], dict) else {}  # a case's environment (own process only)
     assert own_process or not env
     if own_process:
-        proc = subprocess.run([sys.executable, "-m", "pipeline.cli", *argv], capture_output=True, text=True, timeout=300,
+        proc = subprocess.run([sys.executable, "-m", "mlcpipe.cli", *argv], capture_output=True, text=True, timeout=300,
                               env={**os.environ, **env}, preexec_fn=_limit(memory_gb) if memory_gb else None)
         return proc.returncode, proc.stderr
     from click.testing import CliRunner
 
-    from pipeline.cli import main
+    from mlcpipe.cli import main
 
     result = CliRunner().invoke(main, argv)
     if result.exception is not None and not isinstance(result.exception, SystemExit):
@@ -874,7 +874,7 @@ def test_hostile_input(name, shared, tmp_path):
 def test_shards_record_sha256_and_mlc_md5_caches_still_load(shared, tmp_path):
     """convert-weights records each shard's SHA-256 beside MLC's md5sum; a cache with the md5sum
     only (as MLC-LLM writes it) is verified by MD5 and loads the same tensors."""
-    from pipeline.weights import load_stored_weights
+    from mlcpipe.weights import load_stored_weights
 
     cache = json.loads((shared.w / "tensor-cache.json").read_text())
     for shard in cache["records"]:
@@ -890,7 +890,7 @@ def test_shards_record_sha256_and_mlc_md5_caches_still_load(shared, tmp_path):
 
 def test_f32_quantizations_take_weights_beyond_f16(shared, tmp_path):
     """The float16 bound applies to the f16 quantizations only: q4f32_1 stores 1e5 as it is."""
-    from pipeline.weights import convert_weights, load_stored_weights
+    from mlcpipe.weights import convert_weights, load_stored_weights
 
     weights = random_hf_weights(shared.cfg, seed=2)
     weights["model.norm.weight"][0] = 1e5
@@ -905,8 +905,8 @@ def test_a_failed_write_leaves_the_earlier_file_whole(tmp_path, monkeypatch):
     import errno
     import os
 
-    from pipeline.artifact import write_file_atomic
-    from pipeline.errors import ArtifactError
+    from mlcpipe.artifact import write_file_atomic
+    from mlcpipe.errors import ArtifactError
 
     report = tmp_path / "report.md"
     report.write_text("the earlier report\n")
@@ -926,7 +926,7 @@ def test_a_failed_write_leaves_the_earlier_file_whole(tmp_path, monkeypatch):
 def test_the_index_decides_which_file_a_tensor_comes_from(shared, tmp_path):
     """A stale shard beside an indexed checkpoint is not read; without an index, `--allow-unused`
     converts a checkpoint with an extra layer and lists what it left out."""
-    from pipeline.weights import convert_weights, load_stored_weights
+    from mlcpipe.weights import convert_weights, load_stored_weights
 
     weights = random_hf_weights(shared.cfg, seed=2)
     hf = write_hf_checkpoint(tmp_path / "hf", shared.cfg, weights, shards=2)
@@ -945,7 +945,7 @@ def test_the_index_decides_which_file_a_tensor_comes_from(shared, tmp_path):
 
 def test_safetensors_metadata_and_shards_are_read(shared, tmp_path):
     """Valid files pass the header checks: `__metadata__`, several shards, an empty tensor."""
-    from pipeline.weights import SafetensorsDir
+    from mlcpipe.weights import SafetensorsDir
 
     weights = random_hf_weights(shared.cfg, seed=4)
     hf = write_hf_checkpoint(tmp_path / "hf", shared.cfg, weights, shards=3)
@@ -962,8 +962,8 @@ def test_safetensors_metadata_and_shards_are_read(shared, tmp_path):
 def test_a_kv_cache_beyond_memory_is_refused_before_allocation(shared, monkeypatch):
     """run / profile on the CPU: a context window whose KV cache does not fit the memory left is one
     line saying how much it needs, before TVM allocates (not std::bad_alloc)."""
-    from pipeline import runtime
-    from pipeline.errors import ArtifactError
+    from mlcpipe import runtime
+    from mlcpipe.errors import ArtifactError
 
     engine = runtime.Engine(shared.art, "synthetic")
     need = engine.kv_cache_bytes()
@@ -980,10 +980,10 @@ def test_a_kv_cache_beyond_memory_is_refused_before_allocation(shared, monkeypat
 def test_a_kv_cache_beyond_gpu_memory_is_refused_before_allocation(shared, monkeypatch):
     """On a GPU (a backend whose memory is not this machine's) the check asks the device what is
     free; a device API that does not say lets the allocation decide."""
-    from pipeline import runtime
-    from pipeline.device import llvm as llvm_device
-    from pipeline.device import tvm_runtime as rt
-    from pipeline.errors import ArtifactError
+    from mlcpipe import runtime
+    from mlcpipe.device import llvm as llvm_device
+    from mlcpipe.device import tvm_runtime as rt
+    from mlcpipe.errors import ArtifactError
 
     engine = runtime.Engine(shared.art, "synthetic")
     need = engine.kv_cache_bytes()
@@ -1004,9 +1004,9 @@ def test_prompt_tokens_are_comma_separated_ids_without_gaps(shared):
     """`--prompt-tokens 1,,2` is a usage error (exit 2), not the prompt 1,2."""
     from click.testing import CliRunner
 
-    from pipeline.cli import main
-    from pipeline.errors import OptionValueError
-    from pipeline.interface.run import parse_tokens
+    from mlcpipe.cli import main
+    from mlcpipe.errors import OptionValueError
+    from mlcpipe.interface.run import parse_tokens
 
     assert parse_tokens("1, 2,3") == [1, 2, 3]
     for bad in ("1,,2", "1,2,", "-1", "1.5", ""):
@@ -1022,8 +1022,8 @@ def test_a_full_disk_during_convert_is_one_line_and_leaves_nothing(shared, tmp_p
 
     from click.testing import CliRunner
 
-    from pipeline import weights
-    from pipeline.cli import main
+    from mlcpipe import weights
+    from mlcpipe.cli import main
 
     def full(directory):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(directory / "params_shard_0.bin"))
@@ -1040,9 +1040,9 @@ def test_a_full_disk_during_convert_is_one_line_and_leaves_nothing(shared, tmp_p
 def test_token_ids_need_no_tokenizers_package(shared, monkeypatch):
     """`run --prompt-tokens` with weights holding a tokenizer.json runs where `tokenizers` is not
     installed (ids need no tokenizer); `--prompt` still says what it needs."""
-    import pipeline.tokenizer as tokenizer_module
-    from pipeline.errors import ArtifactError
-    from pipeline.interface.run import run
+    import mlcpipe.tokenizer as tokenizer_module
+    from mlcpipe.errors import ArtifactError
+    from mlcpipe.interface.run import run
 
     monkeypatch.setattr(tokenizer_module, "tokenizers_installed", lambda: False)
     assert (shared.w / "tokenizer.json").is_file()
@@ -1057,8 +1057,8 @@ def test_convert_checks_free_space_before_any_work(shared, tmp_path, monkeypatch
     """Too little room for the weights it will write: one line before any tensor is read, no output."""
     import collections
 
-    from pipeline import weights
-    from pipeline.errors import ArtifactError
+    from mlcpipe import weights
+    from mlcpipe.errors import ArtifactError
 
     usage = collections.namedtuple("usage", "total used free")
     monkeypatch.setattr(weights.shutil, "disk_usage", lambda path: usage(1 << 30, 1 << 30, 10 << 20))
@@ -1074,10 +1074,10 @@ def test_build_checks_free_space_before_compiling(shared, tmp_path, monkeypatch,
     export, nothing left behind."""
     import collections
 
-    from pipeline import build as build_module
-    from pipeline import weights as weights_module
-    from pipeline.errors import ArtifactError
-    from pipeline.targets import load_target
+    from mlcpipe import build as build_module
+    from mlcpipe import weights as weights_module
+    from mlcpipe.errors import ArtifactError
+    from mlcpipe.targets import load_target
 
     usage = collections.namedtuple("usage", "total used free")
     monkeypatch.setattr(weights_module.shutil, "disk_usage", lambda path: usage(1 << 30, 1 << 30, 10 << 20))

@@ -54,9 +54,21 @@ def _private(name: str) -> bool:
     return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
 
 
+IMPORT_NAMES = {"mlcpipe.schedules": "schedules", "mlcpipe": "pipeline"}  # import name -> folder (setup.py)
+
+
+def _folder_module(name: str) -> str:
+    """The module `name` (as imported: mlcpipe.x, mlcpipe.schedules.x) named by its folder here
+    (pipeline.x, schedules.x); other names unchanged."""
+    for imported, folder in IMPORT_NAMES.items():
+        if name == imported or name.startswith(imported + "."):
+            return folder + name[len(imported):]
+    return name
+
+
 def _resolve(importer: str, module: str | None, level: int) -> str:
     if level == 0:
-        return module or ""
+        return _folder_module(module or "")
     package = importer.split(".") if _is_package(importer) else importer.split(".")[:-1]
     base = package[: len(package) - (level - 1)]
     return ".".join(base + ([module] if module else []))
@@ -126,13 +138,15 @@ class _Imports(ast.NodeVisitor):
 
     def visit_Import(self, node: ast.Import) -> None:
         for alias in node.names:
-            if alias.name.split(".")[0] not in CHECKED_PACKAGES:
+            name = _folder_module(alias.name)
+            if name.split(".")[0] not in CHECKED_PACKAGES:
                 continue
-            self._edge(alias.name, node.lineno)
+            self._edge(name, node.lineno)
             if alias.asname:
-                self.aliases[alias.asname] = alias.name
-            else:
-                self.aliases[alias.name.split(".")[0]] = alias.name.split(".")[0]
+                self.aliases[alias.asname] = name
+            else:  # `import mlcpipe.x` binds mlcpipe
+                root = alias.name.split(".")[0]
+                self.aliases[root] = _folder_module(root)
 
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         base = _resolve(self.name, node.module, node.level)
@@ -245,7 +259,8 @@ def test_the_scanner_finds_edges_cycles_and_private_names():
     scan = _scan_source("pipeline.tune", (
         "from .passes.pipeline import PHASES, _hidden\n"
         "from .profiler import measure\n"
-        "import pipeline.backends.cuda as cuda\n"
+        "import mlcpipe.backends.cuda as cuda\n"
+        "from mlcpipe.schedules import analysis\n"
         "def f():\n"
         "    from .weights import convert_weights\n"
         "    return measure._secret, cuda.PTXAS_CACHE, measure.__name__\n"
@@ -254,7 +269,7 @@ def test_the_scanner_finds_edges_cycles_and_private_names():
     ))
     # the package pipeline.passes runs too; pipeline itself holds the importer
     assert {"pipeline.passes.pipeline", "pipeline.passes", "pipeline.profiler.measure", "pipeline.weights",
-            "pipeline.backends.cuda"} <= scan.edges
+            "pipeline.backends.cuda", "schedules.analysis"} <= scan.edges  # import names mapped to their folders
     assert "pipeline.build" not in scan.edges and "pipeline" not in scan.edges
     assert {line.split(" ", 1)[1] for line in scan.private} == {
         "imports pipeline.passes.pipeline._hidden", "uses pipeline.profiler.measure._secret"}
@@ -353,12 +368,35 @@ def test_no_private_names_across_modules():
     assert not offenders, "private names used across modules:\n" + "\n".join(offenders)
 
 
+def _folder_name_imports(source: str) -> list[str]:
+    """Absolute imports of `pipeline` / `schedules` by their folder names: they resolve only from
+    the checkout's root (on sys.path there), never in an installed mlcpipe (one import name,
+    mlcpipe: setup.py)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+            [node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module else [])
+        found += [f"line {node.lineno}: {n}" for n in names if n.split(".")[0] in GRAPH_PACKAGES]
+    return found
+
+
+def test_code_imports_mlcpipe_not_the_folder_names():
+    assert _folder_name_imports("import pipeline.config\nfrom schedules import RULES\nfrom mlcpipe import config\n") == [
+        "line 1: pipeline.config", "line 2: schedules"]
+    bad = {}
+    for folder in (*CHECKED_PACKAGES, "benchmarks", "scripts"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if "node_modules" not in path.parts and (found := _folder_name_imports(path.read_text())):
+                bad[str(path.relative_to(ROOT))] = found
+    assert not bad, bad
+
+
 def test_every_backend_has_the_whole_interface():
     """What a target kind decides lives in its backend (compile half: backends.INTERFACE) and its
     device module (run half: device.INTERFACE), as docs/backends.md lists them; neither half
     defines the other's names."""
-    import pipeline.backends as backends
-    import pipeline.device as device
+    import mlcpipe.backends as backends
+    import mlcpipe.device as device
 
     doc = (ROOT / "docs" / "backends.md").read_text()
     for package, heading, get in ((backends, "## The backend interface", backends.backend), (device, "## The device interface", device.device)):

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.build import build
-from pipeline.config import load_model_config, parse_model_config
-from pipeline.conv_templates import CONV_TEMPLATES
-from pipeline.errors import ArtifactError, ConfigError
-from pipeline.mlc_contract import (
+from mlcpipe.build import build
+from mlcpipe.config import load_model_config, parse_model_config
+from mlcpipe.conv_templates import CONV_TEMPLATES
+from mlcpipe.errors import ArtifactError, ConfigError
+from mlcpipe.mlc_contract import (
     DEFAULT_TOKENIZER_INFO,
     REQUIRED_CONFIG_FIELDS,
     REQUIRED_CONV_FIELDS,
@@ -24,8 +24,8 @@ from pipeline.mlc_contract import (
     detect_tokenizer_info,
     mlc_chat_config,
 )
-from pipeline.targets import load_target
-from pipeline.weights import convert_weights
+from mlcpipe.targets import load_target
+from mlcpipe.weights import convert_weights
 
 from tests.helpers.checkpoints import random_hf_weights, write_hf_checkpoint, write_tiny_tokenizer
 from tests.helpers.cli import mlcpipe, write_yaml
@@ -312,7 +312,7 @@ def test_check_library_names_missing_function(artifact, tmp_path, drop):
 def test_a_library_that_is_not_the_manifests_is_refused(artifact, tmp_path, old, new, expected):
     """Its digest updated in the manifest, a library of another target, quantization or model (or
     build) is still refused, in one line, before TVM loads it: mlc-check, run and check alike."""
-    from pipeline.artifact import read_manifest, verified_library
+    from mlcpipe.artifact import read_manifest, verified_library
 
     art = spoiled_library(artifact, tmp_path, old, new)
     with pytest.raises(ArtifactError, match=expected):

@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.artifact import atomic_directory
-from pipeline.config import MODELS_DIR, ConfigError, load_model_config
-from pipeline.nightly.verify import verify_artifact
+from mlcpipe.artifact import atomic_directory
+from mlcpipe.config import MODELS_DIR, ConfigError, load_model_config
+from mlcpipe.nightly.verify import verify_artifact
 
 from tests.helpers.checkpoints import random_hf_weights, write_hf_checkpoint
 from tests.helpers.fs import snapshot
@@ -35,12 +35,12 @@ CELL = "llama-tiny-q0f32-llvm"
 
 
 def mlcpipe(*args, env: dict | None = None, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "pipeline.cli", *map(str, args)], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "mlcpipe.cli", *map(str, args)], capture_output=True, text=True,
                           env={**os.environ, **(env or {})}, **kwargs)
 
 
 def start(*args, **kwargs) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "pipeline.cli", *map(str, args)], stdout=subprocess.PIPE,
+    return subprocess.Popen([sys.executable, "-m", "mlcpipe.cli", *map(str, args)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env={**os.environ},
                             start_new_session=True, **kwargs)
 
@@ -269,7 +269,7 @@ def test_bad_model_name_builds_nothing_anywhere(tmp_path):
 SWAP = textwrap.dedent('''
     import json, os, shutil, signal, sys
     from pathlib import Path
-    import pipeline.artifact as A
+    import mlcpipe.artifact as A
 
     final, version, kill_at = Path(sys.argv[1]), sys.argv[2], sys.argv[3]
     armed, steps = False, [0]
@@ -362,7 +362,7 @@ def test_build_killed_mid_way_keeps_the_old_artifact_and_is_cleaned_up(made, tmp
 RECORDS = textwrap.dedent('''
     import sys, time
     from pathlib import Path
-    from pipeline.tuning import TuningDB
+    from mlcpipe.tuning import TuningDB
 
     db_path, me, n = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
     db = TuningDB.load(db_path)  # both writers read the database before either writes it
@@ -378,7 +378,7 @@ RECORDS = textwrap.dedent('''
 def test_two_writers_of_one_tuning_database_keep_every_record(tmp_path):
     """Was: each `tune` saved what it had loaded plus its own records: the later save dropped
     the other's."""
-    from pipeline.tuning import TuningDB
+    from mlcpipe.tuning import TuningDB
 
     db_path = tmp_path / "db.json"
     first = TuningDB(db_path)

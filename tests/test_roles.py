@@ -3,14 +3,14 @@ profiler's reports and the benchmarks take their role names from it."""
 
 from __future__ import annotations
 
-from pipeline import roles
-from pipeline.roles import ROLES, WEIGHT_ROLES, role_by_name, role_of_param
+from mlcpipe import roles
+from mlcpipe.roles import ROLES, WEIGHT_ROLES, role_by_name, role_of_param
 
 
 def test_check_build_and_profiler_share_the_role_list():
     from benchmarks import mlcpipe_side
-    from pipeline import conformance, kernel_info
-    from pipeline.profiler import reports
+    from mlcpipe import conformance, kernel_info
+    from mlcpipe.profiler import reports
 
     assert reports.ROLES is ROLES
     assert conformance.WEIGHT_ROLES is WEIGHT_ROLES and mlcpipe_side.GEMV_ROLES is WEIGHT_ROLES

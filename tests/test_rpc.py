@@ -20,12 +20,12 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from pipeline.build import build
-from pipeline.config import MODELS_DIR, load_model_config
-from pipeline.rpc import RemoteError, parse_address
-from pipeline.runtime import Engine
-from pipeline.targets import load_target
-from pipeline.weights import convert_weights
+from mlcpipe.build import build
+from mlcpipe.config import MODELS_DIR, load_model_config
+from mlcpipe.rpc import RemoteError, parse_address
+from mlcpipe.runtime import Engine
+from mlcpipe.targets import load_target
+from mlcpipe.weights import convert_weights
 
 from tests.helpers.checkpoints import random_hf_weights, write_hf_checkpoint
 from tests.helpers.cli import mlcpipe
@@ -140,7 +140,7 @@ def metal_build(tiny16, tmp_path_factory):
     """The tiny model built for metal in a background process (started first, awaited last)."""
     root = tmp_path_factory.mktemp("rpc-metal")
     with open(root / "build.log", "wb") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "build", "--model", str(tiny16), "--quant", "q4f32_1",
+        proc = subprocess.Popen([sys.executable, "-m", "mlcpipe.cli", "build", "--model", str(tiny16), "--quant", "q4f32_1",
                                  "--target", "metal", "--output", str(root / "art")],
                                 stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "TVM_NUM_THREADS": "1"})
     yield proc, root / "art", root / "build.log"
@@ -192,7 +192,7 @@ def _one_error_line(result) -> str:
 
 def _cli(*args: str, env: dict[str, str] | None = None):
     """The CLI in-process (for commands that never open an RPC session)."""
-    from pipeline.cli import main
+    from mlcpipe.cli import main
 
     result = CliRunner().invoke(main, list(args), env=env)
     result.returncode = result.exit_code

@@ -9,13 +9,13 @@ import shutil
 import numpy as np
 import pytest
 
-from pipeline.device import RunOptions
-from pipeline.runtime import Engine, kernel_runner, open_engine
+from mlcpipe.device import RunOptions
+from mlcpipe.runtime import Engine, kernel_runner, open_engine
 
 
 @pytest.fixture(scope="module")
 def tiny_llvm():
-    from pipeline.interface.artifacts import ensure_artifact
+    from mlcpipe.interface.artifacts import ensure_artifact
 
     return ensure_artifact("llama-tiny", "q4f32_1", "llvm", log=lambda *_: None)
 
@@ -58,8 +58,8 @@ def test_kernel_runner_runs_a_shipped_kernel_here_and_none_where_it_cannot(tiny_
     manifest = json.loads((tiny_llvm / "manifest.json").read_text())
     run = kernel_runner(tiny_llvm, manifest, RunOptions())
     name = next(k["name"] for k in manifest["kernels"] if k["name"].startswith("rms_norm"))
-    from pipeline.conformance import Reference
-    from pipeline.kernel_inputs import kernel_args
+    from mlcpipe.conformance import Reference
+    from mlcpipe.kernel_inputs import kernel_args
 
     reference = Reference(tiny_llvm, manifest)
     args, _ = kernel_args(reference.signature(name), 3, seed=0, heads={"H": 4, "D": 16})

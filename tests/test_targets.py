@@ -13,8 +13,8 @@ import pytest
 import tvm
 from tvm.target import Target, codegen
 
-from pipeline.errors import ConfigError
-from pipeline.targets import HostCPU, detect_host, detect_host_cpu, load_target
+from mlcpipe.errors import ConfigError
+from mlcpipe.targets import HostCPU, detect_host, detect_host_cpu, load_target
 
 CPUINFO = Path(__file__).parent / "data" / "cpuinfo"
 

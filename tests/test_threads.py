@@ -8,10 +8,10 @@ import sys
 
 import pytest
 
-from pipeline import threads
+from mlcpipe import threads
 
 PROBE = (
-    "import sys; from pipeline.threads import configure; n = configure({arg}); "
+    "import sys; from mlcpipe.threads import configure; n = configure({arg}); "
     "import tvm; print(n, tvm.get_global_func('runtime.NumThreads')())"
 )
 
@@ -41,5 +41,5 @@ def test_bad_count_is_a_clear_error(monkeypatch):
     monkeypatch.delenv(threads.ENV, raising=False)
     with pytest.raises(ValueError, match="--threads: got 0"):
         threads.configure(0)
-    out = subprocess.run([sys.executable, "-m", "pipeline.cli", "--threads", "0", "run", "--artifact", "x"], capture_output=True, text=True)
+    out = subprocess.run([sys.executable, "-m", "mlcpipe.cli", "--threads", "0", "run", "--artifact", "x"], capture_output=True, text=True)
     assert out.returncode == 2 and "--threads" in out.stderr

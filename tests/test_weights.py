@@ -9,9 +9,9 @@ import json
 import numpy as np
 import pytest
 
-from pipeline.errors import ArtifactError
-from pipeline.quantization import QUANTIZATIONS
-from pipeline.weights import convert_weights, expected_parameters, load_stored_weights, synthetic_stored
+from mlcpipe.errors import ArtifactError
+from mlcpipe.quantization import QUANTIZATIONS
+from mlcpipe.weights import convert_weights, expected_parameters, load_stored_weights, synthetic_stored
 from tests.helpers.checkpoints import random_hf_weights, write_hf_checkpoint
 
 

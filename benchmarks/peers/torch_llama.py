@@ -41,7 +41,7 @@ def rope_inv_freq(head_dim: int, theta: float, scaling) -> torch.Tensor:
 def q4_values(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """mlcpipe's q4f32_1 quantization (pipeline.quantization.group_quant.GroupQuantize
     .quantize_weight), unpacked: q int32 (N, K) in 0..14 and float32 scales (N, K/32)."""
-    from pipeline.quantization import QUANTIZATIONS
+    from mlcpipe.quantization import QUANTIZATIONS
 
     q4 = QUANTIZATIONS["q4f32_1"]
     group, zero = q4.group_size, q4.zero_point

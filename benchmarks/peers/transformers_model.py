@@ -14,7 +14,7 @@ def load(config, mode: str, seed: int = 0):
     """The transformers model of `config` in `mode`, with `--weights synthetic`'s values."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from pipeline.hf_config import transformers_fields
+    from mlcpipe.hf_config import transformers_fields
 
     from ..common import hf_weights
 

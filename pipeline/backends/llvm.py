@@ -74,7 +74,7 @@ def install_lowerings() -> None:
     """The intrinsic lowerings llvm kernels are built with: the vectorizable exp
     (schedules/llvm/fast_exp.py). Process-wide (TVM's lowering table is global) and idempotent;
     the build and `mlcpipe tune` call it, importing `schedules` does not."""
-    from schedules.llvm import fast_exp
+    from mlcpipe.schedules.llvm import fast_exp
 
     fast_exp.install()
 

@@ -1,4 +1,4 @@
-"""`python -m pipeline.cli`: the `mlcpipe` command."""
+"""`python -m mlcpipe.cli`: the `mlcpipe` command."""
 
 from . import main
 

@@ -44,7 +44,7 @@ DEVICE_PYTHON = "3.12"  # /opt/torch/.venv/bin/python3 of the lent GPU machines
 MAX_MIB = 60
 PURE_PACKAGES = ("typing_extensions", "yaml", "click")  # tvm_ffi's, the config reader's, the CLI's
 FFI_LEFT_OUT = {"include", "src", "3rdparty", "cython", "stub", "share", "__pycache__", "CMakeLists.txt"}
-CODE = ("pipeline", "benchmarks")
+CODE = {"pipeline": "mlcpipe", "benchmarks": "benchmarks"}  # the checkout's run-side folders -> their import names
 
 
 def parse_sets(texts: tuple[str, ...] | list[str], flag: str = "--set") -> list[tuple[str, str]]:
@@ -182,7 +182,7 @@ fi
 export PYTHONPATH="$here/site${{PYTHONPATH:+:$PYTHONPATH}}" MLCPIPE_TVM_RUNTIME="$here/tvm_runtime" TVM_USE_RUNTIME_LIB=1 PYTHONUNBUFFERED=1
 out="${{OUT:-$PWD/bundle-out}}"
 mkdir -p "$out"
-"$py" -m pipeline.interface.job --bundle "$here" --out "$out" "$@" 2>&1 | tee "$out/log.txt"
+"$py" -m mlcpipe.interface.job --bundle "$here" --out "$out" "$@" 2>&1 | tee "$out/log.txt"
 exit "${{PIPESTATUS[0]}}"
 """
 
@@ -233,8 +233,8 @@ def _site(site: Path, python: str, python_version: str, ffi_wheel: Path | None, 
 
     from .artifacts import default_cache_dir
 
-    for package in CODE:
-        _python_files(REPO_ROOT / package, site / package)
+    for folder, package in CODE.items():
+        _python_files(REPO_ROOT / folder, site / package)
     shutil.copytree(REPO_ROOT / "configs", site / "configs")
     for name in PURE_PACKAGES:
         _pure_package(name, site)

@@ -18,7 +18,7 @@ and writes 5 files to --out (the device tool returns at most 8): report.md, summ
 checks.json, profiles.json.gz (artifact -> its `mlcpipe-profile` JSON) and run.sh's log.txt.
 Exit 0 when every step ran and passed, 1 when one failed, 2 when the bundle cannot be used.
 
-    python -m pipeline.interface.job --bundle DIR --out DIR [--steps run,check,profile,bench]
+    python -m mlcpipe.interface.job --bundle DIR --out DIR [--steps run,check,profile,bench]
         [--kinds cuda,llvm] [--budget-s 450]
 """
 
@@ -348,7 +348,7 @@ def bench_tables(results: dict, top: int = 12) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipeline.interface.job", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m mlcpipe.interface.job", description=__doc__.split("\n\n")[0])
     parser.add_argument("--bundle", type=Path, required=True)
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--steps", default=",".join(STEPS), help="comma-separated: " + ", ".join(STEPS))

@@ -3,7 +3,7 @@ processes through a content-addressed cache, checked, verified and reported.
 
     matrix.py     configs/nightly.yaml -> validated `Matrix` of `Cell`s
     cache.py      the cache key of a cell (its build inputs) and the cache directory
-    worker.py     `python -m pipeline.nightly.worker SPEC`: build / check / profile one cell
+    worker.py     `python -m mlcpipe.nightly.worker SPEC`: build / check / profile one cell
     reproduce.py  two builds of one cell compared file by file, differences explained
     runner.py     the cells run in parallel worker processes, progress, one directory per cell
     report.py     index.json, SUMMARY.md and the regression table against a previous nightly

@@ -124,14 +124,14 @@ class Runner:
         return env
 
     def _worker(self, cell: Cell, log, work: Path, **spec: Any) -> dict:
-        """Run `python -m pipeline.nightly.worker` for `cell` with `spec`; its output goes to the log."""
+        """Run `python -m mlcpipe.nightly.worker` for `cell` with `spec`; its output goes to the log."""
         spec = {"model": cell.model_source, "quant": cell.quant, "preset": cell.target.preset,
                 "options": cell.target.options, "result": str(work / "worker-result.json"), **spec}
         spec = {k: (str(v) if isinstance(v, Path) else v) for k, v in spec.items()}
         spec_path = work / "worker-spec.json"
         spec_path.write_text(json.dumps(spec, indent=2, default=str))
         Path(spec["result"]).unlink(missing_ok=True)
-        cmd = [sys.executable, "-m", "pipeline.nightly.worker", str(spec_path)]
+        cmd = [sys.executable, "-m", "mlcpipe.nightly.worker", str(spec_path)]
         log.write(f"$ {' '.join(cmd)}  # {', '.join(k for k in ('build', 'conformance', 'profile') if spec.get(k))}\n")
         log.flush()
         with self._children_lock:  # started and registered in one step: stop() sees it, or it is never started

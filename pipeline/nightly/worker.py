@@ -1,5 +1,5 @@
 """One cell's TVM work, in its own process (TVM cannot schedule one module for two targets in a
-process): `python -m pipeline.nightly.worker SPEC.json`.
+process): `python -m mlcpipe.nightly.worker SPEC.json`.
 
 SPEC (written by runner.py): model (YAML path), quant, preset, options, and any of
   build:       {"output": DIR, "manifest_extra": {...}}  build the artifact there
@@ -111,7 +111,7 @@ def main(argv: list[str]) -> int:
     # as a failed cell and replace the previous result
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if len(argv) != 1:
-        print("usage: python -m pipeline.nightly.worker SPEC.json", file=sys.stderr)
+        print("usage: python -m mlcpipe.nightly.worker SPEC.json", file=sys.stderr)
         return 2
     spec = json.loads(Path(argv[0]).read_text())
     result = run(spec)

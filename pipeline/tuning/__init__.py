@@ -89,7 +89,7 @@ class TuningDB:
         must be one of the target's rules (or MetaSchedule) and its knobs fields of that rule."""
         table = self.records.get(target_key(target), {})
         if table:
-            from schedules import RULES, rule_by_name
+            from mlcpipe.schedules import RULES, rule_by_name
 
             kind = target.get("kind")
             for sig, rec in table.items():

@@ -172,8 +172,8 @@ def tune(
     """Tune every kernel (or those matching `pattern`) and store the winners in `db` (saved).
     Every rule that takes a kernel competes with `budget` knob candidates (its defaults first);
     the fastest whose output matches the untuned schedule's wins, whichever rule it is."""
-    from schedules import RULES
-    from schedules.signature import kernel_signature
+    from mlcpipe.schedules import RULES
+    from mlcpipe.schedules.signature import kernel_signature
 
     from ..device import device as device_of
 
@@ -226,7 +226,7 @@ def _build_candidates(func, contenders: list[tuple], tvm_target, args: list, dev
     """Every rule's knob candidates built and run once: (every candidate's entry, with the error
     of those that declined, failed or computed another output; (entry, library) of the others,
     to time). The first rule's defaults come first: their output is the reference."""
-    from schedules import with_knobs
+    from mlcpipe.schedules import with_knobs
 
     want = None
     tried: list[dict] = []

@@ -54,7 +54,7 @@ def _search(func: tvm.tirx.PrimFunc, target: tvm.target.Target, trials: int, see
     """MetaSchedule's best trace for `func` as JSON, or None when no candidate built and ran."""
     from tvm.s_tir import meta_schedule as ms
 
-    from schedules.trace_replay import trace_to_json
+    from mlcpipe.schedules.trace_replay import trace_to_json
 
     mod = tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
     # MetaSchedule's console handler takes this logger's level, which each search resets to DEBUG:
@@ -82,9 +82,9 @@ def tune_metaschedule(
     log: Callable[[str], None] = print,
 ) -> list[SearchResult]:
     """Search every static kernel matching `pattern`; keep MetaSchedule's trace where it is faster."""
-    from schedules import schedule_func
-    from schedules.signature import kernel_signature
-    from schedules.trace_replay import RULE_NAME, replay
+    from mlcpipe.schedules import schedule_func
+    from mlcpipe.schedules.signature import kernel_signature
+    from mlcpipe.schedules.trace_replay import RULE_NAME, replay
 
     allowed = kinds_with("METASCHEDULE")
     if target.kind not in allowed:

@@ -15,7 +15,7 @@ from tvm import s_tir, tirx
 from tvm.script import tirx as T
 from tvm.target import Target
 
-from pipeline.model.sampler_tir import exchange_rows, exchange_tile, lowest_f32, pair_lo
+from mlcpipe.model.sampler_tir import exchange_rows, exchange_tile, lowest_f32, pair_lo
 
 from ..analysis import sampler_info
 from ..base import GPUScheduleRule, max_threads

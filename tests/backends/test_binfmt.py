@@ -13,9 +13,9 @@ import pytest
 import tvm
 from tvm.script import tirx as T
 
-from pipeline.backends import binfmt, cuda, metal
-from pipeline.backends.binfmt import Elf, MachO, ModuleBlob
-from pipeline.targets import load_target
+from mlcpipe.backends import binfmt, cuda, metal
+from mlcpipe.backends.binfmt import Elf, MachO, ModuleBlob
+from mlcpipe.targets import load_target
 
 
 def _blob(modules: list[tuple[bytes, bytes | None]]) -> bytes:
@@ -206,7 +206,7 @@ def test_macho_objects_and_dylib(metal_files):
 
 
 def test_uuid_fix_is_a_function_of_the_rest_of_the_file(metal_files, tmp_path):
-    from pipeline.backends.reproducible import fix_macho_uuid
+    from mlcpipe.backends.reproducible import fix_macho_uuid
 
     _, dylib = metal_files
     copy = tmp_path / "lib.dylib"

@@ -23,9 +23,9 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.backends import cuda, metal
-from pipeline.backends.binfmt import MachO
-from pipeline.targets import load_target
+from mlcpipe.backends import cuda, metal
+from mlcpipe.backends.binfmt import MachO
+from mlcpipe.targets import load_target
 
 from tests.helpers import REPO
 
@@ -34,9 +34,9 @@ ARCHS = ["sm_80", "sm_90"]
 _BUILD = """
 import sys
 from pathlib import Path
-from pipeline.build import build
-from pipeline.config import load_model_config
-from pipeline.targets import load_target
+from mlcpipe.build import build
+from mlcpipe.config import load_model_config
+from mlcpipe.targets import load_target
 build(load_model_config("llama-tiny"), "q4f16_1", load_target(sys.argv[1]), output=Path(sys.argv[2]),
       log=lambda *_: None)
 """
@@ -231,7 +231,7 @@ def test_metal_artifact_is_an_arm64_dylib_tvm_can_load(builds):
 
 @pytest.mark.nvcc
 def test_check_says_cuda_did_not_execute_and_reports_ptxas(builds):
-    from pipeline.conformance import check_artifact
+    from mlcpipe.conformance import check_artifact
 
     report = check_artifact(artifact(builds, "cuda"))
     assert not report.executed and report.ok
@@ -243,7 +243,7 @@ def test_check_says_cuda_did_not_execute_and_reports_ptxas(builds):
 
 
 def test_check_says_metal_did_not_execute_and_checks_exports(builds):
-    from pipeline.conformance import check_artifact
+    from mlcpipe.conformance import check_artifact
 
     report = check_artifact(artifact(builds, "metal"))
     assert not report.executed and report.ok and "NOT EXECUTED" in report.summary
@@ -253,7 +253,7 @@ def test_check_says_metal_did_not_execute_and_checks_exports(builds):
 
 def test_metal_kernel_library_for_remote_profiling(builds, tmp_path):
     """`profile --rpc` uploads the scheduled kernels as a dylib of their own, named apart from lib.dylib."""
-    from pipeline.profiler.remote import kernel_library
+    from mlcpipe.profiler.remote import kernel_library
 
     out = artifact(builds, "metal")
     manifest = json.loads((out / "manifest.json").read_text())

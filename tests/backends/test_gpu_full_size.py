@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from pipeline.roles import WEIGHT_ROLES
+from mlcpipe.roles import WEIGHT_ROLES
 
 from tests.helpers.cli import mlcpipe
 
@@ -49,7 +49,7 @@ def test_full_size_gpu_build(target, library, source, tmp_path):
     assert (art / library).stat().st_size > 100_000
     _check_manifest(art, source)
     if target == "cuda":
-        from pipeline.backends.cuda import verify_fatbin
+        from mlcpipe.backends.cuda import verify_fatbin
 
         assert {"sm_80", "sm_90"} <= set(verify_fatbin(art / library))
     else:

@@ -9,8 +9,8 @@ from tvm import relax
 from tvm.script import relax as R
 from tvm.script import tirx as T
 
-from pipeline.backends import llvm
-from pipeline.backends.binfmt import Elf
+from mlcpipe.backends import llvm
+from mlcpipe.backends.binfmt import Elf
 
 
 @T.prim_func(s_tir=True)

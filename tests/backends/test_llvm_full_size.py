@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from pipeline.backends.binfmt import Elf
-from pipeline.build import build
-from pipeline.config import load_model_config
-from pipeline.targets import load_target
+from mlcpipe.backends.binfmt import Elf
+from mlcpipe.build import build
+from mlcpipe.config import load_model_config
+from mlcpipe.targets import load_target
 
 # role -> (out features N, in features K) for Llama-3.2-1B
 SHAPES = {"qkv": (3072, 2048), "o_proj": (2048, 2048), "gate_up": (16384, 2048), "down": (2048, 8192), "lm_head": (128256, 2048)}

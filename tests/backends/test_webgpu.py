@@ -18,14 +18,14 @@ import pytest
 import tvm
 from tvm.script import tirx as T
 
-from pipeline.backends import webgpu as backend
-from pipeline.build import build, export_model
-from pipeline.kernel_info import random_args
-from pipeline.passes import run_pipeline
-from pipeline.roles import ROLES
-from pipeline.runners import webgpu as runner
-from pipeline.targets import load_target
-from schedules import RULES
+from mlcpipe.backends import webgpu as backend
+from mlcpipe.build import build, export_model
+from mlcpipe.kernel_info import random_args
+from mlcpipe.passes import run_pipeline
+from mlcpipe.roles import ROLES
+from mlcpipe.runners import webgpu as runner
+from mlcpipe.targets import load_target
+from mlcpipe.schedules import RULES
 
 QUANTS = ["q4f16_1", "q4f32_1"]
 INSPECT_WASM = Path(backend.__file__).parent / "web_runtime" / "inspect_wasm.cjs"
@@ -246,7 +246,7 @@ def test_link_failure_is_a_one_line_error(tmp_path):
 def test_mlcpipe_check_passes_every_kernel(artifact):
     """Kernel conformance of the whole tiny artifact: every kernel of lib.wasm executed in Dawn
     (f32), or on lavapipe through wgpu where no Dawn adapter here has shader-f16 (f16)."""
-    from pipeline.conformance import check_artifact
+    from mlcpipe.conformance import check_artifact
 
     report = check_artifact(artifact)
     failures = [r for r in report.results if r.status == "FAIL"]

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import yaml
 
-from pipeline.build import build
-from pipeline.config import MODELS_DIR, load_model_config
-from pipeline.runtime import Engine
-from pipeline.targets import load_target
-from pipeline.weights import convert_weights, load_stored_weights
+from mlcpipe.build import build
+from mlcpipe.config import MODELS_DIR, load_model_config
+from mlcpipe.runtime import Engine
+from mlcpipe.targets import load_target
+from mlcpipe.weights import convert_weights, load_stored_weights
 
 from tests.helpers.checkpoints import hf_config, random_hf_weights, write_hf_checkpoint
 from tests.helpers.cli import mlcpipe

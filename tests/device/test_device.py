@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from pipeline.device import INTERFACE, RunOptions, device, kinds_with
-from pipeline.errors import ArtifactError
+from mlcpipe.device import INTERFACE, RunOptions, device, kinds_with
+from mlcpipe.errors import ArtifactError
 
 
 def test_each_kind_says_where_it_runs():
@@ -40,9 +40,9 @@ def test_the_run_half_never_imports_the_layers_above_it():
     import subprocess
     import sys
 
-    code = ("import sys\nfrom pipeline.device import device\n"
+    code = ("import sys\nfrom mlcpipe.device import device\n"
             "[device(k) for k in ('llvm', 'cuda', 'metal', 'webgpu')]\n"
-            "bad = [m for m in sys.modules if m == 'tvm' or m.startswith(('pipeline.runtime', 'pipeline.runners', 'pipeline.profiler'))]\n"
+            "bad = [m for m in sys.modules if m == 'tvm' or m.startswith(('mlcpipe.runtime', 'mlcpipe.runners', 'mlcpipe.profiler'))]\n"
             "print(bad)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr

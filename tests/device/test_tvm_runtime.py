@@ -13,7 +13,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from pipeline.device import tvm_runtime as rt
+from mlcpipe.device import tvm_runtime as rt
 from tests.helpers.cli import mlcpipe
 
 # A meta-path finder that makes `import tvm` (and any tvm.*) fail: what runs under it cannot have
@@ -25,7 +25,7 @@ NO_TVM = textwrap.dedent("""
             if name == "tvm" or name.startswith("tvm."):
                 raise ImportError("tvm is blocked in this test")
     sys.meta_path.insert(0, NoTVM())
-    from pipeline.cli import main
+    from mlcpipe.cli import main
     sys.argv = ["mlcpipe", *sys.argv[1:]]
     main()
 """)
@@ -45,7 +45,7 @@ def test_tensor_round_trip_and_view(dtype):
 
 
 def test_missing_runtime_library_is_one_line(tmp_path):
-    code = ("import os, sys; from pipeline.device import tvm_runtime as rt\n"
+    code = ("import os, sys; from mlcpipe.device import tvm_runtime as rt\n"
             "try:\n    rt.load_runtime()\nexcept rt.RuntimeUnavailable as e:\n    print(e); sys.exit(3)\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**os.environ, rt.ENV: str(tmp_path)})
     assert out.returncode == 3, out.stderr

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 from safetensors.numpy import save_file
 
-from pipeline.config import ModelConfig
+from mlcpipe.config import ModelConfig
 
 
 def hf_config(cfg: ModelConfig) -> dict:
@@ -129,7 +129,7 @@ def transformers_checkpoint(path: Path, cfg: ModelConfig, seed: int = 0, **overr
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    from pipeline.hf_config import transformers_fields
+    from mlcpipe.hf_config import transformers_fields
 
     model_type, fields = transformers_fields(cfg)
     config = AutoConfig.for_model(model_type, **{**fields, **overrides})

@@ -9,14 +9,14 @@ from pathlib import Path
 
 import yaml
 
-from pipeline.config import MODELS_DIR
+from mlcpipe.config import MODELS_DIR
 
 TINY = yaml.safe_load((MODELS_DIR / "llama-tiny.yaml").read_text())
 
 
 def mlcpipe(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "pipeline.cli", *args], capture_output=True, text=True, cwd=cwd,
+        [sys.executable, "-m", "mlcpipe.cli", *args], capture_output=True, text=True, cwd=cwd,
         env={**os.environ},
     )
 

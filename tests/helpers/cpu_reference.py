@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from schedules.analysis import match_nt_matmul as match
+from mlcpipe.schedules.analysis import match_nt_matmul as match
 
 
 def q8_emulate(func, args, tokens: int, planes: int) -> np.ndarray:

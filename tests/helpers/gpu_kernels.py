@@ -8,10 +8,10 @@ import re
 import numpy as np
 import tvm
 
-from pipeline.build import export_model
-from pipeline.config import load_model_config
-from pipeline.passes import run_pipeline
-from pipeline.targets import load_target
+from mlcpipe.build import export_model
+from mlcpipe.config import load_model_config
+from mlcpipe.passes import run_pipeline
+from mlcpipe.targets import load_target
 
 DECODE_GEMV = re.compile(r"(fused_)?(dequantize\d*_)?NT_matmul\d*(_\w+)?")
 

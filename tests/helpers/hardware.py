@@ -15,7 +15,7 @@ import shutil
 
 
 def _node_packages(packages: tuple[str, ...]) -> str | None:
-    from pipeline.runners import node_modules
+    from mlcpipe.runners import node_modules
 
     for package in packages:
         if not (node_modules() / package).is_dir():
@@ -26,7 +26,7 @@ def _node_packages(packages: tuple[str, ...]) -> str | None:
 @functools.cache
 def lavapipe() -> str | None:
     """wgpu finds a WebGPU adapter (Mesa lavapipe: mesa-vulkan-drivers) and the wgpu package is installed."""
-    from pipeline.runners import webgpu as runner
+    from mlcpipe.runners import webgpu as runner
 
     try:
         runner.get_device()
@@ -46,7 +46,7 @@ def dawn() -> str | None:
 @functools.cache
 def browser() -> str | None:
     """node, Chromium and the npm packages that drive it (puppeteer-core, WebLLM, Dawn's for the comparison)."""
-    from pipeline.runners.browser import chromium_path
+    from mlcpipe.runners.browser import chromium_path
 
     if shutil.which("node") is None:
         return "node not found"
@@ -58,7 +58,7 @@ def browser() -> str | None:
 @functools.cache
 def qemu() -> str | None:
     """qemu-aarch64 and the aarch64 cross gcc that links kernels for it (pipeline/runners/qemu_arm.py)."""
-    from pipeline.runners import qemu_arm
+    from mlcpipe.runners import qemu_arm
 
     return qemu_arm.missing()
 
@@ -66,7 +66,7 @@ def qemu() -> str | None:
 @functools.cache
 def nvcc() -> str | None:
     """The CUDA toolkit's nvcc (not a Debian package here): PATH, $CUDA_HOME, /usr/local/cuda."""
-    from pipeline.backends.cuda import find_nvcc
+    from mlcpipe.backends.cuda import find_nvcc
 
     try:
         find_nvcc()

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import json
 
-from pipeline.profiler.reports import parse_table, parse_tables, render
-from pipeline.profiler.schema import device_kernel_name, measured_samples, validate
+from mlcpipe.profiler.reports import parse_table, parse_tables, render
+from mlcpipe.profiler.schema import device_kernel_name, measured_samples, validate
 
 COLUMNS = {
     "md": {"total": "Total Time (ms)", "avg": "Avg Time (ms)", "peak": "Peak Time (ms)"},

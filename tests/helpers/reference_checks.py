@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.quantization import QUANTIZATIONS
-from pipeline.runtime import Engine
+from mlcpipe.quantization import QUANTIZATIONS
+from mlcpipe.runtime import Engine
 
 from .reference_llama import ReferenceLlama
 

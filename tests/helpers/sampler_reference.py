@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from pipeline.model import sampler
+from mlcpipe.model import sampler
 
 LOWEST = np.finfo(np.float32).min
 

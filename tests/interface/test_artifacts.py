@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pipeline.nightly.cache as cache
-from pipeline.artifact import read_manifest
-from pipeline.interface.artifacts import ensure_artifact
+import mlcpipe.nightly.cache as cache
+from mlcpipe.artifact import read_manifest
+from mlcpipe.interface.artifacts import ensure_artifact
 
 
 def test_ensure_artifact_reuses_rebuilds_on_code_change_and_on_corruption(tmp_path, monkeypatch):
@@ -42,7 +42,7 @@ def test_two_processes_wanting_one_entry_build_it_once(tmp_path):
     import subprocess
     import sys
 
-    code = ("from pipeline.interface.artifacts import ensure_artifact; "
+    code = ("from mlcpipe.interface.artifacts import ensure_artifact; "
             "print(ensure_artifact('llama-tiny', 'q4f32_1', 'llvm', log=lambda m: print(m, flush=True)))")
     env = {**os.environ, "MLCPIPE_ARTIFACTS": str(tmp_path)}
     procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)

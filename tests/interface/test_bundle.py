@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from pipeline.device.cuda import runs_here as cuda_present
+from mlcpipe.device.cuda import runs_here as cuda_present
 from tests.helpers.cli import mlcpipe
 
 SET = "llama-tiny:q4f32_1"
@@ -26,7 +26,7 @@ pytestmark = pytest.mark.nvcc  # the bundle ships cuda builds
 
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory):
-    from pipeline.interface.bundle import bundle as make
+    from mlcpipe.interface.bundle import bundle as make
 
     out = tmp_path_factory.mktemp("bundle") / "b"
     path, size = make(out, sets=[SET], graph=[SET], cpu_models=["llama-tiny"], bench_models=["llama-tiny"], python="current",
@@ -90,7 +90,7 @@ def test_bundle_runs_without_apache_tvm(bundle, bare_python, tmp_path):
     art = unpacked / "artifacts" / "llama-tiny-q4f32_1-llvm-portable"
     args = ["run", "--artifact", str(art), "--weights", "synthetic", "--prompt-tokens", "3,1,4,1,5", "--max-new-tokens", "8"]
     bare_env = {**env, "PYTHONPATH": f"{unpacked / 'site'}:{env['PYTHONPATH']}", "MLCPIPE_TVM_RUNTIME": str(unpacked / "tvm_runtime")}
-    bare = subprocess.run([str(python), "-m", "pipeline.cli", *args], capture_output=True, text=True, env=bare_env)
+    bare = subprocess.run([str(python), "-m", "mlcpipe.cli", *args], capture_output=True, text=True, env=bare_env)
     normal = mlcpipe(*args)
     assert bare.returncode == 0 and normal.returncode == 0, bare.stderr + normal.stderr
     assert bare.stdout.split() == normal.stdout.split() and len(bare.stdout.split()[-1].split(",")) == 8
@@ -119,8 +119,8 @@ def test_bundle_holds_what_the_gpu_needs(bundle):
 
 
 def test_bundle_size_limit_and_bad_input(bundle, tmp_path):
-    from pipeline.errors import ArtifactError
-    from pipeline.interface.bundle import bundle as make
+    from mlcpipe.errors import ArtifactError
+    from mlcpipe.interface.bundle import bundle as make
 
     out = tmp_path / "small"
     with pytest.raises(ArtifactError, match=r"^bundle .*small: \d+\.\d MiB; allowed at most 1 MiB"):
@@ -140,9 +140,9 @@ def test_bundle_size_limit_and_bad_input(bundle, tmp_path):
 
 def test_bundle_needs_a_checkout(tmp_path, monkeypatch):
     """An installed mlcpipe (no checkout beside it) has no benchmarks/ to pack: one line."""
-    from pipeline import config
-    from pipeline.errors import ArtifactError
-    from pipeline.interface.bundle import bundle as make
+    from mlcpipe import config
+    from mlcpipe.errors import ArtifactError
+    from mlcpipe.interface.bundle import bundle as make
 
     monkeypatch.setattr(config, "IN_CHECKOUT", False)
     with pytest.raises(ArtifactError, match=r"mlcpipe bundle packs the run-side code of a checkout; .* is an installed mlcpipe"):
@@ -169,7 +169,7 @@ def test_run_sh_refuses_another_python(bundle, tmp_path):
 def test_default_bundle_fits_the_device_limit():
     """The default set (1B at q4f16_1, q4f32_1, q0f16, its cuda_graph q4f16_1, llama-tiny) for the
     device's Python 3.12: at most 60 MiB (the device takes 64 MiB with the checkout)."""
-    from pipeline.interface.bundle import bundle as make
+    from mlcpipe.interface.bundle import bundle as make
 
     path, size = make(log=print)
     assert size <= 60 * 2**20

@@ -3,7 +3,7 @@
 import numpy as np
 
 from benchmarks import llm_gpu
-from pipeline.interface.job import compare_logits
+from mlcpipe.interface.job import compare_logits
 
 VOCAB = 128256  # the 1B's vocabulary: the max-abs tail is over this many values
 
@@ -58,7 +58,7 @@ def test_kernel_time_tables_render_and_say_their_errors():
 
 
 def test_rel_l2():
-    from pipeline.interface.job import rel_l2
+    from mlcpipe.interface.job import rel_l2
 
     assert rel_l2(np.asarray([3.0, 4.0]), np.asarray([3.0, 4.0])) == 0.0
     assert abs(rel_l2(np.asarray([3.0, 4.0]) * 1.1, np.asarray([3.0, 4.0])) - 0.1) < 1e-12
@@ -83,7 +83,7 @@ def _bench_record(quant: str, variant: str = "") -> dict:
 def test_stdout_tables_fit_the_device_tools_output_tail():
     """The job prints the benchmark tables (top 5 kernels per table) and the summary last: for the
     default bundle they fit the 12,000 characters the device tool returns of the output."""
-    from pipeline.interface.job import bench_tables, summary_table
+    from mlcpipe.interface.job import bench_tables, summary_table
 
     results = {f"llama-3.2-1b-{q}-cuda{v and '-' + v}": _bench_record(q, v)
                for q, v in (("q4f16_1", ""), ("q4f16_1", "cuda-graph"), ("q4f32_1", ""), ("q0f16", ""))}

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import yaml
 
-from pipeline.config import load_model_config
-from pipeline.quantization import QUANTIZATIONS
+from mlcpipe.config import load_model_config
+from mlcpipe.quantization import QUANTIZATIONS
 from tests.helpers.checkpoints import transformers_checkpoint
 from tests.helpers.cli import mlcpipe
 

@@ -15,11 +15,11 @@ import pytest
 import tvm
 from tvm import relax
 
-from pipeline.build import build
-from pipeline.model import sampler
-from pipeline.passes import run_pipeline
-from pipeline.targets import load_target
-from schedules import schedule_pass
+from mlcpipe.build import build
+from mlcpipe.model import sampler
+from mlcpipe.passes import run_pipeline
+from mlcpipe.targets import load_target
+from mlcpipe.schedules import schedule_pass
 
 from tests.helpers.sampler_reference import LOWEST, argsort_ref, bitmask_ref, penalty_ref, softmax_ref, top_p_ref
 
@@ -218,7 +218,7 @@ def test_sort_plan_covers_the_network():
 # ---- WebGPU: the shipped kernels in Dawn -----------------------------------------------------------
 
 def _webgpu_check(config, tmp_path):
-    from pipeline.conformance import check_artifact
+    from mlcpipe.conformance import check_artifact
 
     artifact = build(config, "q4f32_1", load_target("webgpu"), output=tmp_path / "webgpu", log=lambda *_: None)
     report = check_artifact(artifact, sizes=(1, 7), pattern="^sampler_")

@@ -22,11 +22,11 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.nightly.matrix import load_matrix
+from mlcpipe.nightly.matrix import load_matrix
 
 from tests.helpers import REPO
 
-MLCPIPE = [sys.executable, "-m", "pipeline.cli"]
+MLCPIPE = [sys.executable, "-m", "mlcpipe.cli"]
 SNAPSHOT: Path | None = None  # a frozen copy of the source the nightly runs from (see `source`)
 
 MATRIX = """\
@@ -141,7 +141,7 @@ def cells(path: Path) -> dict[str, dict]:
 @pytest.mark.lavapipe
 def test_interrupted_run_leaves_nothing_trusted(runs):
     """Everything A left under a trusted name is complete; what it was building is rebuilt by B."""
-    from pipeline.nightly.verify import verify_artifact
+    from mlcpipe.nightly.verify import verify_artifact
 
     state = runs["after_kill"]
     assert state["temp_dirs"], "A was not killed mid-way"
@@ -272,7 +272,7 @@ def test_verify_catches_a_flipped_byte_and_a_missing_file(runs, tmp_path):
 def test_reproducible_builds(runs, tmp_path):
     """llvm cells were built twice in fresh processes: identical. Metal: the dylib is a function of
     its objects (re-linking lib.tar's objects elsewhere gives the same bytes), lib.tar is normalised."""
-    from pipeline.backends.metal import extract_objects, link_dylib
+    from mlcpipe.backends.metal import extract_objects, link_dylib
 
     got = cells(runs["n1"])
     for cell in (c for c in GOOD if c.endswith("-llvm")):  # built (in run A or B) with the reproducibility check
@@ -299,8 +299,8 @@ def test_reproducible_builds(runs, tmp_path):
 @pytest.mark.dawn
 @pytest.mark.lavapipe
 def test_explain_names_what_differs(runs, tmp_path):
-    from pipeline.backends.binfmt import MachO
-    from pipeline.nightly.reproduce import explain
+    from mlcpipe.backends.binfmt import MachO
+    from mlcpipe.nightly.reproduce import explain
 
     # a Mach-O whose UUID differs (as ld64.lld-14 writes a new one on every link)
     dylib = runs["n1"] / "llama-tiny-q4f16_1-metal" / "artifact" / "lib.dylib"
@@ -329,7 +329,7 @@ def test_matrix_errors_are_one_line_before_anything_builds(tmp_path):
         base + "checks: {profile: {targets: [llvm], runs: 0}}\n": "field 'checks.profile.runs': got 0;",
         base + "checks: {lint: {}}\n": "field 'checks.lint'",
     }
-    from pipeline.errors import ConfigError
+    from mlcpipe.errors import ConfigError
 
     path = tmp_path / "m.yaml"
     for text, message in cases.items():
@@ -367,7 +367,7 @@ def test_explain_names_functions_when_elf_sizes_differ(tmp_path):
     import shutil
     import subprocess
 
-    from pipeline.nightly.reproduce import explain
+    from mlcpipe.nightly.reproduce import explain
 
     if shutil.which("gcc") is None:
         pytest.skip("gcc not found")
@@ -387,7 +387,7 @@ def test_explain_names_functions_when_elf_sizes_differ(tmp_path):
 def test_a_build_that_is_not_reproducible_fails_its_cell(tmp_path, monkeypatch):
     """The reproducibility check can fail a cell: here the comparison of the two builds says lib.so
     differs (as the llvm shape functions did before passes/shape_funcs.py); the cell fails and says why."""
-    from pipeline.nightly import runner as nightly_runner
+    from mlcpipe.nightly import runner as nightly_runner
 
     matrix = tmp_path / "m.yaml"
     matrix.write_text("models: [llama-tiny]\nquantizations: [q4f32_1]\ntargets: [llvm]\n"
@@ -413,7 +413,7 @@ def test_ctrl_c_while_a_worker_starts_stops_it(tmp_path, monkeypatch):
     import threading
     from types import SimpleNamespace
 
-    from pipeline.nightly import runner as runner_module
+    from mlcpipe.nightly import runner as runner_module
 
     runner = runner_module.Runner([], tmp_path / "out", tmp_path / "cache")
     real = subprocess.Popen
@@ -444,7 +444,7 @@ def test_ctrl_c_on_a_cell_thread_stops_the_run_at_once(tmp_path, monkeypatch):
     import threading
     from types import SimpleNamespace
 
-    from pipeline.nightly import runner as runner_module
+    from mlcpipe.nightly import runner as runner_module
 
     cell = SimpleNamespace(id="c1", model="llama-tiny", quant="q4f32_1", target=SimpleNamespace(name="llvm", preset="llvm", options={}))
     runner = runner_module.Runner([], tmp_path / "out", tmp_path / "cache")

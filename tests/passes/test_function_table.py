@@ -18,12 +18,12 @@ import pytest
 import tvm
 import yaml
 
-from pipeline.backends import webgpu as webgpu_backend
-from pipeline.build import build
-from pipeline.config import MODELS_DIR, load_model_config
-from pipeline.roles import WEIGHT_ROLES
-from pipeline.runtime import Engine
-from pipeline.targets import load_target
+from mlcpipe.backends import webgpu as webgpu_backend
+from mlcpipe.build import build
+from mlcpipe.config import MODELS_DIR, load_model_config
+from mlcpipe.roles import WEIGHT_ROLES
+from mlcpipe.runtime import Engine
+from mlcpipe.targets import load_target
 
 QUANT = "q4f32_1"
 CHUNK = 16

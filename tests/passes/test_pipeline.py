@@ -10,14 +10,14 @@ import pytest
 import tvm
 from tvm import te
 
-from pipeline.build import build, export_model
-from pipeline.kernel_info import random_args
-from pipeline.passes import PHASES, phase_passes, run_pipeline
-from pipeline.quantization import QUANTIZATIONS
-from pipeline.roles import WEIGHT_ROLES
-from pipeline.targets import load_target
-from schedules import schedule_pass
-from schedules.llvm.matmul_nt import MatmulNT
+from mlcpipe.build import build, export_model
+from mlcpipe.kernel_info import random_args
+from mlcpipe.passes import PHASES, phase_passes, run_pipeline
+from mlcpipe.quantization import QUANTIZATIONS
+from mlcpipe.roles import WEIGHT_ROLES
+from mlcpipe.targets import load_target
+from mlcpipe.schedules import schedule_pass
+from mlcpipe.schedules.llvm.matmul_nt import MatmulNT
 
 LINEAR_ROLES = set(WEIGHT_ROLES)
 

@@ -9,11 +9,11 @@ from tvm import relax, tirx
 from tvm.relax.expr_functor import PyExprMutator, PyExprVisitor, mutator, visitor
 from tvm.script import tirx as T
 
-from pipeline.build import export_model
-from pipeline.passes import phase_passes
-from pipeline.passes.shape_funcs import CanonicalShapeFuncs, order_stores
-from pipeline.targets import load_target
-from schedules import schedule_pass
+from mlcpipe.build import export_model
+from mlcpipe.passes import phase_passes
+from mlcpipe.passes.shape_funcs import CanonicalShapeFuncs, order_stores
+from mlcpipe.targets import load_target
+from mlcpipe.schedules import schedule_pass
 
 
 @pytest.fixture(scope="module")

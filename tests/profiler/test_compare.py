@@ -11,8 +11,8 @@ import re
 import numpy as np
 import pytest
 
-from pipeline.profiler import compare as cmp
-from pipeline.profiler.compare import (
+from mlcpipe.profiler import compare as cmp
+from mlcpipe.profiler.compare import (
     compare,
     compare_files,
     gfm_table,
@@ -24,7 +24,7 @@ from pipeline.profiler.compare import (
     summary_rows,
     welch_z,
 )
-from pipeline.profiler.schema import measured_samples, save_profile
+from mlcpipe.profiler.schema import measured_samples, save_profile
 
 VERDICTS = {"regression", "improvement", "noise", "unchanged", "new", "removed"}
 
@@ -33,17 +33,17 @@ VERDICTS = {"regression", "improvement", "noise", "unchanged", "new", "removed"}
 
 @pytest.fixture(scope="module")
 def artifact(tmp_path_factory):
-    from pipeline.build import build
-    from pipeline.config import load_model_config
-    from pipeline.targets import load_target
+    from mlcpipe.build import build
+    from mlcpipe.config import load_model_config
+    from mlcpipe.targets import load_target
 
     tmp = tmp_path_factory.mktemp("compare")
     return build(load_model_config("llama-tiny"), "q4f16_1", load_target("llvm"), output=tmp / "art", log=lambda *_: None)
 
 
 def _profile(artifact):
-    from pipeline.profiler.measure import profile
-    from pipeline.runtime import Engine
+    from mlcpipe.profiler.measure import profile
+    from mlcpipe.runtime import Engine
 
     return profile(Engine(artifact, "synthetic"), prompt_len=16, gen_len=8, runs=3)
 
@@ -430,7 +430,7 @@ def test_new_and_removed_kernels(prof_a):
 def test_compare_files_and_cli(prof_a, prof_b, tmp_path):
     from click.testing import CliRunner
 
-    from pipeline.cli import main
+    from mlcpipe.cli import main
 
     save_profile(prof_a, tmp_path / "before.json")
     save_profile(prof_b, tmp_path / "after.json")

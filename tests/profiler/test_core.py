@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from pipeline.profiler.core import alternate, document, kernel_table, metrics
+from mlcpipe.profiler.core import alternate, document, kernel_table, metrics
 
 
 def test_modes_alternate_run_by_run_with_progress():

@@ -11,11 +11,11 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from pipeline.build import build
-from pipeline.profiler.measure import profile, run_once
-from pipeline.profiler.schema import kernel_stats
-from pipeline.runtime import Engine
-from pipeline.targets import load_target
+from mlcpipe.build import build
+from mlcpipe.profiler.measure import profile, run_once
+from mlcpipe.profiler.schema import kernel_stats
+from mlcpipe.runtime import Engine
+from mlcpipe.targets import load_target
 
 from tests.helpers.cli import mlcpipe
 

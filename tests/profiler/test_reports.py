@@ -14,9 +14,9 @@ from html.parser import HTMLParser
 
 import pytest
 
-from pipeline.profiler.reports import FORMATS, ROLES, matmul_shape, parse_table, percentile, render
-from pipeline.profiler.schema import device_kernel_name, kernel_stats, measured_samples
-from pipeline.roles import ROLE_OF_NAME, ROLE_OF_PARAM, WEIGHT_ROLES
+from mlcpipe.profiler.reports import FORMATS, ROLES, matmul_shape, parse_table, percentile, render
+from mlcpipe.profiler.schema import device_kernel_name, kernel_stats, measured_samples
+from mlcpipe.roles import ROLE_OF_NAME, ROLE_OF_PARAM, WEIGHT_ROLES
 
 from tests.helpers.profile_checks import (
     COLUMNS,
@@ -41,15 +41,15 @@ NO_SAMPLES_LINE = re.compile(r"^(?P<indent> {2,4})(?P<label>.+?): no samples$")
 # ---- the profile -------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
-    from pipeline.build import build
-    from pipeline.config import load_model_config
-    from pipeline.runtime import Engine
-    from pipeline.targets import load_target
+    from mlcpipe.build import build
+    from mlcpipe.config import load_model_config
+    from mlcpipe.runtime import Engine
+    from mlcpipe.targets import load_target
 
     tmp = tmp_path_factory.mktemp("reports")
     config = load_model_config("llama-tiny")
     art = build(config, "q4f16_1", load_target("llvm"), output=tmp / "art", log=lambda *_: None)
-    from pipeline.profiler.measure import profile
+    from mlcpipe.profiler.measure import profile
 
     prof = profile(Engine(art, "synthetic"), prompt_len=PROMPT_LEN, gen_len=GEN_LEN, runs=RUNS)
     return config, prof
@@ -178,7 +178,7 @@ def _near_pct_of_peak(row: dict, peak: float) -> bool:
 
 
 def test_peak_bandwidth_default_and_missing(prof):
-    from pipeline.targets import load_target
+    from mlcpipe.targets import load_target
 
     preset = load_target("llvm").peak_gbps
     rows = parse_table(render(prof, "md"), "Roles and bandwidth")  # profile has no peak_gbps: preset
@@ -195,8 +195,8 @@ def test_peak_bandwidth_default_and_missing(prof):
 
 
 def test_peak_bandwidth_lookup_hides_only_a_preset_that_is_gone(monkeypatch):
-    from pipeline import targets
-    from pipeline.profiler.reports import resolve_peak_gbps
+    from mlcpipe import targets
+    from mlcpipe.profiler.reports import resolve_peak_gbps
 
     assert resolve_peak_gbps({"target_name": "llvm"}, None) == targets.load_target("llvm").peak_gbps
     assert resolve_peak_gbps({"target_name": "no-such-preset"}, None) is None  # removed since the run

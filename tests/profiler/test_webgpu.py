@@ -11,14 +11,14 @@ from collections import Counter
 import numpy as np
 import pytest
 
-from pipeline.artifact import read_manifest
-from pipeline.build import build
-from pipeline.profiler.kernel_map import KernelMapError, map_kernels
-from pipeline.profiler.reports import FORMATS, render
-from pipeline.profiler.webgpu import profile
-from pipeline.runners.dawn import WebGPUEngine
-from pipeline.runtime import Engine
-from pipeline.targets import load_target
+from mlcpipe.artifact import read_manifest
+from mlcpipe.build import build
+from mlcpipe.profiler.kernel_map import KernelMapError, map_kernels
+from mlcpipe.profiler.reports import FORMATS, render
+from mlcpipe.profiler.webgpu import profile
+from mlcpipe.runners.dawn import WebGPUEngine
+from mlcpipe.runtime import Engine
+from mlcpipe.targets import load_target
 
 from tests.helpers.cli import mlcpipe
 from tests.helpers.profile_checks import check_json_round_trips, check_kernel_statistics_arithmetic, check_run_summary

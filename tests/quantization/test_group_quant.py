@@ -8,9 +8,9 @@ import pytest
 import tvm
 from tvm import te
 
-from pipeline.quantization import QUANTIZATIONS, GroupQuantize
-from pipeline.quantization.group_quant import pack_values, unpack_values
-from pipeline.quantization.relax_modules import dequantize_te, take_dequantize_te
+from mlcpipe.quantization import QUANTIZATIONS, GroupQuantize
+from mlcpipe.quantization.group_quant import pack_values, unpack_values
+from mlcpipe.quantization.relax_modules import dequantize_te, take_dequantize_te
 
 # MLC-LLM's q3f16_1: 3-bit values, 10 per uint32 word (2 bits unused), zero point 3, groups of 40
 Q3 = GroupQuantize(name="q3f16_1", model_dtype="float16", bits=3, group_size=40)

@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 import yaml
 
-from pipeline.build import build
-from pipeline.config import MODELS_DIR, load_model_config
-from pipeline.errors import RunnerError
-from pipeline.runners.dawn import WebGPUEngine
-from pipeline.targets import load_target
+from mlcpipe.build import build
+from mlcpipe.config import MODELS_DIR, load_model_config
+from mlcpipe.errors import RunnerError
+from mlcpipe.runners.dawn import WebGPUEngine
+from mlcpipe.targets import load_target
 
 CHUNK = 16
 PROMPT = [int(t) for t in np.random.default_rng(11).integers(0, 512, size=CHUNK)]  # one prefill chunk
@@ -121,7 +121,7 @@ def test_browser_gpu_refuses_a_software_adapter(artifact):
 
 def test_browser_runs_one_kernel(browser_engine):
     """The `kernel` op: one kernel of the shipped lib.wasm (rms_norm) on tensors sent as base64."""
-    from pipeline.runners.dawn import b64, unb64
+    from mlcpipe.runners.dawn import b64, unb64
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((1, 1, 256)).astype("float32")

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from pipeline.build import build
-from pipeline.cli import main
-from pipeline.quantization import QUANTIZATIONS
-from pipeline.runners import dawn
-from pipeline.errors import RunnerError
-from pipeline.runners.dawn import WebGPUEngine
-from pipeline.targets import load_target
-from pipeline.weights import convert_weights
+from mlcpipe.build import build
+from mlcpipe.cli import main
+from mlcpipe.quantization import QUANTIZATIONS
+from mlcpipe.runners import dawn
+from mlcpipe.errors import RunnerError
+from mlcpipe.runners.dawn import WebGPUEngine
+from mlcpipe.targets import load_target
+from mlcpipe.weights import convert_weights
 
 from tests.helpers.checkpoints import hf_config, random_hf_weights, write_hf_checkpoint
 from tests.helpers.reference_checks import as_model_sees_it, check_against_reference
@@ -114,8 +114,8 @@ def test_runner_errors_are_one_line(model, monkeypatch, tmp_path):
 @pytest.mark.dawn
 def test_check_webgpu_on_swiftshader(model):
     """`mlcpipe check --adapter swiftshader`: every kernel of lib.wasm in Dawn's Vulkan backend."""
-    from pipeline.device import RunOptions
-    from pipeline.conformance import check_artifact
+    from mlcpipe.device import RunOptions
+    from mlcpipe.conformance import check_artifact
 
     _, artifact, _, _ = model
     report = check_artifact(artifact, sizes=(7,), options=RunOptions(adapter="swiftshader"))

@@ -8,12 +8,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pipeline.build import build
-from pipeline.config import load_model_config
-from pipeline.conformance import check_artifact
-from pipeline.runners.dawn import WebGPUEngine
-from pipeline.runtime import Engine
-from pipeline.targets import load_target
+from mlcpipe.build import build
+from mlcpipe.config import load_model_config
+from mlcpipe.conformance import check_artifact
+from mlcpipe.runners.dawn import WebGPUEngine
+from mlcpipe.runtime import Engine
+from mlcpipe.targets import load_target
 
 pytestmark = [pytest.mark.long, pytest.mark.dawn]
 

@@ -17,12 +17,12 @@ import shutil
 import numpy as np
 import pytest
 
-from pipeline.build import build
-from pipeline.mlc_contract import MLCContractError
-from pipeline.errors import RunnerError
-from pipeline.runners.webllm import webllm_complete
-from pipeline.targets import load_target
-from pipeline.weights import convert_weights
+from mlcpipe.build import build
+from mlcpipe.mlc_contract import MLCContractError
+from mlcpipe.errors import RunnerError
+from mlcpipe.runners.webllm import webllm_complete
+from mlcpipe.targets import load_target
+from mlcpipe.weights import convert_weights
 
 from tests.helpers.checkpoints import hf_config, random_hf_weights, write_hf_checkpoint, write_word_tokenizer
 from tests.helpers.reference_checks import as_model_sees_it
@@ -101,7 +101,7 @@ def test_webllm_refuses_a_non_webgpu_build(webllm_model, tmp_path):
 def test_cli_webllm_and_mlc_check(webllm_model, tmp_path):
     from click.testing import CliRunner
 
-    from pipeline.cli import main
+    from mlcpipe.cli import main
 
     config, artifact, model_dir, weights = webllm_model
     runner = CliRunner()
@@ -131,7 +131,7 @@ def test_webllm_runs_model_families(family, seed, tmp_path):
     import torch
     import yaml
 
-    from pipeline.config import load_model_config
+    from mlcpipe.config import load_model_config
     from tests.helpers.checkpoints import transformers_checkpoint
     from tests.helpers.cli import mlcpipe
 
@@ -147,7 +147,7 @@ def test_webllm_runs_model_families(family, seed, tmp_path):
                  ("build", "--model", str(tmp_path / "model.yaml"), "--quant", QUANT, "--target", "webgpu", "--output", str(tmp_path / "art"))):
         done = mlcpipe(*args)
         assert done.returncode == 0, done.stderr
-    from pipeline.quantization import QUANTIZATIONS
+    from mlcpipe.quantization import QUANTIZATIONS
 
     scheme = QUANTIZATIONS[QUANT]
     with torch.no_grad():

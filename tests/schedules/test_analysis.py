@@ -13,17 +13,17 @@ import pytest
 import tvm
 from tvm import te, tirx
 
-from pipeline.kernel_info import random_args
-from pipeline.quantization import QUANTIZATIONS, GroupQuantize
-from pipeline.quantization.relax_modules import dequantize_te
-from pipeline.targets import load_target
-from pipeline.tuning.knobs import unscheduled_kernels
-from schedules import RULES
-from schedules.analysis import match_nt_matmul, registered_patterns
-from schedules.gpu.gemv_dequant import GEMVDequant
-from schedules.llvm.gemm_dequant import PrefillGEMM
-from schedules.llvm.gemv_q4 import DecodeGEMVQ4
-from schedules.llvm.matmul_nt import MatmulNT
+from mlcpipe.kernel_info import random_args
+from mlcpipe.quantization import QUANTIZATIONS, GroupQuantize
+from mlcpipe.quantization.relax_modules import dequantize_te
+from mlcpipe.targets import load_target
+from mlcpipe.tuning.knobs import unscheduled_kernels
+from mlcpipe.schedules import RULES
+from mlcpipe.schedules.analysis import match_nt_matmul, registered_patterns
+from mlcpipe.schedules.gpu.gemv_dequant import GEMVDequant
+from mlcpipe.schedules.llvm.gemm_dequant import PrefillGEMM
+from mlcpipe.schedules.llvm.gemv_q4 import DecodeGEMVQ4
+from mlcpipe.schedules.llvm.matmul_nt import MatmulNT
 
 TARGET = load_target("llvm").tvm_target()
 Q3 = GroupQuantize(name="q3f16_1", model_dtype="float16", bits=3, group_size=40)  # MLC-LLM's q3f16_1

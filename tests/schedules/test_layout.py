@@ -27,13 +27,13 @@ def _imported_modules(path: Path) -> set[str]:
             if node.level:
                 base = package.split(".")[: len(package.split(".")) - node.level + 1]
                 module = ".".join(base + ([node.module] if node.module else []))
-            else:
-                module = node.module or ""
+            else:  # absolute: its import name (mlcpipe.schedules.x) as the folder's (schedules.x)
+                module = (node.module or "").replace("mlcpipe.schedules", "schedules", 1)
             names = [f"{module}.{alias.name}" for alias in node.names]
             # `from . import x` / `from .. import x` import modules x
             found |= {n for n in names if (REPO / Path(*n.split("."))).with_suffix(".py").is_file()} or {module}
         elif isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names}
+            found |= {alias.name.replace("mlcpipe.schedules", "schedules", 1) for alias in node.names}
     return {m for m in found if m == "schedules" or m.startswith("schedules.")}
 
 
@@ -56,13 +56,13 @@ def test_shared_modules_import_no_rule():
 
 
 def test_our_rules_derive_from_the_base_rule_classes():
-    from schedules import RULES
-    from schedules.base import CPUScheduleRule, GPUScheduleRule
+    from mlcpipe.schedules import RULES
+    from mlcpipe.schedules.base import CPUScheduleRule, GPUScheduleRule
 
-    ours = [r for rules in RULES.values() for r in rules if type(r).__module__.startswith("schedules.")]
+    ours = [r for rules in RULES.values() for r in rules if type(r).__module__.startswith("mlcpipe.schedules.")]
     assert {type(r).__name__ for r in ours} >= {"GEMVDequant", "SamplerGPU", "MatmulNT", "RowNorm", "DecodeGEMVQ4"}
     for rule in ours:
-        family = type(rule).__module__.split(".")[1]
+        family = type(rule).__module__.split(".")[2]
         assert isinstance(rule, {"llvm": CPUScheduleRule, "gpu": GPUScheduleRule}[family]), type(rule).__name__
 
 
@@ -96,9 +96,9 @@ def _run(code: str, tmp_path: Path) -> None:
 
 def test_importing_the_rules_installs_no_lowering(tmp_path):
     _run('''
-import schedules, schedules.llvm, schedules.llvm.fast_exp, schedules.gpu, pipeline.build, pipeline.tuning.knobs
+import mlcpipe.schedules, mlcpipe.schedules.llvm, mlcpipe.schedules.llvm.fast_exp, mlcpipe.schedules.gpu, mlcpipe.build, mlcpipe.tuning.knobs
 assert libm_exp(), "importing the schedules installed the fast exp"
-from schedules.llvm import fast_exp
+from mlcpipe.schedules.llvm import fast_exp
 fast_exp.install()
 fast_exp.install()  # idempotent
 assert not libm_exp()
@@ -107,9 +107,9 @@ assert not libm_exp()
 
 def test_the_build_installs_the_fast_exp(tmp_path):
     _run(f'''
-from pipeline.build import build
-from pipeline.config import load_model_config
-from pipeline.targets import load_target
+from mlcpipe.build import build
+from mlcpipe.config import load_model_config
+from mlcpipe.targets import load_target
 
 assert libm_exp()
 build(load_model_config("llama-tiny"), "q0f32", load_target("llvm"), output={str(tmp_path / "art")!r}, log=lambda *_: None)

@@ -11,7 +11,7 @@ import tvm
 from tvm.script import ir as I
 from tvm.script import tirx as T
 
-from schedules import script_stack
+from mlcpipe.schedules import script_stack
 
 
 def _both_stacks():
@@ -72,11 +72,11 @@ def test_parses_equal_tvms_own(entry_modules):
 
 
 def test_env_keeps_tvms_stack_and_refuses_other_values():
-    probe = ("import sys, inspect, importlib; from schedules import script_stack; "
+    probe = ("import sys, inspect, importlib; from mlcpipe.schedules import script_stack; "
              "print(all(importlib.import_module(m).inspect is inspect for m in script_stack.ENTRY_MODULES))")
     kept = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
                           env={**os.environ, script_stack.ENV: "inspect"})
     assert kept.stdout.strip() == "True", kept.stderr[-2000:]
-    bad = subprocess.run([sys.executable, "-c", "import schedules"], capture_output=True, text=True,
+    bad = subprocess.run([sys.executable, "-c", "import mlcpipe.schedules"], capture_output=True, text=True,
                          env={**os.environ, script_stack.ENV: "fast"})
     assert bad.returncode != 0 and "MLCPIPE_SCRIPT_STACK='fast': expected 'inspect'" in bad.stderr

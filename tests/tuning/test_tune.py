@@ -11,15 +11,15 @@ import pytest
 import tvm
 from click.testing import CliRunner
 
-from pipeline.build import build
-from pipeline.cli import main
-from pipeline.quantization import QUANTIZATIONS
-from pipeline.runtime import Engine
-from pipeline.targets import load_target
-from pipeline.tuning.knobs import unscheduled_kernels
-from pipeline.tuning import TuningDB
-from pipeline.weights import convert_weights
-from schedules.signature import kernel_signature
+from mlcpipe.build import build
+from mlcpipe.cli import main
+from mlcpipe.quantization import QUANTIZATIONS
+from mlcpipe.runtime import Engine
+from mlcpipe.targets import load_target
+from mlcpipe.tuning.knobs import unscheduled_kernels
+from mlcpipe.tuning import TuningDB
+from mlcpipe.weights import convert_weights
+from mlcpipe.schedules.signature import kernel_signature
 
 from tests.helpers.checkpoints import hf_config, random_hf_weights, write_hf_checkpoint
 from tests.helpers.reference_checks import PROMPT, as_model_sees_it, check_against_reference
@@ -39,7 +39,7 @@ def test_tune_writes_winners_that_build_applies(tiny_config, tmp_path):
     assert json.loads(target_key)["kind"] == "llvm"
     # 5 decode GEMVs and 5 prefill GEMMs (qkv, o_proj, gate_up, down, and batch_verify's lm_head
     # over every draft token); every rule that takes a kernel competes with 3 candidates
-    from schedules import RULES
+    from mlcpipe.schedules import RULES
 
     tvm_target = load_target("llvm").tvm_target()
     kernels = {n: f for n, f in unscheduled_kernels(tiny_config, "q4f16_1", tvm_target).items() if "NT_matmul" in n}
@@ -115,9 +115,9 @@ def test_candidates_are_compared_at_the_quantization_entrys_tolerance(monkeypatc
     `mlcpipe check`: not a guess from the quantization's name."""
     import numpy as np
 
-    from pipeline import conformance
-    from pipeline.quantization import TOLERANCE, GroupQuantize, NoQuantize
-    from pipeline.tuning.knobs import output_mismatch
+    from mlcpipe import conformance
+    from mlcpipe.quantization import TOLERANCE, GroupQuantize, NoQuantize
+    from mlcpipe.tuning.knobs import output_mismatch
 
     assert conformance.TOLERANCE is TOLERANCE
     assert {q: e.tolerance for q, e in QUANTIZATIONS.items()} == {"q0f16": 2e-2, "q0f32": 1e-4, "q4f16_1": 2e-2, "q4f32_1": 1e-4}
@@ -130,7 +130,7 @@ def test_candidates_are_compared_at_the_quantization_entrys_tolerance(monkeypatc
 
 
 def test_signature_is_stable_and_shape_sensitive(tiny_config):
-    from pipeline.config import load_model_config
+    from mlcpipe.config import load_model_config
 
     target = load_target("llvm").tvm_target()
     tiny = {n: kernel_signature(f) for n, f in unscheduled_kernels(tiny_config, "q4f16_1", target).items()}
@@ -152,7 +152,7 @@ def test_metaschedule_search_is_checked_timed_and_its_trace_replayed_by_build(ti
     checked against ours and timed. Its trace, stored in a database, is applied by `mlcpipe build`
     (the whole model still matches the NumPy Llama); the same trace filed under another kernel's
     signature does not fit that kernel, which keeps the rules' schedule."""
-    from pipeline.tuning.metaschedule import tune_metaschedule
+    from mlcpipe.tuning.metaschedule import tune_metaschedule
 
     quant = "q4f16_1"
     target = load_target("llvm")
@@ -186,7 +186,7 @@ def test_trace_replay_falls_back_only_when_the_trace_does_not_fit():
     from tvm import te
     from tvm.s_tir import Schedule
 
-    from schedules.trace_replay import replay, trace_to_json
+    from mlcpipe.schedules.trace_replay import replay, trace_to_json
 
     def double(block: str, shape: tuple[int, ...]):
         a = te.placeholder(shape, "float32", name="A")
@@ -223,8 +223,8 @@ def test_llvm_timings_rotate_inputs_beyond_the_last_level_cache():
     wins with weights from memory on Zen 4): the tuner rotates through 2 x LLC of input copies."""
     import numpy as np
 
-    from pipeline.device import device
-    from pipeline.tuning.knobs import time_kernel_ms, timing_copies
+    from mlcpipe.device import device
+    from mlcpipe.tuning.knobs import time_kernel_ms, timing_copies
 
     sizes = []
     for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
@@ -252,7 +252,7 @@ def test_candidates_are_timed_in_interleaved_rounds(monkeypatch):
     """A machine whose speed drifts (twice as fast for the first 4 timings): timed one candidate
     after another (5 each), the first would get the fast phase and win; in rounds, the really
     faster one wins, and each candidate's figure is the median of its rounds."""
-    import pipeline.tuning.knobs as tune_mod
+    import mlcpipe.tuning.knobs as tune_mod
 
     cost = {"a": 1.0, "b": 0.8}
     calls: list[str] = []

@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 import tvm
 
-from pipeline.build import export_model
-from pipeline.config import parse_model_config
-from pipeline.passes import run_pipeline
-from pipeline.runners import webgpu as runner
-from pipeline.targets import load_target
-from schedules import schedule_pass
+from mlcpipe.build import export_model
+from mlcpipe.config import parse_model_config
+from mlcpipe.passes import run_pipeline
+from mlcpipe.runners import webgpu as runner
+from mlcpipe.targets import load_target
+from mlcpipe.schedules import schedule_pass
 
 
 HEAD_DIM = 64
@@ -142,7 +142,7 @@ def test_prefill_chunk_after_context(case):
 def test_cuda_and_metal_kernels_have_the_barrier():
     """Codegen only (no GPU): the replacement applies to the CUDA and Metal builds too, with the
     barrier between the read of S and its store."""
-    from schedules import REPLACEMENTS
+    from mlcpipe.schedules import REPLACEMENTS
     from tvm.relax.frontend.nn.llm import kv_cache
 
     for kind, target, barrier in (

@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 import tvm
 
-from pipeline.kernel_info import random_args
-from pipeline.quantization import TOLERANCE
-from pipeline.runners import webgpu as runner
-from pipeline.targets import load_target
-from schedules.gpu import CUDA_RULES, METAL_RULES, WEBGPU_RULES
-from schedules.gpu.gemv_dequant import GEMVDequant, unpack_by_bits
+from mlcpipe.kernel_info import random_args
+from mlcpipe.quantization import TOLERANCE
+from mlcpipe.runners import webgpu as runner
+from mlcpipe.targets import load_target
+from mlcpipe.schedules.gpu import CUDA_RULES, METAL_RULES, WEBGPU_RULES
+from mlcpipe.schedules.gpu.gemv_dequant import GEMVDequant, unpack_by_bits
 
 from tests.helpers import REPO
 from tests.helpers.gpu_kernels import DECODE_GEMV, copy_func, decode_gemvs, fused_kernels, is_static, run_llvm
@@ -105,8 +105,8 @@ _COMPILE = r"""
 import dataclasses, json, sys
 import tvm
 from tests.helpers.gpu_kernels import decode_gemvs, fused_kernels
-from pipeline.targets import load_target
-from schedules.gpu.gemv_dequant import GEMVDequant
+from mlcpipe.targets import load_target
+from mlcpipe.schedules.gpu.gemv_dequant import GEMVDequant
 
 kind, model = sys.argv[1], sys.argv[2]
 target = load_target(kind).tvm_target()
@@ -125,7 +125,7 @@ for quant in ("q4f16_1", "q4f32_1", "q0f16"):
             launches[symbol] = list(rule._fit(rule._match(func, target), target))
 out = {"launches": launches}
 if kind == "cuda":
-    from pipeline.backends.cuda import ptxas_report
+    from mlcpipe.backends.cuda import ptxas_report
     head = sources[0]
     body = [s[s.index('extern "C"'):] for s in sources[1:]]
     out["ptxas"] = ptxas_report("\n".join([head, *body]), ["sm_80", "sm_90"])
@@ -288,6 +288,6 @@ def test_rule_lists_per_target():
         assert type(rules[0]).__name__ == "SamplerGPU"  # claims only the sampler's kernels (by attribute)
         assert isinstance(rules[1], GEMVDequant) and rules[1] == GEMVDequant.for_target(kind)
         assert type(rules[2]).__name__ == "Matmul" and type(rules[-1]).__name__ == "Fallback"
-    from schedules import RULES
+    from mlcpipe.schedules import RULES
 
     assert RULES["webgpu"][1] == GEMVDequant.for_target("webgpu")

@@ -16,11 +16,11 @@ import pytest
 import tvm
 from tvm.script import tirx as T
 
-from pipeline.errors import ConfigError
-from pipeline.kernel_info import random_args
-from pipeline.runners import webgpu as runner
-from pipeline.targets import load_target
-from schedules.gpu.gemv_dequant import GEMVDequant
+from mlcpipe.errors import ConfigError
+from mlcpipe.kernel_info import random_args
+from mlcpipe.runners import webgpu as runner
+from mlcpipe.targets import load_target
+from mlcpipe.schedules.gpu.gemv_dequant import GEMVDequant
 
 from tests.helpers.gpu_kernels import copy_func, decode_gemvs, fused_kernels, run_llvm
 

@@ -9,18 +9,18 @@ import numpy as np
 import pytest
 import tvm
 
-from pipeline.config import load_model_config
-from pipeline.kernel_info import kernel_args, random_args
-from pipeline.quantization import QUANTIZATIONS
-from pipeline.runners.qemu_arm import link_aarch64, run_aarch64
-from pipeline.targets import load_target
-from pipeline.tuning.knobs import compile_kernel, unscheduled_kernels
-from schedules import schedule_func
-from schedules.analysis import match_nt_matmul as match
-from schedules.llvm.gemm_bf16 import PrefillGEMMBF16
-from schedules.llvm.gemm_dequant import PrefillGEMM
-from schedules.llvm.gemv_q4 import DecodeGEMVQ4
-from schedules.llvm.gemv_q4_vnni import DecodeGEMVQ4VNNI
+from mlcpipe.config import load_model_config
+from mlcpipe.kernel_info import kernel_args, random_args
+from mlcpipe.quantization import QUANTIZATIONS
+from mlcpipe.runners.qemu_arm import link_aarch64, run_aarch64
+from mlcpipe.targets import load_target
+from mlcpipe.tuning.knobs import compile_kernel, unscheduled_kernels
+from mlcpipe.schedules import schedule_func
+from mlcpipe.schedules.analysis import match_nt_matmul as match
+from mlcpipe.schedules.llvm.gemm_bf16 import PrefillGEMMBF16
+from mlcpipe.schedules.llvm.gemm_dequant import PrefillGEMM
+from mlcpipe.schedules.llvm.gemv_q4 import DecodeGEMVQ4
+from mlcpipe.schedules.llvm.gemv_q4_vnni import DecodeGEMVQ4VNNI
 
 from tests.helpers.cpu_reference import bf16_emulate
 

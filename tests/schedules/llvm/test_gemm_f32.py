@@ -9,13 +9,13 @@ import numpy as np
 import pytest
 import tvm
 
-from pipeline.config import load_model_config
-from pipeline.kernel_info import random_args
-from pipeline.targets import load_target
-from pipeline.tuning.knobs import unscheduled_kernels
-from schedules import schedule_func
-from schedules.analysis import match_nt_matmul as match
-from schedules.llvm.gemm_f32 import PrefillGEMMF32
+from mlcpipe.config import load_model_config
+from mlcpipe.kernel_info import random_args
+from mlcpipe.targets import load_target
+from mlcpipe.tuning.knobs import unscheduled_kernels
+from mlcpipe.schedules import schedule_func
+from mlcpipe.schedules.analysis import match_nt_matmul as match
+from mlcpipe.schedules.llvm.gemm_f32 import PrefillGEMMF32
 
 from tests.helpers.cpu_reference import activation_and_weight
 

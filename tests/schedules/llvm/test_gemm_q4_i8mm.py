@@ -12,16 +12,16 @@ import numpy as np
 import pytest
 import tvm
 
-from pipeline.config import load_model_config
-from pipeline.kernel_info import random_args
-from pipeline.runners.qemu_arm import link_aarch64, run_aarch64
-from pipeline.targets import load_target
-from pipeline.tuning.knobs import compile_kernel, unscheduled_kernels
-from schedules import schedule_func
-from schedules.analysis import match_nt_matmul as match
-from schedules.llvm.gemm_dequant import PrefillGEMM
-from schedules.llvm.gemm_q4_i8mm import PrefillGEMMQ4I8MM
-from schedules.llvm.gemm_q4_vnni import PrefillGEMMQ4VNNI
+from mlcpipe.config import load_model_config
+from mlcpipe.kernel_info import random_args
+from mlcpipe.runners.qemu_arm import link_aarch64, run_aarch64
+from mlcpipe.targets import load_target
+from mlcpipe.tuning.knobs import compile_kernel, unscheduled_kernels
+from mlcpipe.schedules import schedule_func
+from mlcpipe.schedules.analysis import match_nt_matmul as match
+from mlcpipe.schedules.llvm.gemm_dequant import PrefillGEMM
+from mlcpipe.schedules.llvm.gemm_q4_i8mm import PrefillGEMMQ4I8MM
+from mlcpipe.schedules.llvm.gemm_q4_vnni import PrefillGEMMQ4VNNI
 
 from tests.helpers.cpu_reference import q8_emulate
 

@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import tvm
 
-from pipeline.kernel_info import random_args
-from pipeline.targets import load_target
-from pipeline.tuning.knobs import unscheduled_kernels
-from schedules import schedule_func
-from schedules.analysis import match_nt_matmul as match
-from schedules.llvm.gemm_q4_vnni import PrefillGEMMQ4VNNI
+from mlcpipe.kernel_info import random_args
+from mlcpipe.targets import load_target
+from mlcpipe.tuning.knobs import unscheduled_kernels
+from mlcpipe.schedules import schedule_func
+from mlcpipe.schedules.analysis import match_nt_matmul as match
+from mlcpipe.schedules.llvm.gemm_q4_vnni import PrefillGEMMQ4VNNI
 
 from tests.helpers.cpu_reference import q8_emulate
 
@@ -60,7 +60,7 @@ def test_rule_compiles_to_vpdpbusd_and_is_chosen_without_amx(kernels):
 
 
 def _tiny():
-    from pipeline.config import load_model_config
+    from mlcpipe.config import load_model_config
 
     return load_model_config("llama-tiny")
 
@@ -95,7 +95,7 @@ def test_q4_vnni_prefill_is_its_int8_arithmetic(knobs, target, kernels):
 
 @pytest.mark.parametrize("target", [pytest.param(HOST, marks=needs_vnni, id="host-vnni"), pytest.param(AVX2, marks=needs_avx2, id="haswell")])
 def test_q4_vnni_prefill_full_size_down_proj(target):
-    from pipeline.config import load_model_config
+    from mlcpipe.config import load_model_config
 
     funcs = _prefill(unscheduled_kernels(load_model_config("llama-3.2-1b"), "q4f16_1", HOST))
     name, func = next((n, f) for n, f in funcs.items() if (match(f).n, match(f).k) == (2048, 8192))
@@ -110,7 +110,7 @@ def test_default_row_vectors_keep_a_tasks_repacked_rows_in_l2():
     the 1B's down_proj (K = 8192); a given row_vecs is kept. Read from the parallel task count."""
     import re
 
-    from pipeline.config import load_model_config
+    from mlcpipe.config import load_model_config
 
     zen4 = tvm.target.Target({"kind": "llvm", "mcpu": "znver4"})
     funcs = _prefill(unscheduled_kernels(load_model_config("llama-3.2-1b"), "q4f16_1", zen4))
@@ -131,7 +131,7 @@ def test_int8_rules_on_avx_vnni_and_aarch64_dotprod(isa):
     ISA-sized tiles; checked in the assembly."""
     import re
 
-    from schedules.llvm.gemv_q4_vnni import DecodeGEMVQ4VNNI
+    from mlcpipe.schedules.llvm.gemv_q4_vnni import DecodeGEMVQ4VNNI
 
     target, pattern = {
         "avxvnni": (tvm.target.Target({"kind": "llvm", "mcpu": "alderlake"}), r"\{vex\}\s+vpdpbusd\s+[^\n]*%ymm"),

@@ -9,15 +9,15 @@ import re
 import pytest
 import tvm
 
-from pipeline.config import load_model_config
-from pipeline.tuning.knobs import compile_kernel, unscheduled_kernels
-from schedules.analysis import match_nt_matmul as match
-from schedules.llvm.gemm_bf16 import PrefillGEMMBF16
-from schedules.llvm.gemm_f32 import PrefillGEMMF32
-from schedules.llvm.gemm_q4_vnni import PrefillGEMMQ4VNNI
-from schedules.llvm.gemv_float import DecodeGEMVFloat
-from schedules.llvm.gemv_q4_vnni import DecodeGEMVQ4VNNI
-from schedules.llvm.microkernels import LANES, PREFETCH_AHEAD, STACK_BYTES, default_prefetch, tile_rows
+from mlcpipe.config import load_model_config
+from mlcpipe.tuning.knobs import compile_kernel, unscheduled_kernels
+from mlcpipe.schedules.analysis import match_nt_matmul as match
+from mlcpipe.schedules.llvm.gemm_bf16 import PrefillGEMMBF16
+from mlcpipe.schedules.llvm.gemm_f32 import PrefillGEMMF32
+from mlcpipe.schedules.llvm.gemm_q4_vnni import PrefillGEMMQ4VNNI
+from mlcpipe.schedules.llvm.gemv_float import DecodeGEMVFloat
+from mlcpipe.schedules.llvm.gemv_q4_vnni import DecodeGEMVQ4VNNI
+from mlcpipe.schedules.llvm.microkernels import LANES, PREFETCH_AHEAD, STACK_BYTES, default_prefetch, tile_rows
 
 ZEN4 = tvm.target.Target({"kind": "llvm", "mcpu": "znver4"})
 SMALL = 4096  # bytes: accumulator-sized (a GEMM task's weight block is larger)
@@ -142,7 +142,7 @@ def test_prefetch_next_task_spans_the_next_rows():
     task's span 64 B apart (each line at least once), and clamp past the buffer's end."""
     from tvm.script import tirx as T
 
-    from schedules.llvm.microkernels import prefetch_next_task
+    from mlcpipe.schedules.llvm.microkernels import prefetch_next_task
 
     def offsets(span, steps, elem_bytes, task, n_elems):
         @T.prim_func(private=True, check_well_formed=False)

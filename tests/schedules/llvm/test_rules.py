@@ -10,15 +10,15 @@ import numpy as np
 import pytest
 import tvm
 
-from pipeline.kernel_info import random_args
-from pipeline.quantization import QUANTIZATIONS
-from pipeline.targets import load_target
-from pipeline.tuning.knobs import unscheduled_kernels
-from schedules import RULES, schedule_func
-from schedules.analysis import match_nt_matmul as match
-from schedules.llvm.gemm_dequant import PrefillGEMM
-from schedules.llvm.gemv_q4 import DecodeGEMVQ4
-from schedules.llvm.matmul_nt import MatmulNT
+from mlcpipe.kernel_info import random_args
+from mlcpipe.quantization import QUANTIZATIONS
+from mlcpipe.targets import load_target
+from mlcpipe.tuning.knobs import unscheduled_kernels
+from mlcpipe.schedules import RULES, schedule_func
+from mlcpipe.schedules.analysis import match_nt_matmul as match
+from mlcpipe.schedules.llvm.gemm_dequant import PrefillGEMM
+from mlcpipe.schedules.llvm.gemv_q4 import DecodeGEMVQ4
+from mlcpipe.schedules.llvm.matmul_nt import MatmulNT
 
 TARGET = load_target("llvm").tvm_target()
 
@@ -86,7 +86,7 @@ def test_prefill_gemm_keeps_numerics(quant, knobs, tiny_kernels):
 def test_full_size_kernels_keep_numerics():
     """Llama-3.2-1B shapes (gate_up 16384x2048 decode, down 2048x8192 prefill), built the way the
     model builds them."""
-    from pipeline.config import load_model_config
+    from mlcpipe.config import load_model_config
 
     config = load_model_config("llama-3.2-1b")
     kernels = unscheduled_kernels(config, "q4f16_1", TARGET)
@@ -107,7 +107,7 @@ def test_decode_gemv_q4_default_rows_follow_the_activation_size():
     """Unset `rows`: 1 row per task without AMX (gate_up, K = 2048: 9 KiB of activation planes per
     row), 4 interleaved rows when a row's planes outgrow half of L1 (down, K = 8192: 36 KiB), and
     2 everywhere on an AMX CPU (tuned there). Read from the parallel loop's extent."""
-    from pipeline.config import load_model_config
+    from mlcpipe.config import load_model_config
 
     zen4 = tvm.target.Target({"kind": "llvm", "mcpu": "znver4"})
     spr = tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids"})
@@ -179,7 +179,7 @@ def test_registry_order_and_knob_spaces(tiny_kernels):
 def _same_attention(theirs, ours, tokens: int) -> None:
     """Run TVM's attention kernel and ours on the same valid paged/ragged inputs; compare the
     output (arg 7, model dtype) and the log2-sum-exp (arg 8)."""
-    from pipeline.kernel_info import kernel_args
+    from mlcpipe.kernel_info import kernel_args
 
     args, label = kernel_args(theirs, tokens, seed=tokens)
     outs = []
@@ -197,7 +197,7 @@ def test_decode_attention_replacement_matches_tvms_kernel():
     head_dim 64, pages of 16), with a shuffled page table and 309 tokens of context."""
     from tvm.relax.frontend.nn.llm import kv_cache as kc
 
-    from schedules.llvm.attention import KERNEL_NAME, decode_attention, replace_attention_kernels
+    from mlcpipe.schedules.llvm.attention import KERNEL_NAME, decode_attention, replace_attention_kernels
 
     theirs = kc._attention_decode_cpu(8, 32, 64, "float16", False, {})
     ours = decode_attention(8, 32, 64, 16, "float16")
@@ -221,9 +221,9 @@ def test_prefill_paged_attention_replacement_matches_the_passes_kernel(heads, sl
     against the passes' kernel (pipeline/passes/kv_cache_fixes.py), at the 1B's and Gemma 3 1B's
     heads, causal and with a window narrower than the history (rows that see nothing included),
     attention-sink rows too; then the schedule swaps it in only where the passes made it."""
-    from pipeline.kernel_info import kernel_args
-    from pipeline.passes.kv_cache_fixes import prefill_paged_cpu, replacement
-    from schedules.llvm.attention import prefill_paged_attention, replace_attention_kernels
+    from mlcpipe.kernel_info import kernel_args
+    from mlcpipe.passes.kv_cache_fixes import prefill_paged_cpu, replacement
+    from mlcpipe.schedules.llvm.attention import prefill_paged_attention, replace_attention_kernels
 
     kv_heads, qo_heads, head_dim = heads
     for window in ((24, 300) if sliding else (1024,)):
@@ -259,7 +259,7 @@ def test_prefill_ragged_attention_replacement_matches_tvms_kernel():
     """Causal attention of a prompt chunk over itself, 1B shapes, against TVM's CPU kernel."""
     from tvm.relax.frontend.nn.llm import kv_cache as kc
 
-    from schedules.llvm.attention import RAGGED_KERNEL_NAME, prefill_ragged_attention, replace_attention_kernels
+    from mlcpipe.schedules.llvm.attention import RAGGED_KERNEL_NAME, prefill_ragged_attention, replace_attention_kernels
 
     theirs = kc._attention_prefill_ragged_cpu(8, 32, 64, 64, "float16", {})
     ours = prefill_ragged_attention(8, 32, 64, "float16")

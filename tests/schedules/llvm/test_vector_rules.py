@@ -9,17 +9,17 @@ import pytest
 import tvm
 from tvm.script import tirx as T
 
-from pipeline.kernel_info import random_args
-from pipeline.targets import load_target
-from pipeline.tuning.knobs import unscheduled_kernels
-from schedules.analysis import match_nt_matmul as match
-from schedules.llvm import fast_exp
-from schedules.llvm.elementwise import Elementwise
-from schedules.llvm.gemm_amx import PrefillGEMMAMX
-from schedules.llvm.gemv_float import DecodeGEMVFloat
-from schedules.llvm.gemv_q4_vnni import DecodeGEMVQ4VNNI
-from schedules.llvm.rope import RopeTable
-from schedules.llvm.row_norm import RowNorm
+from mlcpipe.kernel_info import random_args
+from mlcpipe.targets import load_target
+from mlcpipe.tuning.knobs import unscheduled_kernels
+from mlcpipe.schedules.analysis import match_nt_matmul as match
+from mlcpipe.schedules.llvm import fast_exp
+from mlcpipe.schedules.llvm.elementwise import Elementwise
+from mlcpipe.schedules.llvm.gemm_amx import PrefillGEMMAMX
+from mlcpipe.schedules.llvm.gemv_float import DecodeGEMVFloat
+from mlcpipe.schedules.llvm.gemv_q4_vnni import DecodeGEMVQ4VNNI
+from mlcpipe.schedules.llvm.rope import RopeTable
+from mlcpipe.schedules.llvm.row_norm import RowNorm
 
 TARGET = load_target("llvm").tvm_target()
 NO_VNNI = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512"})
@@ -114,7 +114,7 @@ def test_vnni_gemv_is_exact_int8_activation_arithmetic(knobs, target, kernels):
 @pytest.mark.parametrize("target", INT8_TARGETS)
 def test_vnni_gemv_full_size_shapes(target):
     """Llama-3.2-1B gate_up (16384x2048, cast epilogue) and down (2048x8192, cast + residual add)."""
-    from pipeline.config import load_model_config
+    from mlcpipe.config import load_model_config
 
     taken = 0
     for name, func in _decode(unscheduled_kernels(load_model_config("llama-3.2-1b"), "q4f16_1", TARGET)).items():
@@ -133,8 +133,8 @@ def test_gemv_defaults_follow_the_cpu_and_the_activation_size():
     """Unset `rows`: 2 interleaved rows on an AMX CPU (tuned there), 1 sequential stream elsewhere.
     Prefetched weights go to L1 while the activation a row re-reads fits beside them (gate_up,
     K = 2048), to L2 when it does not (down, K = 8192): checked in each build's assembly."""
-    from pipeline.config import load_model_config
-    from schedules.llvm.microkernels import gemv_default_rows
+    from mlcpipe.config import load_model_config
+    from mlcpipe.schedules.llvm.microkernels import gemv_default_rows
 
     spr = tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids"})
     zen4 = tvm.target.Target({"kind": "llvm", "mcpu": "znver4"})
@@ -227,7 +227,7 @@ def test_amx_rule_few_token_branch_is_the_gemv_arithmetic_per_token(quant, low_b
 
 @needs_amx
 def test_amx_prefill_full_size_down_proj():
-    from pipeline.config import load_model_config
+    from mlcpipe.config import load_model_config
 
     funcs = _prefill(unscheduled_kernels(load_model_config("llama-3.2-1b"), "q4f16_1", TARGET))
     name, func = next((n, f) for n, f in funcs.items() if (match(f).n, match(f).k) == (2048, 8192))
@@ -239,7 +239,7 @@ def test_amx_prefill_full_size_down_proj():
 
 @needs_amx
 def schedule_func_rule(func, target) -> str:
-    from schedules import schedule_func
+    from mlcpipe.schedules import schedule_func
 
     return schedule_func(func, target)[1]["rule"]
 
@@ -256,7 +256,7 @@ def test_vector_rules_decline_what_they_do_not_handle(kernels):
     assert schedule_func_rule(q4_decode, AVX2) == "DecodeGEMVQ4VNNI" and schedule_func_rule(q4_prefill, AVX2) == "PrefillGEMMQ4VNNI"
     assert DecodeGEMVQ4VNNI().apply(q4_decode, NO_VNNI, False) is None
     assert PrefillGEMMAMX().apply(q4_prefill, NO_AMX, False) is None
-    from schedules import schedule_func
+    from mlcpipe.schedules import schedule_func
 
     assert schedule_func(q4_decode, NO_VNNI)[1]["rule"] == "DecodeGEMVQ4F32"  # f32 arithmetic
     assert schedule_func(q4_prefill, NO_AMX)[1]["rule"] == "PrefillGEMMQ4VNNI"  # VNNI int8 GEMM
@@ -345,7 +345,7 @@ def test_rope_table_rule_is_bit_exact(scaling, rotary_dim):
 
 def test_rope_rules_on_the_model_kernel(kernels):
     func = kernels["q4f16_1"]["fused_rope"]
-    from schedules import schedule_func
+    from mlcpipe.schedules import schedule_func
 
     assert schedule_func(func, TARGET)[1]["rule"] == "RopeTable"
     tokens = 37
