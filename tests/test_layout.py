@@ -391,6 +391,37 @@ def test_code_imports_mlcpipe_not_the_folder_names():
     assert not bad, bad
 
 
+MAX_FUNCTION_LINES = 80
+
+
+def _is_prim_func(decorator: ast.expr) -> bool:
+    target = decorator.func if isinstance(decorator, ast.Call) else decorator
+    return isinstance(target, ast.Attribute) and target.attr == "prim_func"
+
+
+def _long_functions(source: str, where: str) -> list[str]:
+    """Functions over MAX_FUNCTION_LINES lines, but for those that write a TVMScript kernel (a
+    @T.prim_func, or a function defining one: a kernel reads best whole)."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        lines = node.end_lineno - node.lineno + 1
+        kernel = any(_is_prim_func(d) for inner in ast.walk(node) if isinstance(inner, ast.FunctionDef) for d in inner.decorator_list)
+        if lines > MAX_FUNCTION_LINES and not kernel:
+            found.append(f"{where}:{node.lineno} {node.name} ({lines} lines)")
+    return found
+
+
+def test_no_function_over_80_lines_outside_kernels():
+    long_one = "def f():\n" + "    x = 1\n" * MAX_FUNCTION_LINES
+    kernel = "def k():\n    @T.prim_func\n    def main():\n" + "        x = 1\n" * MAX_FUNCTION_LINES
+    assert _long_functions(long_one, "a.py") == [f"a.py:1 f ({MAX_FUNCTION_LINES + 1} lines)"] and _long_functions(kernel, "b.py") == []
+    found = [f for folder in GRAPH_PACKAGES for path in sorted((ROOT / folder).rglob("*.py"))
+             for f in _long_functions(path.read_text(), str(path.relative_to(ROOT)))]
+    assert not found, found
+
+
 def test_every_backend_has_the_whole_interface():
     """What a target kind decides lives in its backend (compile half: backends.INTERFACE) and its
     device module (run half: device.INTERFACE), as docs/backends.md lists them; neither half

@@ -25,6 +25,20 @@ from tvm.script import tirx as T
 KERNELS = ("batch_prefill_paged_kv_cpu", "batch_prefill_paged_kv_cpu_sliding_window")
 
 
+def length_info_buffer(handle, batch, sliding_window: bool):
+    """The paged prefill kernels' length_info: (batch,) last page lengths; with the sliding window
+    (3, batch): last page length, window offset, sink length."""
+    return T.match_buffer(handle, (3, batch) if sliding_window else (batch,), "int32", offset_factor=1)
+
+
+def length_info_at(buf, row: int, b, sliding_window: bool):
+    """Row `row` (0 last page length, 1 window offset, 2 sink length) of sequence b's length_info
+    (0 for rows 1 and 2 without the sliding window)."""
+    if not sliding_window:
+        return buf[b] if row == 0 else tirx.const(0, "int32")
+    return buf[row, b]
+
+
 def prefill_paged_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int, sliding_window: bool,
                       sliding_window_size: int) -> tirx.PrimFunc:
     """Attention of a prefill chunk's queries over their sequences' paged K/V (the history)."""
@@ -32,15 +46,11 @@ def prefill_paged_cpu(h_kv: int, h_q: int, d: int, dtype: str, page_size: int, s
     window = sliding_window_size if sliding_window else 0
     log2e = math.log2(math.e)
 
-    # length_info: (batch,) last page lengths; with the sliding window (3, batch): last page
-    # length, window offset, sink length
     def declare_info(handle, batch):
-        return T.match_buffer(handle, (3, batch) if sliding_window else (batch,), "int32", offset_factor=1)
+        return length_info_buffer(handle, batch, sliding_window)
 
     def info(buf, row, b):
-        if not sliding_window:
-            return buf[b] if row == 0 else tirx.const(0, "int32")
-        return buf[row, b]
+        return length_info_at(buf, row, b, sliding_window)
 
     # fmt: off
     @T.prim_func

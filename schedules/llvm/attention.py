@@ -18,6 +18,8 @@ import tvm
 from tvm import tirx
 from tvm.script import tirx as T
 
+from mlcpipe.passes.kv_cache_fixes import length_info_at, length_info_buffer
+
 from .microkernels import lane_sum
 
 LOG2E = 1.4426950408889634
@@ -251,12 +253,10 @@ def prefill_paged_attention(num_kv_heads: int, num_qo_heads: int, head_dim: int,
     win = window if sliding_window else 0
 
     def declare_info(handle, batch):
-        return T.match_buffer(handle, (3, batch) if sliding_window else (batch,), "int32", offset_factor=1)
+        return length_info_buffer(handle, batch, sliding_window)
 
     def info(buf, row, b):  # last page length, window offset, sink length (the latter two: sliding only)
-        if not sliding_window:
-            return buf[b] if row == 0 else tirx.const(0, "int32")
-        return buf[row, b]
+        return length_info_at(buf, row, b, sliding_window)
 
     # fmt: off
     @T.prim_func
