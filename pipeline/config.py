@@ -27,7 +27,7 @@ IN_CHECKOUT = not (Path(__file__).resolve().parent / "configs").is_dir() and (RE
 
 def _config_dir() -> Path:
     """$MLCPIPE_CONFIGS, else the checkout's configs/, else the copy an installed wheel ships
-    inside the package (pipeline/configs, setup.py)."""
+    inside the package (site-packages/mlcpipe/configs, setup.py)."""
     if os.environ.get("MLCPIPE_CONFIGS"):
         return Path(os.environ["MLCPIPE_CONFIGS"])
     return REPO_ROOT / "configs" if IN_CHECKOUT else Path(__file__).resolve().parent / "configs"
