@@ -18,15 +18,14 @@ import tvm
 from tvm import tirx
 from tvm.script import tirx as T
 
-from mlcpipe.passes.kv_cache_fixes import length_info_at, length_info_buffer
+from mlcpipe.passes.kv_cache_fixes import KERNELS as PAGED_PREFILL_NAMES
+from mlcpipe.passes.kv_cache_fixes import WINDOW_ATTR, length_info_at, length_info_buffer
 
 from .microkernels import lane_sum
 
 LOG2E = 1.4426950408889634
 KERNEL_NAME = "batch_decode_paged_kv_cpu"
 RAGGED_KERNEL_NAME = "batch_prefill_ragged_kv"
-PAGED_PREFILL_NAMES = ("batch_prefill_paged_kv_cpu", "batch_prefill_paged_kv_cpu_sliding_window")
-WINDOW_ATTR = "mlcpipe.sliding_window"  # the window the passes' paged prefill kernel was made with
 BLOCK = 16  # K/V rows per softmax block
 
 
@@ -128,11 +127,16 @@ def _find_sequence(seq, indptr, batch_size, t) -> None:
                 T.buffer_store(seq, b, [0])
 
 
-def paged_rows(pages, page_table_values, begin, page_size: int, h):
-    """(key, value) loads of a sequence's rows in the paged KV cache."""
+def history_rows(pages, page_values, begin, page_size: int, h, lo, sink, offset):
+    """(key, value) loads of rows lo.. of a sequence's history in the paged KV cache: positions past
+    the `sink` attention-sink rows sit `offset` further on (a sliding window's evicted pages)."""
 
     def at(kind):
-        return lambda row, x: pages[page_table_values[begin + row // page_size], kind, h, row % page_size, x]
+        def load(row, x):
+            pos = lo + row
+            seq_pos = pos + T.Select(pos >= sink, offset - sink, 0)  # a select, not a branch: the loads stay vectorised
+            return pages[page_values[begin + seq_pos // page_size], kind, h, seq_pos % page_size, x]
+        return load
 
     return at(0), at(1)
 
@@ -177,7 +181,7 @@ def decode_attention(num_kv_heads: int, num_qo_heads: int, head_dim: int, page_s
             end = page_table_indptr[b + 1]
             kv_len = T.if_then_else(begin != end, (end - begin - 1) * page_size + length_info[b], 0)
             _start(q, o, m, d, Q, b, h * group, sm_scale, chunks, lanes)
-            _attend(q, o, part, score, top, m, d, kv_len, paged_rows(pages, page_table_values, begin, page_size, h), group, chunks, lanes, True)
+            _attend(q, o, part, score, top, m, d, kv_len, history_rows(pages, page_table_values, begin, page_size, h, 0, 0, 0), group, chunks, lanes, True)
             _finish(o, m, d, output, lse, b, h * group, chunks, lanes)
     # fmt: on
     return batch_decode_paged_kv_cpu
@@ -227,20 +231,6 @@ def prefill_ragged_attention(num_kv_heads: int, num_qo_heads: int, head_dim: int
     return batch_prefill_ragged_kv
 
 
-def history_rows(pages, page_values, begin, page_size: int, h, lo, sink, offset):
-    """(key, value) loads of rows lo.. of a sequence's history in the paged KV cache: positions past
-    the `sink` attention-sink rows sit `offset` further on (a sliding window's evicted pages)."""
-
-    def at(kind):
-        def load(row, x):
-            pos = lo + row
-            seq_pos = pos + T.Select(pos >= sink, offset - sink, 0)  # a select, not a branch: the loads stay vectorised
-            return pages[page_values[begin + seq_pos // page_size], kind, h, seq_pos % page_size, x]
-        return load
-
-    return at(0), at(1)
-
-
 def prefill_paged_attention(num_kv_heads: int, num_qo_heads: int, head_dim: int, page_size: int, dtype: str,
                             sliding_window: bool, window: int, lanes: int = 16) -> tirx.PrimFunc:
     """A prefill chunk's queries over their sequences' paged history. Query row r of a chunk of n
@@ -251,9 +241,6 @@ def prefill_paged_attention(num_kv_heads: int, num_qo_heads: int, head_dim: int,
     chunks = head_dim // lanes
     assert head_dim % lanes == 0 and num_qo_heads % num_kv_heads == 0
     win = window if sliding_window else 0
-
-    def declare_info(handle, batch):
-        return length_info_buffer(handle, batch, sliding_window)
 
     def info(buf, row, b):  # last page length, window offset, sink length (the latter two: sliding only)
         return length_info_at(buf, row, b, sliding_window)
@@ -276,7 +263,7 @@ def prefill_paged_attention(num_kv_heads: int, num_qo_heads: int, head_dim: int,
         pages = T.match_buffer(var_pages, (max_num_pages, 2, num_kv_heads, page_size, head_dim), dtype)
         page_indptr = T.match_buffer(var_page_indptr, (batch_size + 1,), "int32", offset_factor=1)
         page_values = T.match_buffer(var_page_values, (nnz_pages,), "int32", offset_factor=1)
-        length_info = declare_info(var_length_info, batch_size)
+        length_info = length_info_buffer(var_length_info, batch_size, sliding_window)
         k_rope_pos_offset = T.match_buffer(var_k_rope_pos_offset, (batch_size,), "int32", offset_factor=1)  # noqa: F841 - declares the symbolic dim for TVMScript
         q_rope_position = T.match_buffer(var_q_rope_position, (total_len,), "int32", offset_factor=1)  # noqa: F841 - declares the symbolic dim for TVMScript
         output = T.match_buffer(var_output, (total_len, num_qo_heads, head_dim), dtype)
