@@ -40,9 +40,17 @@ def mlcpipe(*args, env: dict | None = None, **kwargs) -> subprocess.CompletedPro
 
 
 def start(*args, **kwargs) -> subprocess.Popen:
+    """mlcpipe in its own process group, with SIGINT as a terminal's foreground job has it (default,
+    unblocked), whatever the suite inherited: a suite started as a shell's background job (`cmd &`)
+    has SIGINT ignored, and its nightly then ignored the test's Ctrl-C."""
     return subprocess.Popen([sys.executable, "-m", "mlcpipe.cli", *map(str, args)], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env={**os.environ},
-                            start_new_session=True, **kwargs)
+                            start_new_session=True, preexec_fn=sigint_as_in_a_terminal, **kwargs)
+
+
+def sigint_as_in_a_terminal() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def one_line_error(proc: subprocess.CompletedProcess, *fragments: str) -> str:
