@@ -190,6 +190,61 @@ def gemv_bandwidth(artifact: Path, device, peak_gbps: float | None) -> list[dict
     return rows
 
 
+def time_candidates(library, kernel: dict, device, tolerance: float, rounds: int = 3, seed: int = 0) -> dict:
+    """One kernel of a remote-tuning index (pipeline/tuning/remote.py) on this GPU: every candidate
+    run once on the seeded inputs and its output held against the first candidate's (the rule's
+    defaults, what `mlcpipe build` applies untuned) within `tolerance` of the output's scale, then
+    the matching ones timed as gemv_bandwidth times a GEMV, in `rounds` interleaved rounds (the
+    median per candidate). Returns {"candidates": [{"function", "us", "error"}], "method"}."""
+    from mlcpipe.device import tvm_runtime as rt
+    from mlcpipe.kernel_inputs import random_args
+
+    try:
+        import torch
+
+        l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    except (ImportError, RuntimeError, AssertionError):
+        torch, l2 = None, 0
+    args = random_args(kernel["args"], {}, seed)
+    nbytes = sum(a.nbytes for a in args)
+    copies = max(2, min(GEMV_LAUNCHES, math.ceil(L2_FACTOR * l2 / nbytes))) if torch is not None else 1
+    sets = [[rt.tensor(a, device) for a in args] for _ in range(copies)]
+    results, want = [], None
+    for cand in kernel["candidates"]:
+        entry = {"function": cand["function"], "us": None, "error": None}
+        results.append(entry)
+        try:
+            func = library.get_function(cand["function"], query_imports=True)
+            func(*sets[0])
+            rt.sync(device)
+            got = rt.to_numpy(sets[0][-1]).astype(np.float32)
+        except Exception as exc:  # noqa: BLE001 - a failing candidate is reported, never chosen
+            entry["error"] = " ".join(str(exc).split())[:200] or type(exc).__name__
+            continue
+        if want is None:
+            want = got
+        scale = float(np.abs(want).max()) or 1.0
+        if not np.allclose(got, want, rtol=tolerance, atol=tolerance * scale):
+            entry["error"] = f"output differs from the defaults' (max abs err {float(np.abs(got - want).max()):.3g})"
+            continue
+        entry["func"] = func
+    runnable = [e for e in results if "func" in e]
+    samples: dict[str, list[float]] = {e["function"]: [] for e in runnable}
+    for _ in range(rounds):
+        for e in runnable:
+            if torch is not None:
+                samples[e["function"]].append(_graph_us(torch, e["func"], sets))
+            else:
+                evaluate = rt.time_evaluator(library, e["function"], device, number=100, repeat=3)
+                samples[e["function"]].append(statistics.median(evaluate(*sets[0])) * 1e6)
+    for e in runnable:
+        e["us"] = round(statistics.median(samples[e["function"]]), 3)
+        del e["func"]
+    method = (f"CUDA graph of {GEMV_LAUNCHES} launches, {copies} rotated input copies" if torch is not None
+              else "time evaluator, one input set (L2-warm)") + f"; median of {rounds} interleaved rounds"
+    return {"candidates": results, "method": method, "bytes": nbytes}
+
+
 def _graph_us(torch, func, sets: list[list]) -> float:
     import tvm_ffi
 

@@ -291,6 +291,7 @@ def compile_context(target_spec):
     archs = _archs_of(target_spec)
     previous = tvm_ffi.get_global_func(CALLBACK, allow_missing=True)
     tvm_ffi.register_global_func(CALLBACK, make_callback(archs), override=True)
+    install_lowerings()
     try:
         yield
     finally:
@@ -301,7 +302,12 @@ def compile_context(target_spec):
 
 
 def install_lowerings() -> None:
-    """No intrinsic lowerings of our own for this target (llvm has some)."""
+    """The device functions our schedules call, added to every CUDA source TVM generates in this
+    process (schedules/gpu/gemv_dequant.py: `install_cuda_postproc`); no intrinsic lowerings of
+    our own, as llvm has."""
+    from mlcpipe.schedules.gpu.gemv_dequant import install_cuda_postproc
+
+    install_cuda_postproc()
 
 
 def _archs_of(target_spec) -> list[str]:

@@ -28,8 +28,13 @@ from .common import Command, log
               help="Prefill chunk of the recorded run and of the run on the device.")
 @click.option("--steps", default=6, show_default=True, type=click.IntRange(min=1, max=64), help="Recorded steps (prefill + decodes).")
 @click.option("--max-mib", default=60.0, show_default=True, type=click.FloatRange(min=1), help="Refuse a bundle larger than this.")
+@click.option("--tune", multiple=True, metavar="MODEL:QUANT[,QUANT...]",
+              help="Compile the knob candidates of these decode GEMVs (static-shape kernels) for the job's tune "
+                   "step to time on the GPU; repeatable (default: llama-3.2-1b:q4f16_1,q4f32_1,q0f16 when --set "
+                   "is not given).")
+@click.option("--tune-budget", default=32, show_default=True, type=click.IntRange(min=1), help="Knob candidates per kernel.")
 @click.option("--out", type=click.Path(path_type=Path), default=None, help="Bundle folder (default artifacts/bundle).")
-def bundle(sets, graph, cpu_models, bench_models, python, ffi_wheel, prompt_len, prefill_chunk, steps, max_mib, out):  # noqa: PLR0913
+def bundle(sets, graph, cpu_models, bench_models, python, ffi_wheel, prompt_len, prefill_chunk, steps, max_mib, tune, tune_budget, out):  # noqa: PLR0913
     """Pack cuda artifacts, their references and the llvm expectations with TVM's runtime alone and
     the run-side code: one folder whose run.sh does all the GPU work on a machine without apache-tvm."""
     from ..interface import bundle as work
@@ -37,5 +42,6 @@ def bundle(sets, graph, cpu_models, bench_models, python, ffi_wheel, prompt_len,
     path, size = work.bundle(out, sets=sets or work.DEFAULT_SETS, graph=graph or (() if sets else work.DEFAULT_GRAPH),
                              cpu_models=cpu_models or work.DEFAULT_CPU, bench_models=bench_models or work.DEFAULT_BENCH,
                              python=python, ffi_wheel=ffi_wheel, prompt_len=prompt_len, prefill_chunk=prefill_chunk,
-                             steps=steps, max_mib=max_mib, log=log)
+                             steps=steps, max_mib=max_mib, tune=tune or (() if sets else work.DEFAULT_TUNE), tune_budget=tune_budget,
+                             log=log)
     click.echo(f"{path} ({size / 2**20:.1f} MiB)")

@@ -8,6 +8,8 @@ mlcpipe's CUDA artifacts with one command, packed into one folder:
     site/                   the run-side code (pipeline/, benchmarks/, configs/), tvm_ffi built for the
                             device's Python, and the pure-Python packages it needs
     tvm_runtime/            libtvm_runtime.so, libtvm_runtime_cuda.so, libcudart (no compiler)
+    tune/<model>-<quant>/   (--tune) knob candidates of the static-shape kernels, compiled here and
+                            timed by the job's tune step (pipeline/tuning/remote.py)
 
 Artifacts come from the build cache (`ensure_artifact`: rebuilt only when code or config change).
 The folder is written beside its final place and renamed over it; at most `max_mib`.
@@ -38,6 +40,8 @@ DEFAULT_SETS = ("llama-3.2-1b:q4f16_1,q4f32_1,q0f16", "llama-tiny:q4f16_1")
 DEFAULT_GRAPH = ("llama-3.2-1b:q4f16_1",)  # also built with cuda_graph, for decode with and without
 DEFAULT_CPU = ("llama-tiny",)  # also shipped as a portable llvm build (runs on any x86-64-v3 CPU)
 DEFAULT_BENCH = ("llama-3.2-1b",)  # benchmarked against PyTorch on the GPU
+DEFAULT_TUNE = ("llama-3.2-1b:q4f16_1,q4f32_1,q0f16",)  # decode GEMV knob candidates timed on the GPU
+TUNE_BUDGET = 32  # candidates per kernel (the defaults first)
 CUDA_ARCH = "sm_90"  # H100
 PORTABLE_MCPU = "haswell"  # AVX2 + FMA + F16C: the llvm builds a bundle ships run on any recent x86-64
 DEVICE_PYTHON = "3.12"  # /opt/torch/.venv/bin/python3 of the lent GPU machines
@@ -168,7 +172,7 @@ def _find_cudart(name: str, linking: Path) -> Path | None:
 
 RUN_SH = """#!/usr/bin/env bash
 # mlcpipe bundle {created}: the GPU work in one command, on a machine without apache-tvm.
-#   bash run.sh [--steps run,check,profile,bench] [--kinds cuda,llvm] [--budget-s 450]
+#   bash run.sh [--steps run,check,profile,bench,tune] [--kinds cuda,llvm] [--budget-s 450]
 # Results go to $OUT (else ./bundle-out); the job: pipeline/interface/job.py.
 set -uo pipefail
 here="$(cd "$(dirname "${{BASH_SOURCE[0]}}")" && pwd)"
@@ -226,6 +230,21 @@ def _expected(model: str, quant: str, prompt_len: int, prefill_chunk: int, steps
     return record
 
 
+def _tune_candidates(model: str, quant: str, kind: str, overrides: dict, root: Path, budget: int, log) -> dict:
+    """The knob candidates of `model` `quant`'s static-shape kernels for the `kind` preset with
+    `overrides`, compiled into root/tune/<model>-<quant> (pipeline/tuning/remote.py); the bundle
+    index's entry."""
+    from ..targets import load_target
+    from ..tuning.remote import prepare
+
+    target = load_target(kind, overrides)
+    rel = f"tune/{model}-{quant}"
+    log(f"[mlcpipe] compiling the knob candidates of {model} {quant} for {kind} (at most {budget} per kernel)")
+    index = prepare(load_model_config(model), quant, target, root / rel, budget=budget, log=log)
+    return {"name": _entry_name(model, quant, kind, "tune"), "model": model, "quantization": quant, "kind": kind, "dir": rel,
+            "kernels": len(index["kernels"])}
+
+
 def _site(site: Path, python: str, python_version: str, ffi_wheel: Path | None, log) -> str:
     """The run-side code, the pure-Python packages it needs and tvm_ffi for the device's Python,
     into `site`; returns the apache-tvm-ffi version."""
@@ -250,8 +269,11 @@ def bundle(out: Path | None = None, sets: list[str] | tuple[str, ...] = DEFAULT_
            cpu_models: list[str] | tuple[str, ...] = DEFAULT_CPU, bench_models: list[str] | tuple[str, ...] = DEFAULT_BENCH,
            python: str = DEVICE_PYTHON, ffi_wheel: Path | None = None,
            prompt_len: int = 300, prefill_chunk: int = 128, steps: int = 6, max_mib: float = MAX_MIB,
-           log: Callable[[str], None] = print) -> tuple[Path, int]:
-    """Build (or reuse) the artifacts, record the llvm expectations, pack; returns (folder, bytes)."""
+           tune: list[str] | tuple[str, ...] = (), tune_budget: int = TUNE_BUDGET, tune_target: str = "cuda",
+           tune_overrides: dict | None = None, log: Callable[[str], None] = print) -> tuple[Path, int]:
+    """Build (or reuse) the artifacts, record the llvm expectations, compile the `tune` pairs'
+    knob candidates for the `tune_target` preset with `tune_overrides` (default: the bundle's
+    cuda arch), pack; returns (folder, bytes)."""
     from ..config import IN_CHECKOUT
     from ..targets import preset_peak_gbps
     from .artifacts import ensure_artifact
@@ -260,6 +282,9 @@ def bundle(out: Path | None = None, sets: list[str] | tuple[str, ...] = DEFAULT_
         raise ArtifactError(f"mlcpipe bundle packs the run-side code of a checkout; {REPO_ROOT} is an installed mlcpipe "
                             "(run it from a clone: pip install -e .)")
     pairs = parse_sets(sets)
+    tune_pairs = parse_sets(tune, "--tune")
+    if tune_budget < 1:
+        raise OptionValueError(f"{tune_budget}: allowed at least 1", "--tune-budget")
     graph_pairs = set(parse_sets(graph, "--graph"))
     if not graph_pairs <= set(pairs):
         raise OptionValueError(f"{sorted(graph_pairs - set(pairs))[0]}: not in the bundle's --set", "--graph")
@@ -298,13 +323,15 @@ def bundle(out: Path | None = None, sets: list[str] | tuple[str, ...] = DEFAULT_
             index.append({**entry, "name": name, "dir": f"artifacts/{name}", "expected": recorded,
                           "prefill_chunk": int(record["prefill_chunk"]), "manifest_target": manifest["target"],
                           "peak_gbps": preset_peak_gbps(manifest.get("target_name", ""))})
+        tuned = [_tune_candidates(model, quant, tune_target, cuda if tune_overrides is None else tune_overrides, tmp, tune_budget, log)
+                 for model, quant in tune_pairs]
         ffi_version = _site(tmp / "site", python, python_version, ffi_wheel, log)
         _tvm_runtime(tmp / "tvm_runtime")
         (tmp / "run.sh").write_text(RUN_SH.format(created=created, python=python_version))
         (tmp / "run.sh").chmod(0o755)
         write_json(tmp / BUNDLE_INDEX, {
             "format": BUNDLE_FORMAT, "created": created, "python": python_version, "apache-tvm-ffi": ffi_version,
-            "prompt_len": prompt_len, "steps": steps, "artifacts": index,
+            "prompt_len": prompt_len, "steps": steps, "artifacts": index, "tune": tuned,
             "files": file_digests(tmp, exclude=(BUNDLE_INDEX,)),
         })
         size = sum(p.stat().st_size for p in tmp.rglob("*") if p.is_file() and not p.is_symlink())

@@ -14,11 +14,20 @@ artifact whose device is here, in this order (the most telling first, in case ti
   bench    benchmarks/llm_gpu.py: decode and prefill next to PyTorch fp16 eager and int4, the
            decode GEMVs' GB/s, CUDA-graph decode next to without
 
-and writes 5 files to --out (the device tool returns at most 8): report.md, summary.json,
-checks.json, profiles.json.gz (artifact -> its `mlcpipe-profile` JSON) and run.sh's log.txt.
+and last, once for the bundle (a candidate that broke the device's context could spoil only what
+comes after it):
+
+  tune     (a bundle made with `--tune`) every knob candidate of its kernels, compiled at bundle
+           time (pipeline/tuning/remote.py), checked against the defaults' output and timed
+           (benchmarks/llm_gpu.time_candidates); the winners become tuning.json, a tuning
+           database for `mlcpipe build --tuning-db`
+
+and writes at most 6 files to --out (the device tool returns at most 8): report.md, summary.json,
+run.sh's log.txt, and where their steps ran checks.json, profiles.json.gz (artifact -> its
+`mlcpipe-profile` JSON) and tuning.json.
 Exit 0 when every step ran and passed, 1 when one failed, 2 when the bundle cannot be used.
 
-    python -m mlcpipe.interface.job --bundle DIR --out DIR [--steps run,check,profile,bench]
+    python -m mlcpipe.interface.job --bundle DIR --out DIR [--steps run,check,profile,bench,tune]
         [--kinds cuda,llvm] [--budget-s 450]
 """
 
@@ -42,7 +51,7 @@ from ..quantization import QUANTIZATIONS, TOLERANCE
 from ..device import tvm_runtime as rt
 
 BUNDLE_FORMAT = "mlcpipe-bundle/1"
-STEPS = ("run", "check", "profile", "bench")  # what --steps chooses; "device" (is it here?) always runs first
+STEPS = ("run", "check", "profile", "bench", "tune")  # what --steps chooses; "device" (is it here?) always runs first
 PROFILE_SIZES = (128, 32, 3)  # prompt tokens, generated tokens, measured runs
 
 
@@ -163,6 +172,7 @@ class Job:
         self.checks: dict[str, dict] = {}
         self.profiles: dict[str, dict] = {}
         self.sections: list[str] = []
+        self.tuning: dict | None = None  # the tune steps' tuning database
 
     def left_s(self) -> float:
         return self.deadline - time.monotonic()
@@ -224,6 +234,11 @@ class Job:
             gc.collect()
         if "bench" in self.steps and any(e.get("bench") for e in entries):
             self._do("pytorch", "bench", lambda: self._bench_peers([e for e in entries if e.get("bench")]))
+        if "tune" in self.steps:
+            for tune in self.index.get("tune", []):
+                if self.kinds is None or tune["kind"] in self.kinds:
+                    self.results[tune["name"]] = {"model": tune["model"], "quantization": tune["quantization"], "kind": tune["kind"]}
+                    self._do(tune["name"], "tune", lambda: self._tune(tune))
         return self.finish()
 
     # ---- steps ------------------------------------------------------------------------------
@@ -240,6 +255,45 @@ class Job:
         result["greedy_tokens_here"] = [int(np.argmax(g)) for g in got]
         result["tokens_recorded"] = [int(t) for t in tokens]
         return result
+
+    def _tune(self, tune: dict) -> dict:
+        from benchmarks import llm_gpu
+
+        from ..artifact import verify_file
+        from ..device import device
+        from ..tuning import from_remote_timings
+
+        files = self.index.get("files", {})
+
+        def verified(rel: str) -> Path:
+            if rel not in files:
+                raise BundleError(f"{self.root / BUNDLE_INDEX}: {rel} has no SHA-256 in field 'files'; rebuild the bundle")
+            return verify_file(self.root / rel, files[rel]["sha256"], files[rel]["bytes"], str(self.root / BUNDLE_INDEX))
+
+        index = json.loads(verified(f"{tune['dir']}/tune.json").read_text())
+        library = rt.load_module(verified(f"{tune['dir']}/{index['library']}"))
+        dev = device(tune["kind"]).local_device()
+        tolerance = QUANTIZATIONS[index["quantization"]].tolerance
+        timed = {}
+        for kernel in index["kernels"]:
+            if self.left_s() <= 0:
+                break
+            timed[kernel["kernel"]] = {**llm_gpu.time_candidates(library, kernel, dev, tolerance, seed=index["seed"]),
+                                       "device": self.env.get("gpu", "")}
+        db = from_remote_timings(index, timed)
+        if self.tuning is None:
+            self.tuning = db
+        else:
+            self.tuning["records"].setdefault(index["target_key"], {}).update(db["records"][index["target_key"]])
+        rows = []
+        for record in db["records"][index["target_key"]].values():
+            nbytes = timed[record["kernel"]]["bytes"]
+            rows.append({"kernel": record["kernel"], "default_us": record["default_ms"] and round(record["default_ms"] * 1e3, 3),
+                         "best_us": round(record["ms"] * 1e3, 3), "knobs": record["knobs"],
+                         "gbps": round(nbytes / (record["ms"] * 1e-3) / 1e9, 1),
+                         "candidates": len(record["candidates"]),
+                         "failed": sum(1 for c in record["candidates"] if c["error"])})
+        return {"ok": len(rows) == len(index["kernels"]), "kernels": rows, "method": next(iter(timed.values()), {}).get("method", "")}
 
     def _check(self, entry: dict, path: Path) -> dict:
         from ..conformance import check_artifact, report_json
@@ -293,14 +347,17 @@ class Job:
         self.env["tvm_package_modules"] = sorted(m for m in sys.modules if m == "tvm" or m.startswith("tvm."))[:5]
         summary = {"bundle": self.index.get("created"), "env": self.env, "ok": ok, "results": self.results}
         (self.out / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
-        (self.out / "checks.json").write_text(json.dumps(self.checks, indent=1) + "\n")
+        if self.checks:  # the device tool returns at most 8 files: none that would be empty
+            (self.out / "checks.json").write_text(json.dumps(self.checks, indent=1) + "\n")
+        if self.tuning is not None:
+            (self.out / "tuning.json").write_text(json.dumps(self.tuning, indent=1) + "\n")
         table = summary_table(self.results)
         env = "\n".join(f"- {k}: {v}" for k, v in self.env.items())
-        (self.out / "report.md").write_text(f"# mlcpipe bundle job\n\n{env}\n\n## Summary\n\n{table}\n\n"
+        (self.out / "report.md").write_text(f"# mlcpipe bundle job\n\n{env}\n\n## Summary\n\n{table}\n\n" + tune_table(self.results)
                                             + bench_tables(self.results) + "\n## Details\n\n" + "\n".join(self.sections))
         # the tables again on stdout, the summary last: the device tool returns the output's last
         # 12,000 characters even when the files under $OUT do not come back
-        print(bench_tables(self.results, top=5), flush=True)
+        print(tune_table(self.results) + bench_tables(self.results, top=5), flush=True)
         print(table, flush=True)
         print(f"[job] {'ALL PASSED' if ok else 'FAILURES'}; files in {self.out}", flush=True)
         return 0 if ok else 1
@@ -312,8 +369,13 @@ def summary_table(results: dict) -> str:
         if not record.get("device", {"ok": True}).get("ok"):
             rows.append(f"| {name} | not run here: {record['device']['error']} | | | |")
             continue
+        if "tune" in record:
+            r = record["tune"]
+            cells = ["ok: " + f"{len(r['kernels'])} kernels (tables below)" if r.get("ok") else f"FAIL: {r.get('error', 'some kernels untimed')[:80]}"]
+            rows.append(f"| {name} (tune) | " + " | ".join(cells + ["-"] * 3) + " |")
+            continue
         cells = []
-        for step in STEPS:
+        for step in STEPS[:-1]:
             r = record.get(step)
             if r is None:
                 cells.append("-")
@@ -333,6 +395,23 @@ def summary_table(results: dict) -> str:
                 cells.append("ok" if r.get("ok") else "FAIL")
         rows.append(f"| {name} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
+
+
+def tune_table(results: dict) -> str:
+    """The tune steps' winners per kernel (µs per launch, the defaults' and the best's), or nothing."""
+    rows = []
+    for name, record in results.items():
+        for k in (record.get("tune") or {}).get("kernels", []):
+            speedup = f"{k['default_us'] / k['best_us']:.2f}x" if k["default_us"] else "-"
+            knobs = " ".join(f"{a}={b}" for a, b in sorted(k["knobs"].items()))
+            rows.append(f"| {name} | {k['kernel']} | {k['default_us']} | {k['best_us']} | {speedup} | {k['gbps']} | {knobs} | "
+                        f"{k['candidates'] - k['failed']}/{k['candidates']} |")
+    if not rows:
+        return ""
+    method = next((r["tune"]["method"] for r in results.values() if r.get("tune", {}).get("method")), "")
+    return ("## Tuning (same run)\n\n" + f"{method}\n\n"
+            + "| tuned | kernel | default µs | best µs | speed-up | best GB/s | best knobs | candidates ok |\n|---|---|---|---|---|---|---|---|\n"
+            + "\n".join(rows) + "\n\n")
 
 
 def bench_tables(results: dict, top: int = 12) -> str:

@@ -130,3 +130,31 @@ class TuningDB:
 
     def digest(self) -> str | None:
         return sha256_file(self.path) if self.path.exists() else None
+
+
+def from_remote_timings(index: dict, timed: dict[str, dict]) -> dict:
+    """A tuning database (pipeline/tuning's format) from `index` and the device's results:
+    kernel -> {"candidates": [{"function", "us" or None, "error" or None}, ...]}; per kernel the
+    fastest candidate whose output matched the defaults' wins."""
+    table = {}
+    for kernel in index["kernels"]:
+        result = timed.get(kernel["kernel"])
+        if not result:
+            continue
+        by_function = {c["function"]: c for c in result["candidates"]}
+        tried = [{**c, "us": by_function.get(c["function"], {}).get("us"), "error": by_function.get(c["function"], {}).get("error")}
+                 for c in kernel["candidates"]]
+        timed_ok = [c for c in tried if c["us"] is not None and c["error"] is None]
+        if not timed_ok:
+            continue
+        best = min(timed_ok, key=lambda c: c["us"])
+        default = tried[0]
+        table[kernel["signature"]] = {
+            "kernel": kernel["kernel"], "rule": best["rule"], "knobs": best["knobs"], "ms": round(best["us"] / 1e3, 5),
+            "default_rule": kernel["default_rule"],
+            "default_ms": None if default["us"] is None else round(default["us"] / 1e3, 5), "sizes": {},
+            "timed_on": result.get("device", ""), "method": result.get("method", ""),
+            "candidates": [{"rule": c["rule"], "knobs": c["knobs"], "ms": None if c["us"] is None else round(c["us"] / 1e3, 5),
+                            "error": c["error"]} for c in tried],
+        }
+    return {"schema": SCHEMA, "version": VERSION, "records": {index["target_key"]: table}}

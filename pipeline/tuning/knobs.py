@@ -13,8 +13,6 @@ output differs is rejected and reported. Timing needs the target's device (its d
 from __future__ import annotations
 
 import dataclasses
-import itertools
-import random
 import re
 import time
 from collections.abc import Callable
@@ -27,6 +25,7 @@ from ..config import ModelConfig
 from ..kernel_info import random_args, symbolic_dims
 from ..targets import TargetSpec
 from . import TuningDB
+from .candidates import shuffled, unscheduled_kernels  # noqa: F401 - unscheduled_kernels: re-exported for the tuners' callers
 
 
 
@@ -56,25 +55,6 @@ def timing_device(kind: str):
     from ..device import device
 
     return device(kind).timing_device()
-
-
-def unscheduled_kernels(config: ModelConfig, quant: str, target: tvm.target.Target) -> dict[str, tvm.tirx.PrimFunc]:
-    """The model's PrimFuncs after fusion (dequantize fused into its matmul), before scheduling."""
-    from ..build import export_model
-    from ..passes import run_pipeline
-
-    mod, _ = export_model(config, quant, target)
-    mod = run_pipeline(mod, target, until="fuse-tir")
-    return {gv.name_hint: f for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
-
-
-def _candidates(space: dict[str, list], default: dict, budget: int, seed: int) -> list[dict]:
-    names = sorted(space)
-    grid = [dict(zip(names, values)) for values in itertools.product(*(space[n] for n in names))]
-    base = {k: default[k] for k in names}
-    rest = [g for g in grid if g != base]
-    random.Random(seed).shuffle(rest)
-    return [base] + rest[: max(0, budget - 1)]
 
 
 def compile_kernel(func: tvm.tirx.PrimFunc, target: tvm.target.Target):
@@ -232,7 +212,7 @@ def _build_candidates(func, contenders: list[tuple], tvm_target, args: list, dev
     tried: list[dict] = []
     libs: list[tuple[dict, object]] = []
     for rule, space in contenders:
-        for knobs in _candidates(space, dataclasses.asdict(rule), budget, seed):
+        for knobs in shuffled(space, dataclasses.asdict(rule), budget, seed):
             entry: dict = {"rule": type(rule).__name__, "knobs": knobs, "ms": None, "error": None}
             tried.append(entry)
             sch = with_knobs(rule, knobs).apply(func, tvm_target, False)

@@ -30,7 +30,8 @@ def bundle(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("bundle") / "b"
     path, size = make(out, sets=[SET], graph=[SET], cpu_models=["llama-tiny"], bench_models=["llama-tiny"], python="current",
-                      prompt_len=200, prefill_chunk=64, steps=5, log=lambda *_: None)
+                      prompt_len=200, prefill_chunk=64, steps=5, tune=[SET], tune_target="llvm",
+                      tune_overrides={"mcpu": "haswell"}, tune_budget=3, log=lambda *_: None)
     return path, size
 
 
@@ -76,7 +77,18 @@ def test_bundle_runs_without_apache_tvm(bundle, bare_python, tmp_path):
     assert portable["profile"]["ok"] and portable["profile"]["decode_tok_s"] > 0
     assert "llama-tiny-q4f32_1-llvm-portable" in json.loads(gzip.decompress((out / "profiles.json.gz").read_bytes())) and (out / "log.txt").is_file()
     assert "### profile: llama-tiny-q4f32_1-llvm-portable" in (out / "report.md").read_text()
-    cuda = [name for name, r in results.items() if r.get("kind") == "cuda"]
+    # the tune step: every candidate compiled at bundle time checked and timed here, the winners a
+    # tuning database that `mlcpipe build --tuning-db` takes
+    tune = results["llama-tiny-q4f32_1-llvm-tune"]["tune"]
+    assert tune["ok"] and len(tune["kernels"]) >= 4 and all(k["best_us"] <= k["default_us"] for k in tune["kernels"]), tune
+    from mlcpipe.tuning import TuningDB
+
+    index = json.loads((unpacked / "tune" / "llama-tiny-q4f32_1" / "tune.json").read_text())
+    table = TuningDB.load(out / "tuning.json").table(index["target"])
+    assert sorted(r["kernel"] for r in table.values()) == sorted(k["kernel"] for k in tune["kernels"])
+    assert all(r["default_ms"] == r["candidates"][0]["ms"] and r["ms"] == min(c["ms"] for c in r["candidates"]) for r in table.values())
+    assert "## Tuning (same run)" in (out / "report.md").read_text()
+    cuda = [name for name, r in results.items() if r.get("kind") == "cuda" and "tune" not in r]
     assert sorted(cuda) == ["llama-tiny-q4f32_1-cuda", "llama-tiny-q4f32_1-cuda-cuda-graph"]
     if not cuda_present():  # the CUDA parts end in their one-line error, the job says it failed
         assert done.returncode == 1, done.stdout + done.stderr
@@ -94,6 +106,22 @@ def test_bundle_runs_without_apache_tvm(bundle, bare_python, tmp_path):
     normal = mlcpipe(*args)
     assert bare.returncode == 0 and normal.returncode == 0, bare.stderr + normal.stderr
     assert bare.stdout.split() == normal.stdout.split() and len(bare.stdout.split()[-1].split(",")) == 8
+
+
+def test_tune_step_refuses_a_changed_library(bundle, tmp_path):
+    """The tune step loads no candidate library whose bytes differ from the bundle's record."""
+    path, _ = bundle
+    copy = tmp_path / "b"
+    shutil.copytree(path, copy, symlinks=True)
+    with open(copy / "tune" / "llama-tiny-q4f32_1" / "tune.so", "ab") as f:
+        f.write(b"\0")
+    out = tmp_path / "out"
+    done = subprocess.run(["bash", str(copy / "run.sh"), "--steps", "tune", "--kinds", "llvm"], capture_output=True, text=True,
+                          env={**os.environ, "OUT": str(out), "MLCPIPE_PYTHON": sys.executable})
+    assert done.returncode == 1, done.stdout + done.stderr
+    error = json.loads((out / "summary.json").read_text())["results"]["llama-tiny-q4f32_1-llvm-tune"]["tune"]["error"]
+    assert "tune.so" in error and "corrupt or was replaced" in error, error
+    assert not (out / "tuning.json").exists()
 
 
 def test_bundle_holds_what_the_gpu_needs(bundle):
@@ -167,11 +195,13 @@ def test_run_sh_refuses_another_python(bundle, tmp_path):
 
 @pytest.mark.long
 def test_default_bundle_fits_the_device_limit():
-    """The default set (1B at q4f16_1, q4f32_1, q0f16, its cuda_graph q4f16_1, llama-tiny) for the
-    device's Python 3.12: at most 60 MiB (the device takes 64 MiB with the checkout)."""
-    from mlcpipe.interface.bundle import bundle as make
+    """The default set (1B at q4f16_1, q4f32_1, q0f16, its cuda_graph q4f16_1, llama-tiny, and the
+    1B's decode GEMV candidates, as `mlcpipe bundle` makes it) for the device's Python 3.12: at
+    most 60 MiB (the device takes 64 MiB with the checkout)."""
+    from mlcpipe.interface.bundle import DEFAULT_TUNE, bundle as make
 
-    path, size = make(log=print)
+    path, size = make(tune=DEFAULT_TUNE, log=print)
     assert size <= 60 * 2**20
     index = json.loads((path / "bundle.json").read_text())
+    assert [t["kernels"] for t in index["tune"]] == [5, 5, 5]
     assert index["python"] == "3.12" and any(p.name.startswith("core.cpython-312") for p in (path / "site" / "tvm_ffi").iterdir())

@@ -24,7 +24,8 @@ from mlcpipe.quantization import TOLERANCE
 from mlcpipe.runners import webgpu as runner
 from mlcpipe.targets import load_target
 from mlcpipe.schedules.gpu import CUDA_RULES, METAL_RULES, WEBGPU_RULES
-from mlcpipe.schedules.gpu.gemv_dequant import GEMVDequant, unpack_by_bits
+from mlcpipe.backends.cuda import find_nvcc
+from mlcpipe.schedules.gpu.gemv_dequant import DOT8, DOT8_SOURCE, GEMVDequant, unpack_by_bits, with_device_functions
 
 from tests.helpers import REPO
 from tests.helpers.gpu_kernels import DECODE_GEMV, copy_func, decode_gemvs, fused_kernels, is_static, run_llvm
@@ -241,7 +242,7 @@ def test_knob_space_values_schedule_as_given(tiny_q4):
     func = tiny_q4[name]
     rule = GEMVDequant.for_target("cuda")
     space = rule.knob_space(func, target)
-    assert set(space) == {"threads", "rows", "vec", "unroll", "bits_to_float"}
+    assert set(space) == {"threads", "rows", "vec", "unroll", "bits_to_float", "half2"}
     assert 64 not in space["threads"] and 32 in space["threads"]
     with target:
         for threads in space["threads"]:
@@ -274,13 +275,84 @@ def test_unpack_by_bits_gives_the_same_values(quant):
     sources = []
     with target:
         for flag in (1, 0):
-            sch = dataclasses.replace(GEMVDequant.for_target("cuda"), bits_to_float=flag).apply(copy_func(funcs[name]), target, False)
+            rule = dataclasses.replace(GEMVDequant.for_target("cuda"), bits_to_float=flag, half2=0)
+            sch = rule.apply(copy_func(funcs[name]), target, False)
             mod = tvm.IRModule({"k": sch.mod["main"].with_attr("global_symbol", "k")})
             sources.append(str(tvm.compile(mod, target=target).mod.imports[0].inspect_source()))
     on_src, off_src = sources
     dtype = "half" if quant == "q4f16_1" else "float"
     assert re.search(rf"\(\({dtype}\)\(\(\w+\[\d+\] >>", off_src)  # the cast the rewrite removes is there without it
     assert not re.search(rf"\(\({dtype}\)\(\(\w+\[\d+\] >>", on_src) and "reinterpret" not in on_src
+
+
+def _dot8_host(cases: list[tuple[int, float, np.ndarray]], tmp_path) -> list[float]:
+    """DOT8 (the CUDA device function of half2) run on this CPU: nvcc's host build of it."""
+    lines = [f"{{{w}u, {s!r}f, {{{', '.join(f'{float(v)!r}f' for v in a)}}}}}," for w, s, a in cases]
+    src = ("#include <cuda_fp16.h>\n#include <cstdio>\n" + DOT8_SOURCE
+           + "struct Case { unsigned int w; float s; float a[8]; };\nstatic const Case cases[] = {\n" + "\n".join(lines) + "\n};\n"
+           + "int main() { for (const Case& c : cases) { half a[8]; for (int i = 0; i < 8; ++i) a[i] = __float2half(c.a[i]);\n"
+           + '  printf("%a\\n", mlcpipe_q4_dot8_f16(0.0f, c.w, __float2half(c.s), a)); } return 0; }\n')
+    (tmp_path / "dot8.cu").write_text(src)
+    built = subprocess.run([find_nvcc(), "-o", str(tmp_path / "dot8"), str(tmp_path / "dot8.cu")], capture_output=True, text=True)
+    assert built.returncode == 0, built.stderr[-2000:]
+    ran = subprocess.run([str(tmp_path / "dot8")], capture_output=True, text=True, check=True)
+    return [float.fromhex(x) for x in ran.stdout.split()]
+
+
+@pytest.mark.nvcc
+def test_half2_dot8_computes_the_dequantize(tmp_path):
+    """DOT8 on the CPU: with one activation 1 and the rest 0 it returns the dequantized weight
+    bit for bit, (q - 7) * s rounded to f16 as the dequantize makes it, for every nibble value in
+    every position; with random activations it is the f32 dot within the f16 sum's error."""
+    rng = np.random.default_rng(0)
+    cases, want, exact = [], [], []
+    for e in range(8):
+        for q in range(16):
+            w = int(rng.integers(0, 2**32)) & ~(15 << (4 * e)) | (q << (4 * e))
+            s = float(np.float16(rng.uniform(0.01, 0.2)))
+            cases.append((w, s, np.eye(8, dtype=np.float32)[e]))
+            want.append(float(np.float16(np.float16(q - 7) * np.float16(s))))
+            exact.append(True)
+    for _ in range(64):
+        w, s = int(rng.integers(0, 2**32)), float(np.float16(rng.uniform(0.01, 0.2)))
+        a = rng.standard_normal(8).astype(np.float16).astype(np.float32)
+        weights = np.array([np.float16(np.float16(((w >> (4 * e)) & 15) - 7) * np.float16(s)) for e in range(8)], np.float32)
+        cases.append((w, s, a))
+        want.append(float(np.dot(a.astype(np.float64), weights.astype(np.float64))))
+        exact.append(False)
+    got = _dot8_host(cases, tmp_path)
+    for (w, s, a), g, x, e in zip(cases, got, want, exact):
+        if e:
+            assert g == x, (hex(w), s, a, g, x)
+        else:
+            assert abs(g - x) <= 2e-3 * max(1.0, float(np.abs(a).sum()) * s * 8), (hex(w), s, g, x)
+
+
+def test_half2_rule_calls_dot8_where_it_fits():
+    """half2 turns every q4f16_1 decode GEMV's words into DOT8 calls, and the CUDA source holds
+    DOT8's definition once; q4f32_1 (f32 activations) offers no half2 knob and keeps the plain
+    schedule; other targets never get it."""
+    target = load_target("cuda").tvm_target()
+    assert GEMVDequant.for_target("cuda").half2 == 0  # not the default until a GPU has timed it
+    rule = dataclasses.replace(GEMVDequant.for_target("cuda"), half2=1)
+    f16 = decode_gemvs(fused_kernels("llama-tiny", "q4f16_1", "cuda"))
+    f32 = decode_gemvs(fused_kernels("llama-tiny", "q4f32_1", "cuda"))
+    with target:
+        for name, func in sorted(f16.items()):
+            assert rule.knob_space(func, target)["half2"] == [0, 1], name
+            script = rule.apply(copy_func(func), target, False).mod["main"].script()
+            assert script.count(f'T.call_pure_extern("float32", "{DOT8}"') == 1, name
+        for name, func in sorted(f32.items()):
+            assert "half2" not in rule.knob_space(func, target), name
+            assert DOT8 not in rule.apply(copy_func(func), target, False).mod["main"].script(), name
+        name = sorted(f16)[0]
+        mod = tvm.IRModule({"k": rule.apply(copy_func(f16[name]), target, False).mod["main"].with_attr("global_symbol", "k")})
+        source = str(tvm.compile(mod, target=target).mod.imports[0].inspect_source())
+    assert source.count(f"float {DOT8}(float acc") == 1 and f"= {DOT8}(" in source
+    assert with_device_functions(source) == source  # defined once, never twice
+    webgpu = load_target("webgpu").tvm_target()
+    with webgpu:
+        assert "half2" not in GEMVDequant.for_target("webgpu").knob_space(copy_func(f16[name]), webgpu)
 
 
 def test_rule_lists_per_target():

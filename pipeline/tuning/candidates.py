@@ -1,0 +1,47 @@
+"""What a knob tuner tries, on the compile side: the model's kernels before scheduling, and the
+order of their knob candidates (`mlcpipe tune` times them here, `mlcpipe bundle --tune` on another
+machine)."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import tvm
+
+from ..config import ModelConfig
+
+
+def unscheduled_kernels(config: ModelConfig, quant: str, target: tvm.target.Target) -> dict[str, tvm.tirx.PrimFunc]:
+    """The model's PrimFuncs after fusion (dequantize fused into its matmul), before scheduling."""
+    from ..build import export_model
+    from ..passes import run_pipeline
+
+    mod, _ = export_model(config, quant, target)
+    mod = run_pipeline(mod, target, until="fuse-tir")
+    return {gv.name_hint: f for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
+
+
+def shuffled(space: dict[str, list], default: dict, budget: int, seed: int) -> list[dict]:
+    """Up to `budget` knob sets: the defaults, then the other combinations in a seeded random order."""
+    names = sorted(space)
+    grid = [dict(zip(names, values)) for values in itertools.product(*(space[n] for n in names))]
+    base = {k: default[k] for k in names}
+    rest = [g for g in grid if g != base]
+    random.Random(seed).shuffle(rest)
+    return [base] + rest[: max(0, budget - 1)]
+
+
+def candidates(space: dict[str, list], default: dict, budget: int, seed: int) -> list[dict]:
+    """Up to `budget` knob sets: the defaults, then each knob moved alone (in `space` order), then
+    random combinations (`shuffled`'s order)."""
+    base = {k: default[k] for k in sorted(space)}
+    out = [base]
+    for name in sorted(space):
+        out += [{**base, name: v} for v in space[name] if v != base[name]]
+    out += [c for c in shuffled(space, default, len(out) + budget, seed) if c not in out]
+    return out[:budget]
+
+TUNE_FORMAT = "mlcpipe-remote-tune/1"
+LIBRARY = "tune.so"
+INDEX = "tune.json"
