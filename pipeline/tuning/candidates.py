@@ -41,7 +41,3 @@ def candidates(space: dict[str, list], default: dict, budget: int, seed: int) ->
         out += [{**base, name: v} for v in space[name] if v != base[name]]
     out += [c for c in shuffled(space, default, len(out) + budget, seed) if c not in out]
     return out[:budget]
-
-TUNE_FORMAT = "mlcpipe-remote-tune/1"
-LIBRARY = "tune.so"
-INDEX = "tune.json"

@@ -21,6 +21,10 @@ from ..targets import TargetSpec
 from ..tuning import target_key
 from .candidates import candidates, unscheduled_kernels
 
+TUNE_FORMAT = "mlcpipe-remote-tune/1"
+LIBRARY = "tune.so"
+INDEX = "tune.json"
+
 
 def prepare(config: ModelConfig, quant: str, target: TargetSpec, out_dir: Path, pattern: str | None = None,
             budget: int = 32, seed: int = 0, log: Callable[[str], None] = print) -> dict:
