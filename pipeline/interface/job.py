@@ -261,7 +261,7 @@ class Job:
 
         from ..artifact import verify_file
         from ..device import device
-        from ..tuning import from_remote_timings
+        from ..tuning import TUNE_FORMAT, from_remote_timings
 
         files = self.index.get("files", {})
 
@@ -271,6 +271,9 @@ class Job:
             return verify_file(self.root / rel, files[rel]["sha256"], files[rel]["bytes"], str(self.root / BUNDLE_INDEX))
 
         index = json.loads(verified(f"{tune['dir']}/tune.json").read_text())
+        if not isinstance(index, dict) or index.get("format") != TUNE_FORMAT:
+            raise BundleError(f"{self.root / tune['dir'] / 'tune.json'}: format {index.get('format') if isinstance(index, dict) else None!r}; "
+                              f"expected {TUNE_FORMAT}")
         library = rt.load_module(verified(f"{tune['dir']}/{index['library']}"))
         dev = device(tune["kind"]).local_device()
         tolerance = QUANTIZATIONS[index["quantization"]].tolerance

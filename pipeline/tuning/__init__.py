@@ -20,6 +20,7 @@ from ..config import artifacts_root, short_repr, short_text
 from ..errors import ArtifactError
 
 SCHEMA, VERSION = "mlcpipe-tuning", 1
+TUNE_FORMAT = "mlcpipe-remote-tune/1"  # the index of knob candidates timed elsewhere (tuning/remote.py)
 
 
 def default_db_path(target_name: str) -> Path:

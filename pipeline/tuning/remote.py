@@ -1,8 +1,8 @@
 """Knob candidates compiled here and timed on another machine: `mlcpipe bundle --tune` packs every
 candidate of a model's static-shape kernels (the decode GEMVs) as one library plus `tune.json`,
 and the bundle job's `tune` step (pipeline/interface/job.py) checks and times them on the GPU and
-writes a tuning database (`tuning.json`, `from_remote_timings`) that `mlcpipe build --tuning-db` applies. The format of
-tune.json: docs/tuning.md.
+writes a tuning database (`tuning.json`, `from_remote_timings`) that `mlcpipe build --tuning-db`
+applies. The format of tune.json: docs/tuning.md.
 """
 
 from __future__ import annotations
@@ -18,10 +18,9 @@ import tvm
 from ..config import ModelConfig
 from ..kernel_info import signature_of, symbolic_dims
 from ..targets import TargetSpec
-from ..tuning import target_key
+from . import TUNE_FORMAT, target_key
 from .candidates import candidates, unscheduled_kernels
 
-TUNE_FORMAT = "mlcpipe-remote-tune/1"
 LIBRARY = "tune.so"
 INDEX = "tune.json"
 
