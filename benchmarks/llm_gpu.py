@@ -165,25 +165,18 @@ def gemv_bandwidth(artifact: Path, device, peak_gbps: float | None) -> list[dict
 
     manifest = read_manifest(artifact)
     library = rt.load_module(verified_library(artifact, manifest))
-    try:
-        import torch
-
-        l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    except (ImportError, RuntimeError, AssertionError):
-        torch, l2 = None, 0
+    torch, l2 = _torch_cuda()
     rows = []
     for name, role, signature in decode_gemvs(artifact):
         args = random_args(signature, {})
         nbytes = sum(a.nbytes for a in args)
         func = library.get_function(name, query_imports=True)
+        sets = _input_sets(args, device, torch, l2)
         if torch is not None:
-            copies = max(2, min(GEMV_LAUNCHES, math.ceil(L2_FACTOR * l2 / nbytes)))
-            sets = [[rt.tensor(a, device) for a in args] for _ in range(copies)]
-            us, method = _graph_us(torch, func, sets), f"CUDA graph, {copies} rotated copies"
+            us, method = _graph_us(torch, func, sets), f"CUDA graph, {len(sets)} rotated copies"
         else:
-            tensors = [rt.tensor(a, device) for a in args]
             evaluate = rt.time_evaluator(library, name, device, number=100, repeat=5)
-            us, method = statistics.median(evaluate(*tensors)) * 1e6, "time evaluator, one input set (L2-warm)"
+            us, method = statistics.median(evaluate(*sets[0])) * 1e6, "time evaluator, one input set (L2-warm)"
         gbps = nbytes / (us * 1e-6) / 1e9
         rows.append({"kernel": name, "role": role, "bytes": nbytes, "us": round(us, 3), "gbps": round(gbps, 1),
                      "pct_of_peak": round(100 * gbps / peak_gbps, 1) if peak_gbps else None, "method": method})
@@ -198,17 +191,12 @@ def time_candidates(library, kernel: dict, device, tolerance: float, rounds: int
     median per candidate). Returns {"candidates": [{"function", "us", "error"}], "method"}."""
     from mlcpipe.device import tvm_runtime as rt
     from mlcpipe.kernel_inputs import random_args
+    from mlcpipe.tuning import outputs_differ
 
-    try:
-        import torch
-
-        l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    except (ImportError, RuntimeError, AssertionError):
-        torch, l2 = None, 0
+    torch, l2 = _torch_cuda()
     args = random_args(kernel["args"], {}, seed)
     nbytes = sum(a.nbytes for a in args)
-    copies = max(2, min(GEMV_LAUNCHES, math.ceil(L2_FACTOR * l2 / nbytes))) if torch is not None else 1
-    sets = [[rt.tensor(a, device) for a in args] for _ in range(copies)]
+    sets = _input_sets(args, device, torch, l2)
     results, want = [], None
     for cand in kernel["candidates"]:
         entry = {"function": cand["function"], "us": None, "error": None}
@@ -223,9 +211,9 @@ def time_candidates(library, kernel: dict, device, tolerance: float, rounds: int
             continue
         if want is None:
             want = got
-        scale = float(np.abs(want).max()) or 1.0
-        if not np.allclose(got, want, rtol=tolerance, atol=tolerance * scale):
-            entry["error"] = f"output differs from the defaults' (max abs err {float(np.abs(got - want).max()):.3g})"
+        differs = outputs_differ(got, want, tolerance)
+        if differs:
+            entry["error"] = f"output differs from the defaults' ({differs})"
             continue
         entry["func"] = func
     runnable = [e for e in results if "func" in e]
@@ -240,9 +228,29 @@ def time_candidates(library, kernel: dict, device, tolerance: float, rounds: int
     for e in runnable:
         e["us"] = round(statistics.median(samples[e["function"]]), 3)
         del e["func"]
-    method = (f"CUDA graph of {GEMV_LAUNCHES} launches, {copies} rotated input copies" if torch is not None
+    method = (f"CUDA graph of {GEMV_LAUNCHES} launches, {len(sets)} rotated input copies" if torch is not None
               else "time evaluator, one input set (L2-warm)") + f"; median of {rounds} interleaved rounds"
     return {"candidates": results, "method": method, "bytes": nbytes}
+
+
+def _torch_cuda():
+    """(torch, the GPU's L2 bytes), or (None, 0) without PyTorch or a CUDA device."""
+    try:
+        import torch
+
+        return torch, torch.cuda.get_device_properties(0).L2_cache_size
+    except (ImportError, RuntimeError, AssertionError):
+        return None, 0
+
+
+def _input_sets(args, device, torch, l2: int) -> list[list]:
+    """Copies of `args` on `device`: enough to rotate through L2_FACTOR x the L2 (at most
+    GEMV_LAUNCHES) for CUDA-graph timing, one without torch."""
+    from mlcpipe.device import tvm_runtime as rt
+
+    nbytes = sum(a.nbytes for a in args)
+    copies = max(2, min(GEMV_LAUNCHES, math.ceil(L2_FACTOR * l2 / nbytes))) if torch is not None else 1
+    return [[rt.tensor(a, device) for a in args] for _ in range(copies)]
 
 
 def _graph_us(torch, func, sets: list[list]) -> float:

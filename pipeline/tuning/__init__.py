@@ -30,6 +30,17 @@ def default_db_path(target_name: str) -> Path:
     return artifacts_root() / "tuning" / f"{target_name}.json"
 
 
+def outputs_differ(got, want, tolerance: float) -> str | None:
+    """None when two schedules' outputs agree within `tolerance` relative to the output's scale
+    (2% for f16 models), else how far apart they are."""
+    import numpy as np
+
+    scale = float(np.abs(want).max()) or 1.0
+    if np.allclose(got, want, rtol=tolerance, atol=tolerance * scale):
+        return None
+    return f"max abs err {float(np.abs(got - want).max()):.3g}"
+
+
 def target_key(target: dict[str, Any]) -> str:
     """The parts of a target dict that change generated code, as canonical JSON."""
     keep = {k: v for k, v in target.items() if k in ("kind", "mcpu", "mtriple", "arch", "mattr", "tag")}

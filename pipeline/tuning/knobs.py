@@ -24,7 +24,7 @@ import tvm
 from ..config import ModelConfig
 from ..kernel_info import random_args, symbolic_dims
 from ..targets import TargetSpec
-from . import TuningDB
+from . import TuningDB, outputs_differ
 from .candidates import shuffled, unscheduled_kernels  # noqa: F401 - unscheduled_kernels: re-exported for the tuners' callers
 
 
@@ -130,11 +130,7 @@ def output_mismatch(got: np.ndarray, want: np.ndarray, quant: str) -> str | None
     output's scale: 2% for f16 models), else why not."""
     from ..quantization import QUANTIZATIONS
 
-    scale = float(np.abs(want).max()) or 1.0
-    tol = QUANTIZATIONS[quant].tolerance
-    if np.allclose(got, want, rtol=tol, atol=tol * scale):
-        return None
-    return f"max abs err {float(np.abs(got - want).max()):.3g}"
+    return outputs_differ(got, want, QUANTIZATIONS[quant].tolerance)
 
 
 def tune(
