@@ -6,7 +6,8 @@ stage built here, between TE stages that prepare the activation and the original
 token_row_loop, few_token_rows, extern_gemv; knobs rows and prefetch), f32 activations and
 products (activation_f32, float_chunk), a q4 chunk's group scale per word (chunk_scales), the q4 x
 int8 arithmetic (quantize_activation, vnni_chunk) on the CPU's int8 dot product (int8_isa,
-int8_dot: AVX512-VNNI, AVX-VNNI or aarch64 SDOT), the C^T GEMM tiles (tile_rows, tile_vector,
+int8_dot: AVX512-VNNI, AVX-VNNI, aarch64 SDOT or AVX2's VPMADDUBSW; on AVX2 with groups of 32 the
+f32 tail per group, grouped_chunk), the C^T GEMM tiles (tile_rows, tile_vector,
 zero_tile, store_transposed, prefetch_next_task).
 TVM 0.27: every vector value is one expression (a bound vector becomes a per-task allocation).
 """
@@ -195,19 +196,23 @@ def token_row_loop(n_rows: int, rows: int, chunks: int, tokens, per_pass: int, s
     in passes of `per_pass` (unrolled, rows x per_pass accumulators); every chunk's weight words
     are loaded once per pass and serve all of its tokens (LLVM merges the identical loads and
     nibble unpacking of the unrolled tokens), so the weights stream from memory once and from L1
-    for later passes. `chunk(n, c, t)`; `store(t, n, value)` writes token t's result of row n.
+    for later passes. `chunk(n, c, t)`: one f32x16 or a list of them (added one by one);
+    `streams(n, c)`: the addresses to prefetch; `store(t, n, value)` writes token t's result of row n.
     A last, partial pass recomputes its last token for the missing ones and does not store them.
     `resident`: bytes of activation data a pass re-reads per row; prefetched weights go to L1 only
     while that leaves L1 room (L1_RESIDENT), else to L2 (L1 would evict the activation)."""
     tasks = n_rows // rows
     locality = 3 if resident * per_pass <= L1_RESIDENT else 2
     last = n_rows - 1
-    n_streams = len(streams(0, 0))
-    if n_streams not in (1, 2):
-        raise ValueError(f"token_row_loop prefetches one or two streams, got {n_streams}")
 
-    def ahead(n, c, i):
-        return T.call_llvm_intrin("void", "llvm.prefetch.p0", streams(T.min(n + prefetch, last), c)[i], 0, locality, 1)
+    def ahead(n, c):
+        for address in streams(T.min(n + prefetch, last), c):
+            T.evaluate(T.call_llvm_intrin("void", "llvm.prefetch.p0", address, 0, locality, 1))
+
+    def accumulate(acc, lanes, n, c, t):
+        value = chunk(n, c, t)
+        for term in value if isinstance(value, list) else [value]:  # one FMA each
+            T.buffer_store(acc, acc[lanes] + term, [lanes])
 
     @T.prim_func(private=True, check_well_formed=False)
     def body():
@@ -220,12 +225,9 @@ def token_row_loop(n_rows: int, rows: int, chunks: int, tokens, per_pass: int, s
                     for r in T.unroll(rows):
                         if prefetch > 0:
                             if tp == 0:
-                                T.evaluate(ahead(task * rows + r, c, 0))
-                                if n_streams == 2:
-                                    T.evaluate(ahead(task * rows + r, c, 1))
+                                ahead(task * rows + r, c)
                         for t in T.unroll(per_pass):  # (r * per_pass + t) inline: a bound name becomes a per-task allocation
-                            acc[T.ramp((r * per_pass + t) * LANES, 1, LANES)] = acc[T.ramp((r * per_pass + t) * LANES, 1, LANES)] + chunk(
-                                task * rows + r, c, T.min(tp * per_pass + t, tokens - 1))
+                            accumulate(acc, T.ramp((r * per_pass + t) * LANES, 1, LANES), task * rows + r, c, T.min(tp * per_pass + t, tokens - 1))
                 for r in T.unroll(rows):
                     for t in T.unroll(per_pass):
                         if tp * per_pass + t < tokens:
@@ -267,11 +269,14 @@ def row_loop(n_rows: int, rows: int, chunks: int, out, chunk: Callable, streams:
     return token_row_loop(n_rows, rows, chunks, 1, 1, store, lambda n, c, t: chunk(n, c), streams, prefetch, resident)
 
 
-def activation_bytes(info, planes: int = 2) -> int:
+def activation_bytes(info, planes: int = 2, grouped: bool = False) -> int:
     """Bytes of one token's activation a row's dot product reads: f32 x, or for q4 rows the int8
-    planes (xlo, xhi), their w0 and the word scales (quantize_activation)."""
+    planes (xlo, xhi), their w0 and the word scales (quantize_activation; `grouped`: the two
+    group vectors instead)."""
     if not info.quantized:
         return 4 * info.k
+    if grouped:
+        return info.k * planes + info.k // info.group_size * 4 * 2
     return info.k * planes + info.k // 8 * 4 * (planes + 1)
 
 
@@ -383,13 +388,14 @@ def folds_planes(isa: str, planes: int) -> bool:
     return isa == "avx2" and planes == 2
 
 
-def quantize_activation(x: te.Tensor, k: int, group: int, planes: int = 2, tokens=1, fold: bool = False):
+def quantize_activation(x: te.Tensor, k: int, group: int, planes: int = 2, tokens=1, fold: bool = False, grouped: bool = False):
     """The activation planes the kernel reads, for the first `tokens` rows of x (static or
     symbolic): (xlo, xhi) int8 [tokens, planes, K/2] (the even / odd k of each packed word, four
     per word), w0 int32 [tokens, planes, K/8] (-7 * sum of the word's int8 values) and a_word f32
     [tokens, K/8] (the int8 scale a of the word's group). Plane 0 is round(x / a); plane 1 (if
     any) the rounding residual in units of a / 256, so x = a * (p0 + p1 / 256) to ~16 bits.
-    `fold` (folds_planes): w0 [tokens, 1, K/8] is RESIDUAL x plane 0's + plane 1's, a_word a / RESIDUAL."""
+    `fold` (folds_planes): w0 [tokens, 1, K/8] is RESIDUAL x plane 0's + plane 1's, a_word a / RESIDUAL.
+    `grouped` (groups_fit; the planes folded): (xlo, xhi, a_group, c_group, spread), _group_terms."""
     xf = functools.partial(activation_f32_at, x)
     r = te.reduce_axis((0, group), "r")
     amax = te.compute((tokens, k // group), lambda t, g: te.max(te.abs(xf(t, group * g + r)), axis=r), name="amax")
@@ -403,6 +409,8 @@ def quantize_activation(x: te.Tensor, k: int, group: int, planes: int = 2, token
     xq = te.compute((tokens, planes, k), lambda t, p, i: q8_value(scaled[t, i], p), name="xq")
     xlo = te.compute((tokens, planes, k // 2), lambda t, p, i: xq[t, p, 8 * (i // 4) + 2 * (i % 4)], name="xlo")
     xhi = te.compute((tokens, planes, k // 2), lambda t, p, i: xq[t, p, 8 * (i // 4) + 2 * (i % 4) + 1], name="xhi")
+    if grouped:
+        return (xlo, xhi, *_group_terms(xq, amax, tokens, k, group, planes))
     j = te.reduce_axis((0, 8), "j")
     wpg = group // 8
     if fold:
@@ -415,6 +423,28 @@ def quantize_activation(x: te.Tensor, k: int, group: int, planes: int = 2, token
     return xlo, xhi, w0, a_word
 
 
+# ---- the AVX2 GEMV's f32 tail per weight group ---------------------------------------------------
+# Per-word scales cost more on AVX2 than the int8 products: each word's lane needs its group's
+# weight scale (f16) times the activation's, spread x4. With groups of 4 words, a step of 16 groups
+# (64 words) converts and multiplies them once (one f32 vector), spreads them to the words' lanes
+# with one VPERMPS per 8 words, and adds the -7 offset as one group term instead of a word vector.
+GROUP_WORDS = 4  # words per weight group (G = 32)
+BLOCK_GROUPS = LANES  # groups per step: 64 words, 4 int8 chunks
+PERMPS = "llvm.x86.avx2.permps"  # (f32x8, i32x8 index) -> f32x8; an index LLVM cannot see stays one VPERMPS
+
+
+def groups_fit(info, isa: str) -> bool:
+    """Whether the AVX2 GEMV takes the per-group tail: groups of 32 and K a multiple of 512."""
+    return isa == "avx2" and info.group_size == 8 * GROUP_WORDS and info.k % (8 * GROUP_WORDS * BLOCK_GROUPS) == 0
+
+
+def spread_index() -> te.Tensor:
+    """VPERMPS indices [4, 8]: row q takes groups 2q, 2q + 1 of an 8-group vector to 4 lanes each.
+    An input of the kernel, not a constant: LLVM folds a constant index into a shuffle, sinks it
+    through the scale product and spreads each term's two factors apart."""
+    return te.compute((4, 8), lambda q, lane: (2 * q + lane // 4).astype("int32"), name="spread")
+
+
 def q8_value(scaled, p):
     """Plane p's int8 value of an activation already scaled by 127 / amax: plane 0 round(scaled)
     (nearest even), plane 1 the rounding residual x RESIDUAL, clipped to +-127."""
@@ -422,6 +452,22 @@ def q8_value(scaled, p):
     low = tirx.nearbyint((scaled - high) * tirx.const(RESIDUAL, "float32"))
     low = te.max(te.min(low, tirx.const(127.0, "float32")), tirx.const(-127.0, "float32"))
     return te.if_then_else(p == 0, high, low).astype("int8")
+
+
+def _group_terms(xq, amax, tokens, k: int, group: int, planes: int):
+    """a_group [tokens, K/G]: the unit of the folded planes (a / RESIDUAL with two), and c_group
+    [tokens, K/G]: a_group x -7 x the group's folded sum (the q - 7 offset), f32."""
+    unit = 127.0 * (RESIDUAL if planes == 2 else 1.0)
+
+    def folded(t, i):
+        value = xq[t, 0, i].astype("int32")
+        return value * int(RESIDUAL) + xq[t, 1, i].astype("int32") if planes == 2 else value
+
+    j = te.reduce_axis((0, group), "j")
+    total = te.compute((tokens, k // group), lambda t, g: te.sum(folded(t, g * group + j), axis=j), name="x_group_sum")
+    a_group = te.compute((tokens, k // group), lambda t, g: amax[t, g] / tirx.const(unit, "float32"), name="a_group")
+    c_group = te.compute((tokens, k // group), lambda t, g: a_group[t, g] * (total[t, g] * -7).astype("float32"), name="c_group")
+    return a_group, c_group, spread_index()
 
 
 def q8_planes(x: te.Tensor, tokens, padded, k: int, group: int):
@@ -464,39 +510,44 @@ def chunk_scales(info, scale):
     return scales, index
 
 
+def q4_nibbles(weight, n, c):
+    """Row n's packed words 16 c .. 16 c + 15 as bytes: (low nibbles, high nibbles), int8x64 each."""
+    words = weight[n, T.ramp(c * LANES, 1, LANES)]
+    mask = T.broadcast(T.uint32(NIBBLES), LANES)
+    return T.reinterpret("int8x64", words & mask), T.reinterpret("int8x64", (words >> T.broadcast(T.uint32(4), LANES)) & mask)
+
+
+def plane_bytes(buf, t, p, c):
+    """Token t's plane-p activation bytes (xlo or xhi) of words 16 c .. 16 c + 15, int8x64."""
+    return T.reinterpret("int8x64", buf[t, p, T.ramp(c * 64, 1, 64)])
+
+
+def avx2_folded_dots(lo, hi, xlo, xhi, t, c, planes: int):
+    """AVX2: the words' int32 dots RESIDUAL x plane 0 + plane 1 (one plane: plane 0), without the offset."""
+    total = avx2_dot_pair(lo, plane_bytes(xlo, t, 0, c), hi, plane_bytes(xhi, t, 0, c), int(RESIDUAL) if planes == 2 else 1)
+    if planes == 2:
+        total = total + avx2_dot_pair(lo, plane_bytes(xlo, t, 1, c), hi, plane_bytes(xhi, t, 1, c), 1)
+    return total
+
+
 def vnni_chunk(info, planes, xlo, xhi, w0, a_word, weight, scale, isa: str = "avx512"):
     """(chunk(n, c, t), streams(n, c)): chunk gives row n's f32 partial dot product with token
     t's activation over packed words 16 c .. 16 c + 15 (16 lanes); streams the addresses of the
     row's weight and scale data for that chunk (for software prefetch)."""
     word_scales, scale_index = chunk_scales(info, scale)
 
-    def vec(buf, t, p, start, lanes):
-        return buf[t, p, T.ramp(start, 1, lanes)]
-
-    def nibbles(n, c):
-        """row n's packed words 16 c .. 16 c + 15 as bytes: (low nibbles, high nibbles)"""
-        words = weight[n, T.ramp(c * LANES, 1, LANES)]
-        mask = T.broadcast(T.uint32(NIBBLES), LANES)
-        return T.reinterpret("int8x64", words & mask), T.reinterpret("int8x64", (words >> T.broadcast(T.uint32(4), LANES)) & mask)
-
-    def x8(buf, t, p, c):
-        return T.reinterpret("int8x64", vec(buf, t, p, c * 64, 64))
-
     def w0_word(t, p, c):
-        return vec(w0, t, p, c * LANES, LANES)
+        return w0[t, p, T.ramp(c * LANES, 1, LANES)]
 
     def dot(n, c, t, p):
         """sum over each word's 8 k of (q - 7) * plane p of token t's x: int32 x 16 words"""
-        lo, hi = nibbles(n, c)
-        return int8_dot(isa, int8_dot(isa, w0_word(t, p, c), lo, x8(xlo, t, p, c)), hi, x8(xhi, t, p, c))
+        lo, hi = q4_nibbles(weight, n, c)
+        return int8_dot(isa, int8_dot(isa, w0_word(t, p, c), lo, plane_bytes(xlo, t, p, c)), hi, plane_bytes(xhi, t, p, c))
 
     def dots_folded(n, c, t):
         """RESIDUAL x plane 0 + plane 1 in one i32 (|.| < 2^22: exact in f32); a_word has the 1 / RESIDUAL"""
-        lo, hi = nibbles(n, c)
-        total = w0_word(t, 0, c)
-        for p, weight in ((0, int(RESIDUAL)), (1, 1)):
-            total = total + avx2_dot_pair(lo, x8(xlo, t, p, c), hi, x8(xhi, t, p, c), weight)
-        return T.Cast("float32x16", total)
+        lo, hi = q4_nibbles(weight, n, c)
+        return T.Cast("float32x16", w0_word(t, 0, c) + avx2_folded_dots(lo, hi, xlo, xhi, t, c, 2))
 
     def dots(n, c, t):
         if folds_planes(isa, planes):
@@ -511,6 +562,36 @@ def vnni_chunk(info, planes, xlo, xhi, w0, a_word, weight, scale, isa: str = "av
 
     def streams(n, c):
         return [T.address_of(weight[n, c * LANES]), T.address_of(scale[n, scale_index(c)])]
+
+    return chunk, streams
+
+
+def grouped_chunk(info, planes, xlo, xhi, a_group, c_group, spread, weight, scale):
+    """(chunk(n, c, t), streams(n, c)) of the AVX2 GEMV with the per-group tail (groups_fit): step c
+    covers words 64 c .. 64 c + 63 (16 groups); chunk gives 5 f32x16 terms (each 16-word chunk's
+    folded int32 dots x its words' group values, and the groups' offset term)."""
+
+    def dots(n, c, t):
+        """plane-folded int32 dots (without the offset) of 16-word chunk c, as f32"""
+        lo, hi = q4_nibbles(weight, n, c)
+        return T.Cast("float32x16", avx2_folded_dots(lo, hi, xlo, xhi, t, c, planes))
+
+    def spread_to_words(unit, i):
+        """the group values of 8-word half i of the step (groups 2i, 2i + 1), 4 lanes each"""
+        half = T.Shuffle([unit], list(range(8 * (i // 4), 8 * (i // 4) + 8)))
+        return T.call_llvm_pure_intrin("float32x8", PERMPS, half, spread[i % 4, T.ramp(0, 1, 8)])
+
+    def chunk(n, c, t):
+        groups = T.ramp(c * BLOCK_GROUPS, 1, BLOCK_GROUPS)
+        s = T.Cast("float32x16", scale[n, groups])
+        unit = s * a_group[t, groups]
+        per_step = BLOCK_GROUPS // GROUP_WORDS  # 16-word chunks per step
+        terms = [dots(n, c * per_step + j, t) * T.Shuffle([spread_to_words(unit, 2 * j), spread_to_words(unit, 2 * j + 1)], list(range(LANES)))
+                 for j in range(per_step)]
+        return [*terms, s * c_group[t, groups]]
+
+    def streams(n, c):
+        return [T.address_of(weight[n, c * 64 + 16 * j]) for j in range(4)] + [T.address_of(scale[n, c * BLOCK_GROUPS])]
 
     return chunk, streams
 

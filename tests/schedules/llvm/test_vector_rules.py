@@ -4,6 +4,8 @@ kernels, at several knob settings and full 1B shapes, and None where a rule does
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import tvm
@@ -127,6 +129,38 @@ def test_vnni_gemv_full_size_shapes(target):
         np.testing.assert_allclose(got.reshape(-1), want, rtol=2e-3, atol=2e-3 * np.abs(want).max(), err_msg=name)
         taken += 1
     assert taken == 2
+
+
+@needs_avx2
+@pytest.mark.parametrize("knobs", [{}, {"grouped": 0}, {"planes": 1}, {"rows": 2, "prefetch": 0}])
+def test_avx2_gemv_group_tail_full_size(knobs, kernels):
+    """AVX2 with groups of 32 and K % 512 == 0 (the 1B's shapes): the f32 tail per weight group (one
+    scale x activation-scale product per group, spread to the words by VPERMPS, the q - 7 offset as
+    one group term); equal to the NumPy emulation of the int8 arithmetic with it (default) and
+    without it (grouped=0), with one plane and other row knobs. Shapes it does not fit (the tiny
+    model's K = 128) keep the per-word tail."""
+    from mlcpipe.config import load_model_config
+
+    rule = DecodeGEMVQ4VNNI(**knobs)
+    grouped = knobs.get("grouped", 1) == 1
+    taken = 0
+    for name, func in _decode(unscheduled_kernels(load_model_config("llama-3.2-1b"), "q4f16_1", AVX2)).items():
+        info = match(func)
+        if (info.n, info.k) not in ((16384, 2048), (2048, 8192)):
+            continue
+        assert ("grouped" in rule.knob_space(func, AVX2)) and ("grouped" not in rule.knob_space(func, NO_AMX))
+        func_s = rule.apply(func, AVX2, False).mod["main"]
+        assert ("a_group" in func_s.script()) == grouped, name
+        if grouped:
+            asm = _build(func_s, AVX2).mod.inspect_source("s")
+            assert len(re.findall(r"\bvpermps\s", asm)) >= 8 and "vcvtph2ps" in asm, name  # 8 per 64 words, 2 conversions of 16 scales
+        args = random_args(func, {}, seed=4)
+        want = _emulated_kernel(args, info, knobs.get("planes", 2))
+        np.testing.assert_allclose(_outputs(func_s, args, AVX2).reshape(-1), want, rtol=2e-3, atol=2e-3 * np.abs(want).max(), err_msg=name)
+        taken += 1
+    assert taken == 2
+    tiny = next(iter(_decode(kernels["q4f16_1"]).values()))
+    assert "a_group" not in rule.apply(tiny, AVX2, False).mod["main"].script() and "grouped" not in rule.knob_space(tiny, AVX2)
 
 
 def test_gemv_defaults_follow_the_cpu_and_the_activation_size():
