@@ -1,6 +1,6 @@
 """Load an artifact + weights and generate with the paged KV cache, on TVM's runtime library alone
 (pipeline/device/tvm_runtime.py: no compiler), here or over TVM RPC; `open_engine` and
-`kernel_runner` give a WebGPU artifact the WebGPU runtime's (pipeline/runners/) instead."""
+`kernel_runner` give a WebGPU artifact the WebGPU runtime's (pipeline/runners/webgpu/) instead."""
 
 from __future__ import annotations
 
@@ -246,7 +246,7 @@ def open_engine(artifact: Path, weights, seed: int, options: RunOptions):
     kind = read_manifest(artifact, RUN_FIELDS)["target"]["kind"]
     _refuse_options(kind, options)
     if backend(kind).WEBGPU_RUNTIME:
-        from .runners.dawn import WebGPUEngine
+        from .runners.webgpu.dawn import WebGPUEngine
 
         return WebGPUEngine(artifact, weights, seed=seed, adapter=options.adapter, browser=options.browser,
                             prefill_chunk=options.prefill_chunk, timed_adapter=options.timed, console=options.console)
@@ -258,7 +258,7 @@ def kernel_runner(artifact: Path, manifest: dict, options: RunOptions):
     remote's over RPC), or None when it cannot run here. WebGPU: the lib.wasm's kernels in Dawn;
     f16 kernels need an adapter with shader-f16, and where none is chosen and the one found lacks
     it, they run on Mesa lavapipe through wgpu, compiled from the artifact's scheduled TIR by the
-    same codegen (runners.webgpu.LavapipeKernels)."""
+    same codegen (runners.webgpu.lavapipe.LavapipeKernels)."""
     kind = manifest["target"]["kind"]
     _refuse_options(kind, options)
     if not backend(kind).WEBGPU_RUNTIME:
@@ -266,13 +266,13 @@ def kernel_runner(artifact: Path, manifest: dict, options: RunOptions):
             return None
         return library_kernel_runner(Path(artifact), manifest, options.remote)
     from .errors import RunnerError
-    from .runners.dawn import KernelRunner
+    from .runners.webgpu.dawn import KernelRunner
 
     try:
         return KernelRunner(artifact, options.adapter, browser=options.browser)
     except RunnerError as exc:
         if "shader-f16" not in str(exc) or options.adapter not in (None, "auto") or options.browser:
             raise
-        from .runners.webgpu import LavapipeKernels
+        from .runners.webgpu.lavapipe import LavapipeKernels
 
         return LavapipeKernels(artifact, manifest)

@@ -305,7 +305,7 @@ LAYERS = (
     ("device", ("pipeline.device", "pipeline.rpc")),
     ("runtime", ("pipeline.generation", "pipeline.runtime", "pipeline.runners", "pipeline.conformance", "pipeline.tuning.knobs",
                  "pipeline.tuning.metaschedule")),  # the tuners time candidates on the device
-    ("profiler", ("pipeline.profiler",)),
+    ("profiler", ("pipeline.profiler", "pipeline.runners.webgpu.profile")),  # WebGPU's profile driver, beside its engine
     ("interface", ("pipeline.interface", "pipeline.nightly")),
     ("cli", ("pipeline.cli",)),
 )
@@ -828,3 +828,14 @@ def test_no_target_kind_switch_outside_the_backends():
                  if name.startswith("pipeline.") and not name.startswith(("pipeline.backends", "pipeline.device"))
                  for line in _kind_switches(path.read_text(), str(path.relative_to(ROOT)))]
     assert not offenders, "target-kind switches outside pipeline/backends/ and pipeline/device/:\n" + "\n".join(offenders)
+
+
+def test_the_webgpu_run_side_is_one_folder():
+    """WebGPU's run side (engines, kernel runner, WebLLM, its profile driver, the node / browser
+    programs) lives in pipeline/runners/webgpu/; elsewhere only the compile half
+    (backends/webgpu.py) and the device interface (device/webgpu.py) carry the name."""
+    pipeline = ROOT / "pipeline"
+    web_files = [p.relative_to(pipeline).as_posix() for p in pipeline.rglob("*") if p.suffix in (".mjs", ".html")]
+    assert web_files and all(f.startswith("runners/webgpu/js/") for f in web_files), web_files
+    named = sorted(p.relative_to(pipeline).as_posix() for p in pipeline.rglob("*.py") if re.search(r"webgpu|dawn|webllm|browser", p.as_posix()))
+    assert [f for f in named if not f.startswith("runners/webgpu/")] == ["backends/webgpu.py", "device/webgpu.py"], named

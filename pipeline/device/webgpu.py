@@ -1,5 +1,5 @@
 """WebGPU: lib.wasm runs in a WebGPU runtime (Dawn for node, headless Chromium, WebLLM:
-pipeline/runners/), not in TVM's runtime here."""
+pipeline/runners/webgpu/), not in TVM's runtime here."""
 
 from __future__ import annotations
 

@@ -25,7 +25,7 @@ def webllm(artifact: Path, model_dir: Path, prompt: str, max_new_tokens: int = 1
            log: Callable[[str], None] = print) -> str:
     """Complete `prompt` with WebLLM itself (headless Chromium) on the build; returns the text."""
     from ..generation import Sampling
-    from ..runners.webllm import webllm_complete
+    from ..runners.webgpu.webllm import webllm_complete
 
     Sampling(temperature=temperature, top_p=top_p)  # the same one-line checks as run
     out = webllm_complete(artifact, model_dir, prompt, max_new_tokens, temperature=temperature, top_p=top_p, seed=seed,

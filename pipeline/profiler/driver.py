@@ -16,7 +16,7 @@ def profile(engine, options: RunOptions, weights, llvm_twin: Callable[[], Path] 
     `llvm_twin()`)."""
     kind = engine.manifest["target"]["kind"]
     if backend(kind).WEBGPU_RUNTIME:
-        from .webgpu import profile as measure_webgpu
+        from ..runners.webgpu.profile import profile as measure_webgpu
 
         return measure_webgpu(engine, **sizes)
     if options.remote is None:

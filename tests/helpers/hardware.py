@@ -46,7 +46,7 @@ def dawn() -> str | None:
 @functools.cache
 def browser() -> str | None:
     """node, Chromium and the npm packages that drive it (puppeteer-core, WebLLM, Dawn's for the comparison)."""
-    from mlcpipe.runners.browser import chromium_path
+    from mlcpipe.runners.webgpu.browser import chromium_path
 
     if shutil.which("node") is None:
         return "node not found"

@@ -22,7 +22,7 @@ import yaml
 from mlcpipe.build import build
 from mlcpipe.config import MODELS_DIR, load_model_config
 from mlcpipe.errors import RunnerError
-from mlcpipe.runners.dawn import WebGPUEngine
+from mlcpipe.runners.webgpu.dawn import WebGPUEngine
 from mlcpipe.targets import load_target
 
 CHUNK = 16
@@ -121,7 +121,7 @@ def test_browser_gpu_refuses_a_software_adapter(artifact):
 
 def test_browser_runs_one_kernel(browser_engine):
     """The `kernel` op: one kernel of the shipped lib.wasm (rms_norm) on tensors sent as base64."""
-    from mlcpipe.runners.dawn import b64, unb64
+    from mlcpipe.runners.webgpu.dawn import b64, unb64
 
     rng = np.random.default_rng(0)
     x = rng.standard_normal((1, 1, 256)).astype("float32")

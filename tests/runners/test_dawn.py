@@ -16,7 +16,7 @@ from mlcpipe.cli import main
 from mlcpipe.quantization import QUANTIZATIONS
 from mlcpipe.runners import dawn
 from mlcpipe.errors import RunnerError
-from mlcpipe.runners.dawn import WebGPUEngine
+from mlcpipe.runners.webgpu.dawn import WebGPUEngine
 from mlcpipe.targets import load_target
 from mlcpipe.weights import convert_weights
 

@@ -11,7 +11,7 @@ import pytest
 from mlcpipe.build import build
 from mlcpipe.config import load_model_config
 from mlcpipe.conformance import check_artifact
-from mlcpipe.runners.dawn import WebGPUEngine
+from mlcpipe.runners.webgpu.dawn import WebGPUEngine
 from mlcpipe.runtime import Engine
 from mlcpipe.targets import load_target
 

@@ -20,7 +20,7 @@ import pytest
 from mlcpipe.build import build
 from mlcpipe.mlc_contract import MLCContractError
 from mlcpipe.errors import RunnerError
-from mlcpipe.runners.webllm import webllm_complete
+from mlcpipe.runners.webgpu.webllm import webllm_complete
 from mlcpipe.targets import load_target
 from mlcpipe.weights import convert_weights
 

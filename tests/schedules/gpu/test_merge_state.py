@@ -22,7 +22,7 @@ import tvm
 from mlcpipe.build import export_model
 from mlcpipe.config import parse_model_config
 from mlcpipe.passes import run_pipeline
-from mlcpipe.runners import webgpu as runner
+from mlcpipe.runners.webgpu import lavapipe as runner
 from mlcpipe.targets import load_target
 from mlcpipe.schedules import schedule_pass
 

@@ -21,7 +21,7 @@ import tvm
 
 from mlcpipe.kernel_info import random_args
 from mlcpipe.quantization import TOLERANCE
-from mlcpipe.runners import webgpu as runner
+from mlcpipe.runners.webgpu import lavapipe as runner
 from mlcpipe.targets import load_target
 from mlcpipe.schedules.gpu import CUDA_RULES, METAL_RULES, WEBGPU_RULES
 from mlcpipe.backends.cuda import find_nvcc

@@ -18,7 +18,7 @@ from tvm.script import tirx as T
 
 from mlcpipe.errors import ConfigError
 from mlcpipe.kernel_info import random_args
-from mlcpipe.runners import webgpu as runner
+from mlcpipe.runners.webgpu import lavapipe as runner
 from mlcpipe.targets import load_target
 from mlcpipe.schedules.gpu.gemv_dequant import GEMVDequant
 

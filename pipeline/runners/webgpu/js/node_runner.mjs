@@ -10,7 +10,7 @@ import { pathToFileURL } from "node:url";
 
 import { ModelSession, openDevice, sessionOps } from "./session.mjs";
 
-// The npm packages (`npm ci` in the checkout): $MLCPIPE_NODE_MODULES, set by pipeline/runners/dawn.py.
+// The npm packages (`npm ci` in the checkout): $MLCPIPE_NODE_MODULES, set by pipeline/runners/webgpu/dawn.py.
 const modules = process.env.MLCPIPE_NODE_MODULES;
 const load = (file) => import(pathToFileURL(path.join(modules, file)).href);
 const dawn = await load("webgpu/index.js");

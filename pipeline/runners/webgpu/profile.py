@@ -14,11 +14,11 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..errors import ArtifactError
-from ..runners.dawn import WebGPUEngine
-from .core import alternate, document, kernel_table, measured_ms, metrics
-from .measure import kernel_params, uncounted_params
-from .schema import run_records
+from ...errors import ArtifactError
+from ...profiler.core import alternate, document, kernel_table, measured_ms, metrics
+from ...profiler.measure import kernel_params, uncounted_params
+from ...profiler.schema import run_records
+from .dawn import WebGPUEngine
 
 _SINGLE = re.compile(r"^(B|batch_size|num_seq)$")  # one sequence
 

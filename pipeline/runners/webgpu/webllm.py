@@ -1,7 +1,7 @@
 """WebLLM itself (npm @mlc-ai/web-llm, pinned in package.json) running an mlcpipe webgpu build in
-headless Chromium: the page (web/webllm.html) gives WebLLM a `model_list` record whose `model` is
+headless Chromium: the page (js/webllm.html) gives WebLLM a `model_list` record whose `model` is
 the converted weights directory and `model_lib` the artifact's lib.wasm, both served from
-127.0.0.1 by web/browser_runner.mjs, and asks for one completion. mlcpipe's own contract checks
+127.0.0.1 by js/browser_runner.mjs, and asks for one completion. mlcpipe's own contract checks
 (`mlc_contract`) run first, so a missing function or config field is one line here, not a
 failure deep in WebLLM.
 """
@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..backends import kinds_with
-from ..errors import RunnerError
-from ..mlc_contract import check_library, check_model_dir
-from . import node_modules
+from ...backends import kinds_with
+from ...errors import RunnerError
+from ...mlc_contract import check_library, check_model_dir
+from .. import node_modules
 from .dawn import DawnRunner
 
 

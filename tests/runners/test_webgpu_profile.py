@@ -1,4 +1,4 @@
-"""Profiles of webgpu artifacts from their real run in Dawn (pipeline/profiler/webgpu.py): every
+"""Profiles of webgpu artifacts from their real run in Dawn (pipeline/runners/webgpu/profile.py): every
 kernel timed by timestamp queries on SwiftShader, in the llvm profile's schema; and the kernel
 name map the RPC profiler uses between an llvm build and a GPU build."""
 
@@ -15,8 +15,8 @@ from mlcpipe.artifact import read_manifest
 from mlcpipe.build import build
 from mlcpipe.profiler.kernel_map import KernelMapError, map_kernels
 from mlcpipe.profiler.reports import FORMATS, render
-from mlcpipe.profiler.webgpu import profile
-from mlcpipe.runners.dawn import WebGPUEngine
+from mlcpipe.runners.webgpu.profile import profile
+from mlcpipe.runners.webgpu.dawn import WebGPUEngine
 from mlcpipe.runtime import Engine
 from mlcpipe.targets import load_target
 

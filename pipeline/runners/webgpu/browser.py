@@ -1,4 +1,4 @@
-"""`--browser`: the WebGPU runner in headless Chromium (`web/browser_runner.mjs`) instead of Dawn for
+"""`--browser`: the WebGPU runner in headless Chromium (`js/browser_runner.mjs`) instead of Dawn for
 node. Same protocol, driven by `dawn.DawnRunner(adapter, browser=True)`.
 
 Chromium picks its adapter: `swiftshader` (its own SwiftShader: `--use-webgpu-adapter=swiftshader`),
@@ -13,10 +13,10 @@ import os
 import shutil
 from pathlib import Path
 
-from ..errors import RunnerError
-from . import node_modules
+from ...errors import RunnerError
+from .. import node_modules
 
-BROWSER_RUNNER = Path(__file__).resolve().parent / "web" / "browser_runner.mjs"
+BROWSER_RUNNER = Path(__file__).resolve().parent / "js" / "browser_runner.mjs"
 BROWSER_ADAPTERS = ("swiftshader", "gpu", "auto")
 DEFAULT_CHROMIUM = "/usr/bin/chromium"
 _SETUP_HINT = "run scripts/setup-debian.sh (it installs node, chromium and `npm ci`)"

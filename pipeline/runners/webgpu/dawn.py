@@ -1,4 +1,4 @@
-"""Drive `web/node_runner.mjs`: an artifact's lib.wasm on a real WebGPU runtime (Dawn in node).
+"""Drive `js/node_runner.mjs`: an artifact's lib.wasm on a real WebGPU runtime (Dawn in node).
 
 Adapters: `gles` (Dawn's OpenGL ES backend on Mesa llvmpipe, compatibility mode), `swiftshader`
 (Dawn's Vulkan backend on SwiftShader, Chrome's fallback adapter; timestamp queries), `gpu`
@@ -20,13 +20,13 @@ from pathlib import Path
 
 import numpy as np
 
-from ..artifact import RUN_FIELDS, RUNTIME_CONFIG, read_manifest, verified_library
-from ..errors import ArtifactError, RunnerError
-from ..generation import Generation
-from ..weights import TENSOR_CACHE
-from . import node_modules
+from ...artifact import RUN_FIELDS, RUNTIME_CONFIG, read_manifest, verified_library
+from ...errors import ArtifactError, RunnerError
+from ...generation import Generation
+from ...weights import TENSOR_CACHE
+from .. import node_modules
 
-RUNNER = Path(__file__).resolve().parent / "web" / "node_runner.mjs"
+RUNNER = Path(__file__).resolve().parent / "js" / "node_runner.mjs"
 ADAPTERS = ("gles", "swiftshader", "gpu")
 SWIFTSHADER_ICD = Path("/usr/lib/chromium/vk_swiftshader_icd.json")
 # check tolerances per adapter: SwiftShader's exp / sin / cos / inverseSqrt are approximations
@@ -93,7 +93,7 @@ class DawnRunner:
     def __init__(self, adapter: str | None = None, browser: bool = False, timed: bool = False, console=None):
         """`console(line)`: sees the runtime's console lines (the page's, `[browser:log] ...`)."""
         self._console = console
-        if browser:  # headless Chromium (web/browser_runner.mjs, same protocol): see browser.py
+        if browser:  # headless Chromium (js/browser_runner.mjs, same protocol): see browser.py
             from .browser import browser_command
 
             self.adapter, argv, env = browser_command(adapter)
@@ -198,8 +198,8 @@ class WebGPUEngine(Generation):
             return self.artifact / "params"
         if str(weights) != "synthetic":
             return Path(weights)
-        from ..config import parse_model_config
-        from ..weights import convert_weights
+        from ...config import parse_model_config
+        from ...weights import convert_weights
 
         self._tmp = tempfile.TemporaryDirectory(prefix="mlcpipe-synthetic-")
         cfg = parse_model_config(self.config["model_config"], str(self.artifact / RUNTIME_CONFIG))
@@ -270,7 +270,7 @@ class KernelRunner:
 
 def check_tensor_cache(weights_dir: Path, parameters: list[dict]) -> None:
     """Every parameter the artifact takes is in the tensor cache with its shape and dtype."""
-    from ..weights import verify_tensor_cache
+    from ...weights import verify_tensor_cache
 
     index = Path(weights_dir) / TENSOR_CACHE
     if not index.is_file():

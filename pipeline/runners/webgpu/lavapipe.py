@@ -23,9 +23,9 @@ from typing import Any
 import numpy as np
 import tvm
 
-from ..backends import kinds_with
-from ..backends.modules import imported_device_modules
-from ..backends.binfmt import BlobReader, ModuleBlob
+from ...backends import kinds_with
+from ...backends.modules import imported_device_modules
+from ...backends.binfmt import BlobReader, ModuleBlob
 
 # Workaround for TVM's `> packGridDimX` (see the module docstring).
 PATCH_PACK_GRID_CHECK = True

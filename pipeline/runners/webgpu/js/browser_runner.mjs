@@ -6,7 +6,7 @@
 // port: only those files, looked up by exact path. Chromium is the system's (MLCPIPE_CHROMIUM,
 // default /usr/bin/chromium), driven by puppeteer-core, in a fresh temporary profile; it is
 // closed on `close`, on stdin EOF and when this process exits. The page's console goes to stderr
-// as `[browser:log|warning|error] ...`. One more op, `webllm` (pipeline/runners/webllm.py), opens
+// as `[browser:log|warning|error] ...`. One more op, `webllm` (pipeline/runners/webgpu/webllm.py), opens
 // webllm.html instead: WebLLM's own engine (npm @mlc-ai/web-llm) loads a lib.wasm and a model
 // directory served here and completes one prompt.
 import fs from "node:fs";
@@ -16,7 +16,7 @@ import path from "node:path";
 import readline from "node:readline";
 import { fileURLToPath, pathToFileURL } from "node:url";
 
-// The npm packages (`npm ci` in the checkout): $MLCPIPE_NODE_MODULES, set by pipeline/runners/dawn.py.
+// The npm packages (`npm ci` in the checkout): $MLCPIPE_NODE_MODULES, set by pipeline/runners/webgpu/dawn.py.
 const MODULES = process.env.MLCPIPE_NODE_MODULES;
 const { default: puppeteer } = await import(pathToFileURL(path.join(MODULES, "puppeteer-core", "lib", "puppeteer", "puppeteer-core.js")).href);
 
