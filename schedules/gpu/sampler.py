@@ -315,14 +315,55 @@ def _tile_threads(tile: int, threads: int) -> int:
     return max(1, min(tile // 2, threads))
 
 
+def _tile_shape(tile: int, threads: int) -> tuple[int, int, int, int]:
+    """(lanes, log2 tile, entries each lane loads / stores, pairs each lane compare-exchanges per step)."""
+    lanes = _tile_threads(tile, threads)
+    return lanes, tile.bit_length() - 1, tile // lanes, tile // 2 // lanes
+
+
+@T.macro
+def _sort_steps(sk, si, tx, threads, pairs, log_k, base, desc_all):
+    """The steps j = 2^(log_k - 1) .. 1 of bitonic stage 2^log_k over a tile in workgroup memory;
+    a pair is descending where `desc_all` says (None: where bit log_k of its global position is 0)."""
+    for step in range(log_k):
+        for q in range(pairs):
+            log_j: T.let[T.int32] = log_k - 1 - step
+            p: T.let[T.int32] = q * threads + tx
+            lo: T.let[T.int32] = pair_lo(p, log_j)
+            hi: T.let[T.int32] = lo + T.shift_left(1, log_j)
+            if desc_all is None:
+                desc: T.let[T.bool] = T.bitwise_and(base + lo, T.shift_left(1, log_k)) == 0
+                exchange_tile(sk, si, lo, hi, desc)
+            else:
+                exchange_tile(sk, si, lo, hi, desc_all)
+        T.tvm_storage_sync("shared")
+
+
+@T.macro
+def _load_tile(sk, si, keys, idx, b, base, tx, threads, per_thread):
+    for e in range(per_thread):
+        sk[e * threads + tx] = keys[b, base + e * threads + tx]
+        si[e * threads + tx] = idx[b, base + e * threads + tx]
+    T.tvm_storage_sync("shared")
+
+
+@T.macro
+def _store_tile(sk, si, keys, idx, b, base, tx, threads, per_thread, bound):
+    """The tile back to (keys, idx) at `base`, entries from `bound` on left out (None: all)."""
+    for e in range(per_thread):
+        if bound is None:
+            keys[b, base + e * threads + tx] = sk[e * threads + tx]
+            idx[b, base + e * threads + tx] = si[e * threads + tx]
+        elif base + e * threads + tx < bound:
+            keys[b, base + e * threads + tx] = sk[e * threads + tx]
+            idx[b, base + e * threads + tx] = si[e * threads + tx]
+
+
 def argsort_tiles_gpu(vocab_size: int, padded: int, tile: int, out_len: int, threads: int, kind: str) -> tirx.PrimFunc:
     """Load a tile (probs, padding), run stages k = 2 .. tile in workgroup memory, store."""
     lowest = lowest_f32(exact_literal=kind == "cuda")
-    threads = _tile_threads(tile, threads)
-    log_tile = tile.bit_length() - 1
+    threads, log_tile, per_thread, pairs = _tile_shape(tile, threads)
     tiles = padded // tile
-    per_thread = tile // threads  # entries each lane loads / stores
-    pairs = tile // 2 // threads  # pairs each lane compare-exchanges per step
 
     @T.prim_func(private=True, s_tir=True)
     def kernel(var_probs: T.handle, var_keys: T.handle, var_idx: T.handle):
@@ -345,30 +386,16 @@ def argsort_tiles_gpu(vocab_size: int, padded: int, tile: int, out_len: int, thr
                         si[e * threads + tx] = base + e * threads + tx
                     T.tvm_storage_sync("shared")
                     for log_k in range(1, log_tile + 1):
-                        for step in range(log_k):
-                            for q in range(pairs):
-                                log_j: T.let[T.int32] = log_k - 1 - step
-                                p: T.let[T.int32] = q * threads + tx
-                                lo: T.let[T.int32] = pair_lo(p, log_j)
-                                hi: T.let[T.int32] = lo + T.shift_left(1, log_j)
-                                desc: T.let[T.bool] = T.bitwise_and(base + lo, T.shift_left(1, log_k)) == 0
-                                exchange_tile(sk, si, lo, hi, desc)
-                            T.tvm_storage_sync("shared")
-                    for e in range(per_thread):
-                        if base + e * threads + tx < out_len:
-                            keys[b, base + e * threads + tx] = sk[e * threads + tx]
-                            idx[b, base + e * threads + tx] = si[e * threads + tx]
+                        _sort_steps(sk, si, tx, threads, pairs, log_k, base, None)
+                    _store_tile(sk, si, keys, idx, b, base, tx, threads, per_thread, out_len)
 
     return kernel
 
 
 def argsort_merge_gpu(padded: int, tile: int, threads: int) -> tirx.PrimFunc:
     """Steps j = tile/2 .. 1 of stage sort_k inside each tile, in place."""
-    threads = _tile_threads(tile, threads)
-    log_tile = tile.bit_length() - 1
+    threads, log_tile, per_thread, pairs = _tile_shape(tile, threads)
     tiles = padded // tile
-    per_thread = tile // threads
-    pairs = tile // 2 // threads
 
     @T.prim_func(private=True, s_tir=True)
     def kernel(var_keys: T.handle, var_idx: T.handle, sort_k: T.int32):
@@ -384,32 +411,17 @@ def argsort_merge_gpu(padded: int, tile: int, threads: int) -> tirx.PrimFunc:
                     b: T.let[T.int32] = T.Cast("int32", bx // tiles)
                     base: T.let[T.int32] = T.Cast("int32", bx % tiles) * tile
                     desc: T.let[T.bool] = T.bitwise_and(base, sort_k) == 0
-                    for e in range(per_thread):
-                        sk[e * threads + tx] = keys[b, base + e * threads + tx]
-                        si[e * threads + tx] = idx[b, base + e * threads + tx]
-                    T.tvm_storage_sync("shared")
-                    for step in range(log_tile):
-                        for q in range(pairs):
-                            log_j: T.let[T.int32] = log_tile - 1 - step
-                            p: T.let[T.int32] = q * threads + tx
-                            lo: T.let[T.int32] = pair_lo(p, log_j)
-                            hi: T.let[T.int32] = lo + T.shift_left(1, log_j)
-                            exchange_tile(sk, si, lo, hi, desc)
-                        T.tvm_storage_sync("shared")
-                    for e in range(per_thread):
-                        keys[b, base + e * threads + tx] = sk[e * threads + tx]
-                        idx[b, base + e * threads + tx] = si[e * threads + tx]
+                    _load_tile(sk, si, keys, idx, b, base, tx, threads, per_thread)
+                    _sort_steps(sk, si, tx, threads, pairs, log_tile, base, desc)
+                    _store_tile(sk, si, keys, idx, b, base, tx, threads, per_thread, None)
 
     return kernel
 
 
 def argsort_merge_final_gpu(vocab_size: int, padded: int, tile: int, threads: int) -> tirx.PrimFunc:
     """The last stage (k = padded: all descending) inside each tile, into the (b, V) outputs."""
-    threads = _tile_threads(tile, threads)
-    log_tile = tile.bit_length() - 1
+    threads, log_tile, per_thread, pairs = _tile_shape(tile, threads)
     tiles = padded // tile
-    per_thread = tile // threads
-    pairs = tile // 2 // threads
 
     @T.prim_func(private=True, s_tir=True)
     def kernel(var_keys: T.handle, var_idx: T.handle, var_out_keys: T.handle, var_out_idx: T.handle):
@@ -426,22 +438,9 @@ def argsort_merge_final_gpu(vocab_size: int, padded: int, tile: int, threads: in
                     si = T.sblock_alloc_buffer((tile,), "int32", scope="shared")
                     b: T.let[T.int32] = T.Cast("int32", bx // tiles)
                     base: T.let[T.int32] = T.Cast("int32", bx % tiles) * tile
-                    for e in range(per_thread):
-                        sk[e * threads + tx] = keys[b, base + e * threads + tx]
-                        si[e * threads + tx] = idx[b, base + e * threads + tx]
-                    T.tvm_storage_sync("shared")
-                    for step in range(log_tile):
-                        for q in range(pairs):
-                            log_j: T.let[T.int32] = log_tile - 1 - step
-                            p: T.let[T.int32] = q * threads + tx
-                            lo: T.let[T.int32] = pair_lo(p, log_j)
-                            hi: T.let[T.int32] = lo + T.shift_left(1, log_j)
-                            exchange_tile(sk, si, lo, hi, T.bool(True))
-                        T.tvm_storage_sync("shared")
-                    for e in range(per_thread):
-                        if base + e * threads + tx < vocab_size:
-                            out_keys[b, base + e * threads + tx] = sk[e * threads + tx]
-                            out_idx[b, base + e * threads + tx] = si[e * threads + tx]
+                    _load_tile(sk, si, keys, idx, b, base, tx, threads, per_thread)
+                    _sort_steps(sk, si, tx, threads, pairs, log_tile, base, T.bool(True))
+                    _store_tile(sk, si, out_keys, out_idx, b, base, tx, threads, per_thread, vocab_size)
 
     return kernel
 
