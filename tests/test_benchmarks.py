@@ -173,6 +173,26 @@ def test_decode_gemv_benchmark_cold_with_knob_variants(tmp_path, monkeypatch):
     assert "| DecodeGEMVQ4VNNI | DecodeGEMVQ4VNNI:planes=1;rows=2 |" in text
 
 
+def test_accuracy_benchmark_finds_the_one_plane_prefill(tmp_path):
+    """`python -m benchmarks.accuracy` on the tiny model built for Haswell (the AVX2 int8 rules, on any
+    x86 host): the plain build and one whose prefill GEMMs take two activation planes (a tuning
+    database given to the build), each against PyTorch's float32 truth; two planes land closer
+    than llama.cpp's one (Q8). A variant that names no knob is one error line."""
+    from benchmarks import accuracy
+
+    out = tmp_path / "accuracy.md"
+    argv = ["--model", "llama-tiny", "--quant", "q4f16_1", "--mcpu", "haswell", "--prompt", "40", "--steps", "3",
+            "--variants", "default,PrefillGEMMQ4VNNI:planes=2", "-o", str(out)]
+    assert accuracy.main(argv) == 0
+    rows = {r[0].strip(): r for r in (line.split("|")[1:-1] for line in out.read_text().splitlines()) if r and r[0].strip() in
+            ("default", "PrefillGEMMQ4VNNI:planes=2")}
+    (one, two) = (rows["default"], rows["PrefillGEMMQ4VNNI:planes=2"])
+    assert int(one[1]) == 0 and int(two[1]) >= 4  # qkv, o_proj, gate_up, down (and batch_verify's lm_head)
+    assert 0 < float(two[2]) < float(one[2]) < 0.2, (one, two)
+    assert all(float(r[3]) < 0.2 for r in (one, two))
+    assert accuracy.main(["--model", "llama-tiny", "--variants", "PrefillGEMMQ4VNNI"]) == 2
+
+
 def test_rounds_alternate_the_engine_order_and_merge(monkeypatch, tmp_path):
     """`--rounds 3`: the engine list runs forward, reversed, forward (each engine in its own
     worker; faked here), and each row merges its rounds: the median prefill, every round's
