@@ -23,7 +23,7 @@ from mlcpipe.build import build, export_model
 from mlcpipe.kernel_info import random_args
 from mlcpipe.passes import run_pipeline
 from mlcpipe.roles import ROLES
-from mlcpipe.runners import webgpu as runner
+from mlcpipe.runners.webgpu import lavapipe as runner
 from mlcpipe.targets import load_target
 from mlcpipe.schedules import RULES
 

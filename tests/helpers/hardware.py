@@ -26,7 +26,7 @@ def _node_packages(packages: tuple[str, ...]) -> str | None:
 @functools.cache
 def lavapipe() -> str | None:
     """wgpu finds a WebGPU adapter (Mesa lavapipe: mesa-vulkan-drivers) and the wgpu package is installed."""
-    from mlcpipe.runners import webgpu as runner
+    from mlcpipe.runners.webgpu import lavapipe as runner
 
     try:
         runner.get_device()

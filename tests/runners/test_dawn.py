@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from mlcpipe.build import build
 from mlcpipe.cli import main
 from mlcpipe.quantization import QUANTIZATIONS
-from mlcpipe.runners import dawn
+from mlcpipe.runners.webgpu import dawn
 from mlcpipe.errors import RunnerError
 from mlcpipe.runners.webgpu.dawn import WebGPUEngine
 from mlcpipe.targets import load_target
