@@ -83,14 +83,16 @@ def _run(config, args, rule, out: Path, prompt, tokens):
     from mlcpipe.build import build
     from mlcpipe.device import RunOptions
     from mlcpipe.interface.job import teacher_forced
+    from mlcpipe.quantization import resolve
     from mlcpipe.runtime import open_engine
     from mlcpipe.targets import load_target
 
     target = load_target("llvm", {"mcpu": args.mcpu} if args.mcpu else None)
+    scheme = resolve(config, args.quant)
     db_path, changed = None, 0
     if rule is not None:
-        db_path, changed = _tuning_db(config, args.quant, target, rule, out.with_suffix(".json"))
-    art = build(config, args.quant, target, output=out, tuning_db=db_path, log=lambda *_: None)
+        db_path, changed = _tuning_db(config, scheme, target, rule, out.with_suffix(".json"))
+    art = build(config, scheme, target, output=out, tuning_db=db_path, log=lambda *_: None)
     engine = open_engine(art, "synthetic", 0, RunOptions(prefill_chunk=config.prefill_chunk_size))
     if prompt is None:
         length = min(args.prompt, engine.context_window - args.steps - 1)
@@ -99,7 +101,7 @@ def _run(config, args, rule, out: Path, prompt, tokens):
     return logits, changed, prompt, fed
 
 
-def _tuning_db(config, quant: str, target, rule, path: Path) -> tuple[Path, int]:
+def _tuning_db(config, quant, target, rule, path: Path) -> tuple[Path, int]:
     """A tuning database giving `rule` (with its knobs) every kernel it takes by default."""
     import dataclasses
 

@@ -280,11 +280,11 @@ def _graph_us(torch, func, sets: list[list]) -> float:
 def effective_weights(config, quant: str, seed: int = 0) -> dict[str, np.ndarray]:
     """HF name -> float32 values the `quant` build of the synthetic model computes with: every
     matrix quantized and dequantized as the kernels do it, the rest rounded to the model dtype."""
-    from mlcpipe.quantization import QUANTIZATIONS
+    from mlcpipe.quantization import quantization
 
     from .common import hf_weights
 
-    scheme = QUANTIZATIONS[quant]
+    scheme = quantization(quant)
     out = {}
     for name, _, get in hf_weights(config, seed):
         w = get()

@@ -45,12 +45,12 @@ def build_artifact(model: str, quant: str, rebuild: bool = False, log=print) -> 
     """(artifact dir, build seconds, reused?)."""
     from mlcpipe.build import build, default_output
     from mlcpipe.config import load_model_config
-    from mlcpipe.targets import load_target
-
-    from mlcpipe.targets import HOST_CPU_ENV
+    from mlcpipe.quantization import resolve
+    from mlcpipe.targets import HOST_CPU_ENV, load_target
 
     config, target = load_model_config(model), load_target("llvm")
-    output = default_output(config, quant, target)
+    scheme = resolve(config, quant)
+    output = default_output(config, scheme, target)
     if not output.is_absolute():
         output = ROOT / output
     if os.environ.get(HOST_CPU_ENV):  # another CPU class's build (e.g. haswell on an AVX-512 host): its own directory
@@ -66,7 +66,7 @@ def build_artifact(model: str, quant: str, rebuild: bool = False, log=print) -> 
 
         shutil.rmtree(output)
     t0 = time.perf_counter()
-    build(config, quant, target, output=output, log=log)
+    build(config, scheme, target, output=output, log=log)
     wall = time.perf_counter() - t0
     stamp.parent.mkdir(parents=True, exist_ok=True)
     stamp.write_text(json.dumps({"source_hash": key, "build_wall_s": wall}) + "\n")

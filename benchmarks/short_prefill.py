@@ -31,14 +31,16 @@ def _builds(model: str, quant: str, out_root: Path, log) -> dict[str, Path]:
     from mlcpipe.build import build
     from mlcpipe.config import load_model_config
     from mlcpipe.kernel_info import symbolic_dims
+    from mlcpipe.quantization import resolve
     from mlcpipe.targets import load_target
     from mlcpipe.tuning.knobs import unscheduled_kernels
     from mlcpipe.tuning import TuningDB
     from mlcpipe.schedules.signature import kernel_signature
 
     config, target = load_model_config(model), load_target("llvm")
+    scheme = resolve(config, quant)
     tiles_only = TuningDB(out_root / "low-batch-0.json")
-    for name, func in unscheduled_kernels(config, quant, target.tvm_target()).items():
+    for name, func in unscheduled_kernels(config, scheme, target.tvm_target()).items():
         if "NT_matmul" in name and symbolic_dims(func):
             tiles_only.put(target.target, kernel_signature(func), {"kernel": name, "rule": "PrefillGEMMAMX", "knobs": {"low_batch": 0}})
     tiles_only.save()
@@ -52,7 +54,7 @@ def _builds(model: str, quant: str, out_root: Path, log) -> dict[str, Path]:
 
             shutil.rmtree(out)
         t0 = time.perf_counter()
-        arts[label] = build(config, quant, target, output=out, tuning_db=db.path, log=lambda *_: None)
+        arts[label] = build(config, scheme, target, output=out, tuning_db=db.path, log=lambda *_: None)
         log(f"[short-prefill] built {label} in {time.perf_counter() - t0:.1f}s")
     return arts
 

@@ -21,14 +21,14 @@ from mlcpipe.schedules import schedule_pass
 from .artifact import ARTIFACT_FORMAT, MANIFEST, RUNTIME_CONFIG, TENSOR_CACHE, ArtifactError, atomic_directory, check_not_inside, file_digests, write_json
 from .backends import backend
 from .kernel_info import kernel_roles, kv_cache_kernel_slots, launch_config
-from .config import ModelConfig, artifacts_root, check_quantization, kv_cache_bytes
+from .config import ModelConfig, artifacts_root, kv_cache_bytes
 from .mlc_contract import MLC_MODEL_TYPES, mlc_chat_config
 from .model.create import create_model
 from .model.sampler import attach_sampler
 from .passes import run_pipeline
 from .passes.function_table import DEFAULT_MAX_BATCH_SIZE, AttachMetadata, add_kv_cache_alias
 from .passes.kv_cache_fixes import WINDOW_ATTR
-from .quantization import QUANTIZATIONS
+from .quantization import Quantization
 from .reference import KERNELS as REFERENCE_KERNELS
 from .reference import LIBRARY as REFERENCE_LIBRARY
 from .reference import build_reference
@@ -42,12 +42,12 @@ def primfuncs_only(mod: tvm.IRModule) -> tvm.IRModule:
     return tvm.IRModule({gv: f for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)})
 
 
-def default_output(config: ModelConfig, quant: str, target: TargetSpec) -> Path:
+def default_output(config: ModelConfig, quant: Quantization, target: TargetSpec) -> Path:
     """artifacts/<model>-<quant>-<target> ($MLCPIPE_ARTIFACTS overrides the artifacts dir)."""
-    return artifacts_root() / f"{config.name}-{quant}-{target.name}"
+    return artifacts_root() / f"{config.name}-{quant.name}-{target.name}"
 
 
-def export_model(config: ModelConfig, quant: str, target: tvm.target.Target):
+def export_model(config: ModelConfig, quant: Quantization, target: tvm.target.Target):
     """(Relax module, named parameters): the model's functions plus `create_tir_paged_kv_cache`
     (MLC-LLM's name for `create_paged_kv_cache`, same kernels)."""
     with target:
@@ -75,12 +75,12 @@ def variable_bounds(config: ModelConfig) -> dict[str, int]:
     }
 
 
-def model_metadata(config: ModelConfig, quant: str, named_params) -> dict[str, Any]:
+def model_metadata(config: ModelConfig, quant: Quantization, named_params) -> dict[str, Any]:
     """What `_metadata` returns, less `memory_usage` (added by the pass after memory planning):
     the fields MLC-LLM's ModelMetadata::FromJSON reads (cpp/metadata/model.cc)."""
     return {
         "model_type": MLC_MODEL_TYPES[config.architecture],
-        "quantization": quant,
+        "quantization": quant.name,
         "context_window_size": config.context_window_size,
         "sliding_window_size": -1,
         "attention_sink_size": -1,
@@ -130,7 +130,7 @@ def package_versions() -> dict[str, str]:
     return out
 
 
-def runtime_config(config: ModelConfig, quant: str) -> dict[str, Any]:
+def runtime_config(config: ModelConfig, quant: Quantization) -> dict[str, Any]:
     """The artifact's mlc-chat-config.json (MLC-LLM's format plus mlcpipe's runtime fields; no
     tokenizer files beside it: those go with the converted weights)."""
     return mlc_chat_config(config, quant)
@@ -166,7 +166,7 @@ def keep_params(artifact: Path, tmp: Path, expected: list[tuple[str, list[int], 
 
 def build(
     config: ModelConfig,
-    quant: str,
+    quant: Quantization,
     target: TargetSpec,
     output: Path | None = None,
     dump_ir: bool = False,
@@ -175,7 +175,7 @@ def build(
     manifest_extra: dict[str, Any] | None = None,
     tuning_db: Path | None = None,
 ) -> Path:
-    """Compile `config` at `quant` for `target` into an artifact directory; return its path.
+    """Compile `config` at `quant` (its scheme: quantization.resolve) for `target` into an artifact directory; return its path.
 
     With `weights` (a Hugging Face directory or "synthetic") the converted weights are written
     to `<artifact>/params/` as well; without, a rebuild keeps the artifact's existing `params/`
@@ -187,7 +187,6 @@ def build(
     their knobs from the tuning database (`tuning_db`, default artifacts/tuning/<target>.json
     when it exists); the manifest records each kernel's rule, knobs and their source.
     """
-    check_quantization(config, quant)
     output = Path(output) if output else default_output(config, quant, target)
     if weights is not None and str(weights) != "synthetic":
         check_not_inside(output, Path(weights), "--output", "--weights")
@@ -196,8 +195,8 @@ def build(
     started = time.perf_counter()
     with atomic_directory(output, kind="artifact") as tmp:
         _make_room(config, quant, output, tmp, weights, log)
-        log(f"[mlcpipe] exporting {config.name} ({quant}) for {target.name} {target.target}")
-        kv = kv_cache_bytes(config.as_dict(), config.context_window_size, np.dtype(QUANTIZATIONS[quant].model_dtype).itemsize)
+        log(f"[mlcpipe] exporting {config.name} ({quant.name}) for {target.name} {target.target}")
+        kv = kv_cache_bytes(config.as_dict(), config.context_window_size, np.dtype(quant.model_dtype).itemsize)
         log(f"[mlcpipe] its KV cache at context_window_size {config.context_window_size}: {kv / 2**20:.1f} MiB (run allocates it whole)")
         compiled = _compile(config, quant, target, db, tuning, tmp, dump_ir, log, started)
         build_seconds = time.perf_counter() - started
@@ -211,7 +210,7 @@ def build(
     return output
 
 
-def _make_room(config: ModelConfig, quant: str, output: Path, tmp: Path, weights: str | None, log) -> None:
+def _make_room(config: ModelConfig, quant: Quantization, output: Path, tmp: Path, weights: str | None, log) -> None:
     """Before the minutes of compiling: room for the library, its sources and references (the
     margin) and the converted weights where they are written too; without `weights`, the
     existing artifact's params/ kept when they fit (keep_params)."""
@@ -236,7 +235,7 @@ class _Compiled:
     chat_config: dict[str, Any]
 
 
-def _compile(config: ModelConfig, quant: str, target: TargetSpec, db: TuningDB, tuning: dict, tmp: Path, dump_ir: bool, log,
+def _compile(config: ModelConfig, quant: Quantization, target: TargetSpec, db: TuningDB, tuning: dict, tmp: Path, dump_ir: bool, log,
              started: float) -> _Compiled:
     """Export, the pass phases (fused kernels and TIR snapshots recorded on the way), the
     target's codegen and export into `tmp`, and the reference kernels of `mlcpipe check`."""
@@ -287,7 +286,7 @@ def _compile(config: ModelConfig, quant: str, target: TargetSpec, db: TuningDB, 
     log("[mlcpipe] compiling the reference kernels of `mlcpipe check`")
     chat_config = runtime_config(config, quant)
     build_reference(snapshots["fuse-tir"], [gv.name_hint for gv in snapshots["schedule"].get_global_vars()],
-                    chat_config["model_config"], QUANTIZATIONS[quant].model_dtype,
+                    chat_config["model_config"], quant.model_dtype,
                     target_backend.HOST_CPU, tmp / "reference")
     launch = launch_config(mod)
     for kernel in fused:
@@ -298,7 +297,7 @@ def _compile(config: ModelConfig, quant: str, target: TargetSpec, db: TuningDB, 
     return _Compiled(mod, named_params, fused, kv_slots, schedules, chat_config)
 
 
-def _manifest(config: ModelConfig, quant: str, target: TargetSpec, compiled: _Compiled, db: TuningDB | None, build_seconds: float,
+def _manifest(config: ModelConfig, quant: Quantization, target: TargetSpec, compiled: _Compiled, db: TuningDB | None, build_seconds: float,
               manifest_extra: dict[str, Any] | None, tmp: Path) -> dict[str, Any]:
     """The artifact's manifest.json (written last: `files` digests every other file of `tmp`);
     `db`: the tuning database the build applied, if it had records for the target."""
@@ -307,7 +306,7 @@ def _manifest(config: ModelConfig, quant: str, target: TargetSpec, compiled: _Co
         "format": ARTIFACT_FORMAT,
         "model": config.name,
         "display_name": config.display_name,
-        "quantization": quant,
+        "quantization": quant.name,
         "target_name": target.name,
         "target": target.target,
         "target_options": target.options,

@@ -654,17 +654,3 @@ def resolve_model_path(model: str) -> Path:
 def load_model_config(model: str) -> ModelConfig:
     path = resolve_model_path(model)
     return parse_model_config(load_yaml(path, "model config"), str(path))
-
-
-def check_quantization(config: ModelConfig, quant: str) -> None:
-    """The quantization must be known, listed by the model, and fit its shapes."""
-    from .quantization import QUANTIZATIONS
-
-    if quant not in QUANTIZATIONS:
-        raise ConfigError(f"--quant {quant!r}: unknown quantization; allowed: {sorted(QUANTIZATIONS)}")
-    if quant not in config.quantizations:
-        raise ConfigError(
-            f"{config.source}: field 'quantizations' does not list {quant!r}; "
-            f"listed: {list(config.quantizations)}"
-        )
-    QUANTIZATIONS[quant].check_shapes(config)

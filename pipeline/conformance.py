@@ -18,7 +18,7 @@ from .config import short_repr
 from .device import tvm_runtime as rt
 from .errors import ArtifactError
 from .kernel_inputs import kernel_args, kernel_args_bytes, symbolic_dims
-from .quantization import QUANTIZATIONS, TOLERANCE
+from .quantization import TOLERANCE, Quantization, quantization
 from .roles import WEIGHT_ROLES
 
 # /proc/cpuinfo flags a reference library's llvm CPU needs (pipeline/reference.py PORTABLE_MCPU)
@@ -122,16 +122,15 @@ def _check_cpu(target: dict, library: Path) -> None:
         raise ArtifactError(f"{library}: the reference kernels need a {target['mcpu']} CPU; this one lacks {', '.join(missing)}")
 
 
-def numpy_dequant_matmul(name: str, quant: str, args: list[np.ndarray]) -> np.ndarray | None:
+def numpy_dequant_matmul(name: str, quant: Quantization, args: list[np.ndarray]) -> np.ndarray | None:
     """NumPy result of a fused_dequantize..._NT_matmul[_cast][_add] kernel, or None if its
     argument list is not (q_weight, q_scale, x[, residual], out)."""
-    scheme = QUANTIZATIONS[quant]
-    if not hasattr(scheme, "dequantize_weight") or len(args) not in (4, 5):
+    if not hasattr(quant, "dequantize_weight") or len(args) not in (4, 5):
         return None
     q_weight, q_scale, x = args[0], args[1], args[2]
     if q_weight.dtype != np.uint32:
         return None
-    w = scheme.dequantize_weight(q_weight, q_scale)
+    w = quant.dequantize_weight(q_weight, q_scale)
     out = args[-1]
     y = x.astype(np.float32) @ w.T
     if out.dtype != np.float32:
@@ -209,7 +208,7 @@ def check_artifact(artifact: str | Path, sizes: tuple[int, ...] = (1, 7), patter
     chat_config = read_json(verified(artifact, manifest, RUNTIME_CONFIG, "files"), RUNTIME_CONFIG)
     model_config = chat_config["model_config"]
     heads = {"H": model_config["num_attention_heads"], "D": model_config["head_dim"]}
-    model_tolerance = QUANTIZATIONS[manifest["quantization"]].tolerance
+    quant = quantization(manifest["quantization"], f"{artifact}: manifest field 'quantization'")
     results: list[KernelResult] = []
     names = sorted(reference.kernels)
     if regex is not None:
@@ -237,7 +236,7 @@ def check_artifact(artifact: str | Path, sizes: tuple[int, ...] = (1, 7), patter
             if skips[name]:
                 results.append(KernelResult(name, role, "-", "skip", note=skips[name]))
                 continue
-            results += _check_kernel(run, reference, name, role, manifest["quantization"], sizes, seed, heads, model_tolerance)
+            results += _check_kernel(run, reference, name, role, quant, sizes, seed, heads)
     finally:
         if hasattr(run, "close"):
             run.close()
@@ -255,8 +254,8 @@ def check_artifact(artifact: str | Path, sizes: tuple[int, ...] = (1, 7), patter
     return CheckReport(str(artifact), kind, True, results, summary)
 
 
-def _check_kernel(run, reference: Reference, name: str, role: str, quant: str, sizes: tuple[int, ...], seed: int, heads: dict,
-                  model_tolerance: float) -> list[KernelResult]:
+def _check_kernel(run, reference: Reference, name: str, role: str, quant: Quantization, sizes: tuple[int, ...], seed: int,
+                  heads: dict) -> list[KernelResult]:
     """One kernel at each size (one run for static shapes): the shipped kernel (`run`) against the
     reference kernel, itself checked against NumPy for the fused dequantize matmuls."""
     results = []
@@ -283,7 +282,7 @@ def _check_kernel(run, reference: Reference, name: str, role: str, quant: str, s
             continue
         # a float32 output of an f16 model (the lm_head's logits) computes from f16 values: the
         # model dtype's tolerance holds it (the rules' int8 / bf16 activations stay within it)
-        err_abs, err_rel, ok = _compare(got, want, getattr(run, "tolerance", None), model_tolerance)
+        err_abs, err_rel, ok = _compare(got, want, getattr(run, "tolerance", None), quant.tolerance)
         results.append(KernelResult(name, role, label, "pass" if ok else "FAIL", err_abs, err_rel, note))
     return results
 

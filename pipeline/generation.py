@@ -20,6 +20,7 @@ import numpy as np
 
 from .artifact import RUN_FIELDS, RUNTIME_CONFIG, read_json, read_manifest, verified
 from .config import kv_cache_bytes
+from .quantization import quantization
 
 
 def checked_prefill_chunk(requested: int | None, built: int) -> int:
@@ -104,6 +105,7 @@ class Generation(ABC):
         self.artifact = Path(artifact)
         self.manifest = read_manifest(self.artifact, RUN_FIELDS)
         self.config = read_json(verified(self.artifact, self.manifest, RUNTIME_CONFIG, "files"), RUNTIME_CONFIG)
+        self.quant = quantization(self.manifest["quantization"], f"{self.artifact}: manifest field 'quantization'")
         self.vocab_size = int(self.config["vocab_size"])
         self.context_window = int(self.config["context_window_size"])
         self.prefill_chunk = checked_prefill_chunk(prefill_chunk, int(self.config["prefill_chunk_size"]))
@@ -111,10 +113,7 @@ class Generation(ABC):
     def kv_cache_bytes(self) -> int:
         """Bytes of the KV cache `reset` allocates: every layer's K and V pages for the whole
         context window, in the model's dtype (f16 models 2 bytes, f32 models 4)."""
-        from .quantization import QUANTIZATIONS
-
-        dtype = QUANTIZATIONS[self.manifest["quantization"]].model_dtype
-        return kv_cache_bytes(self.config["model_config"], self.context_window, np.dtype(dtype).itemsize)
+        return kv_cache_bytes(self.config["model_config"], self.context_window, np.dtype(self.quant.model_dtype).itemsize)
 
     def check_tokens(self, tokens: Sequence[int], max_new_tokens: int = 0) -> None:
         if len(tokens) == 0:

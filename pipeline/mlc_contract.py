@@ -18,6 +18,7 @@ from typing import Any
 from .artifact import MANIFEST, RUNTIME_CONFIG, TENSOR_CACHE, TOKENIZER_FILES, confined, read_json, read_manifest, verified
 from .config import DEFAULT_CONV_TEMPLATE, ModelConfig, parse_conv_template, short_repr
 from .errors import ArtifactError
+from .quantization import Quantization
 from .tensor_cache import read_tensor_cache
 
 MLC_CHAT_CONFIG_VERSION = "0.1.0"
@@ -117,20 +118,18 @@ def mlc_model_config(config: ModelConfig) -> dict[str, Any]:
     return {**mlc, **{k: v for k, v in ours.items() if k not in mlc}}
 
 
-def mlc_chat_config(config: ModelConfig, quant: str, model_dir: Path | None = None,
+def mlc_chat_config(config: ModelConfig, quant: Quantization, model_dir: Path | None = None,
                     tokenizer_files: list[str] | None = None) -> dict[str, Any]:
     """mlc-chat-config.json for `config` at `quant`. `tokenizer_files`: the tokenizer files beside
     it (`model_dir`, where tokenizer.json is read for `tokenizer_info`); none by default.
     mlcpipe's own runtime reads `model_config`, `vocab_size`, `context_window_size`,
     `prefill_chunk_size`, `page_size` (and the rest of its keys at the end)."""
-    from .quantization import QUANTIZATIONS
-
     files = list(tokenizer_files or [])
     conv = config.conv_template or parse_conv_template(DEFAULT_CONV_TEMPLATE, config.source, config.vocab_size)
     return {
         "version": MLC_CHAT_CONFIG_VERSION,
         "model_type": MLC_MODEL_TYPES[config.architecture],
-        "quantization": quant,
+        "quantization": quant.name,
         "model_config": mlc_model_config(config),
         "vocab_size": config.vocab_size,
         "context_window_size": config.context_window_size,
@@ -152,7 +151,7 @@ def mlc_chat_config(config: ModelConfig, quant: str, model_dir: Path | None = No
         "eos_token_id": list(config.eos_token_id) if isinstance(config.eos_token_id, tuple) else config.eos_token_id,
         # mlcpipe's runtime
         "model": config.name,
-        "model_dtype": QUANTIZATIONS[quant].model_dtype,
+        "model_dtype": quant.model_dtype,
         "hidden_size": config.hidden_size,
         "page_size": config.page_size,
     }

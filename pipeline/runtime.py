@@ -101,7 +101,7 @@ class Engine(Generation):
         from .weights import synthetic_stored
 
         cfg = parse_model_config(self.config["model_config"], str(self.artifact / RUNTIME_CONFIG))
-        return synthetic_stored(cfg, self.manifest["quantization"], seed)
+        return synthetic_stored(cfg, self.quant, seed)
 
     # ---- local or remote runtime objects ---------------------------------------------------
     def global_func(self, name: str):

@@ -17,12 +17,12 @@ import ml_dtypes
 import numpy as np
 
 from .artifact import RUNTIME_CONFIG, WEIGHTS_WRITER, atomic_directory, check_not_inside, read_json, sha256_file, verify_bytes, write_json
-from .config import ModelConfig, check_quantization, short_repr
+from .config import ModelConfig, short_repr
 from .errors import ArtifactError, ConfigError
 from .mlc_contract import TENSOR_CACHE, copy_tokenizer_files, detect_tokenizer_info, mlc_chat_config
 from .tensor_cache import CACHE_DTYPES, read_tensor_cache, uint
 from .model import WEIGHT_MAPS
-from .quantization import QUANTIZATIONS
+from .quantization import Quantization
 from .tokenizer import Tokenizer
 
 _SAFETENSORS_DTYPES = {
@@ -223,14 +223,14 @@ def _check_values(where: str, values: np.ndarray, limit: tuple[float, str] | Non
             raise ArtifactError(f"{where}: max |value| {peak:.6g} ({count} values above {limit[0]:g}); {limit[1]}")
 
 
-def value_limit(quant: str) -> tuple[float, str] | None:
+def value_limit(quant: Quantization) -> tuple[float, str] | None:
     """(largest |weight| the quantization stores, why) for a checkpoint converted to `quant`:
     float16 holds |x| <= 65504; a q4f16_1 group stores max|w| / 7 as a float16 scale and
     dequantizes (q - 7) * scale in float16, so its weights must stay within 65504 too."""
-    dtype = QUANTIZATIONS[quant].model_dtype
+    dtype = quant.model_dtype
     if dtype in ("float16", "bfloat16"):
         finfo = ml_dtypes.finfo(dtype) if dtype == "bfloat16" else np.finfo(dtype)
-        return float(finfo.max), f"{quant} stores {dtype} (allowed: |value| <= {float(finfo.max):g}); rescale the checkpoint or use a f32 quantization"
+        return float(finfo.max), f"{quant.name} stores {dtype} (allowed: |value| <= {float(finfo.max):g}); rescale the checkpoint or use a f32 quantization"
     return None
 
 
@@ -281,18 +281,17 @@ def logical_weights(config: ModelConfig, source: str | Path, seed: int = 0, limi
         yield ws.name, _logical(ws, parts)
 
 
-def synthetic_stored(config: ModelConfig, quant: str, seed: int = 0, workers: int | None = None) -> dict[str, np.ndarray]:
+def synthetic_stored(config: ModelConfig, quant: Quantization, seed: int = 0, workers: int | None = None) -> dict[str, np.ndarray]:
     """The stored tensors of `--weights synthetic` (logical_weights' values, quantized), made by
     `workers` threads (default: the CPUs this process may use; NumPy releases the GIL)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    scheme = QUANTIZATIONS[quant]
     get = synthetic_source(config, seed)
     if workers is None:
         workers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     stored: dict[str, np.ndarray] = {}
     with ThreadPoolExecutor(max_workers=workers) as pool:
-        for tensors in pool.map(lambda ws: scheme.quantize_param(ws.name, _synthetic_tensor(get, ws)),
+        for tensors in pool.map(lambda ws: quant.quantize_param(ws.name, _synthetic_tensor(get, ws)),
                                 WEIGHT_MAPS[config.architecture](config)):
             stored.update(tensors)
     return stored
@@ -309,7 +308,7 @@ def _logical(ws, parts: list[np.ndarray]) -> np.ndarray:
     return value + np.float32(ws.offset) if ws.offset else value
 
 
-def expected_parameters(config: ModelConfig, quant: str) -> list[tuple[str, tuple[int, ...], str]]:
+def expected_parameters(config: ModelConfig, quant: Quantization) -> list[tuple[str, tuple[int, ...], str]]:
     """(name, shape, dtype) of every stored parameter, in the order the compiled model takes them."""
     from tvm.target import Target
 
@@ -329,7 +328,7 @@ def check_free_space(directory: Path, nbytes: int, what: str) -> None:
 
 
 def convert_weights(
-    config: ModelConfig, quant: str, source: str | Path, output: Path, seed: int = 0, log=print, allow_unused: bool = False
+    config: ModelConfig, quant: Quantization, source: str | Path, output: Path, seed: int = 0, log=print, allow_unused: bool = False
 ) -> Path:
     """Quantize `source` ("synthetic" or a HF dir) into `output`: a model directory MLC-LLM and
     WebLLM load (shards + tensor-cache.json + mlc-chat-config.json + the checkpoint's tokenizer
@@ -339,7 +338,6 @@ def convert_weights(
     use are an error unless `allow_unused` (logical_weights)."""
     from tvm.contrib import tvmjs
 
-    check_quantization(config, quant)
     if str(source) != "synthetic" and not Path(source).is_dir():
         raise ArtifactError(f"--source {source}: not a directory (expected a Hugging Face checkpoint or 'synthetic')")
     if str(source) != "synthetic":
@@ -347,7 +345,6 @@ def convert_weights(
     if str(source) != "synthetic" and (Path(source) / "tokenizer.json").is_file():  # refused before it is copied
         detect_tokenizer_info(Path(source))
         Tokenizer.check(Path(source) / "tokenizer.json")
-    scheme = QUANTIZATIONS[quant]
     with atomic_directory(Path(output), kind="weights") as tmp:  # owned / locked before any work
         expected = expected_parameters(config, quant)
         check_free_space(tmp, sum(math.prod(shape) * np.dtype(dtype).itemsize for _, shape, dtype in expected), "the converted weights")
@@ -356,9 +353,9 @@ def convert_weights(
         limit = value_limit(quant)
         for name, weight in logical_weights(config, source, seed, limit=limit, allow_unused=allow_unused, log=log):
             total_params += weight.size
-            for stored_name, array in scheme.quantize_param(name, weight).items():
+            for stored_name, array in quant.quantize_param(name, weight).items():
                 with np.errstate(over="ignore"):  # a q4f16_1 scale's largest dequantized value, (14 - 7) * scale
-                    peak = array * array.dtype.type(scheme.zero_point) if stored_name.endswith(".q_scale") else array
+                    peak = array * array.dtype.type(quant.zero_point) if stored_name.endswith(".q_scale") else array
                 if array.dtype.kind == "f" and not np.isfinite(peak).all():  # e.g. a q4f16_1 scale that rounded up
                     raise ArtifactError(f"{source}: parameter '{stored_name}' is not finite in {array.dtype} (max |weight| of "
                                         f"{name}: {float(np.abs(weight).max()):.6g}); {limit[1] if limit else ''}")
@@ -384,7 +381,7 @@ def convert_weights(
                     "BitsPerParam": total_bytes * 8.0 / max(total_params, 1),
                     "writer": WEIGHTS_WRITER,  # the ownership marker (artifact.owner_kind)
                     "model": config.name,
-                    "quantization": quant,
+                    "quantization": quant.name,
                     "source": "synthetic" if str(source) == "synthetic" else str(Path(source).resolve()),
                     "seed": seed if str(source) == "synthetic" else None,
                 },

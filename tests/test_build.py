@@ -13,13 +13,14 @@ from mlcpipe.build import build
 from mlcpipe.errors import ArtifactError, ConfigError
 from mlcpipe.targets import load_target
 from mlcpipe.weights import expected_parameters
+from mlcpipe.quantization import quantization
 
 
 @pytest.fixture(scope="module")
 def built(tiny_config, tmp_path_factory):
     out = tmp_path_factory.mktemp("build") / "art"
     logs: list[str] = []
-    build(tiny_config, "q4f16_1", load_target("llvm"), out, weights="synthetic", log=logs.append,
+    build(tiny_config, quantization("q4f16_1"), load_target("llvm"), out, weights="synthetic", log=logs.append,
           manifest_extra={"note": "extra"}, tuning_db=out.parent / "no-db.json")
     return out, logs
 
@@ -28,7 +29,7 @@ def test_the_manifest_records_what_the_phases_made(built, tiny_config):
     art, logs = built
     manifest = read_manifest(art, RUN_FIELDS)
     assert manifest["quantization"] == "q4f16_1" and manifest["note"] == "extra" and manifest["tuning_db"] is None
-    assert [(p["name"], tuple(p["shape"]), p["dtype"]) for p in manifest["parameters"]] == expected_parameters(tiny_config, "q4f16_1")
+    assert [(p["name"], tuple(p["shape"]), p["dtype"]) for p in manifest["parameters"]] == expected_parameters(tiny_config, quantization("q4f16_1"))
     fused = [k for k in manifest["kernels"] if "dequantize" in k["name"] and "NT_matmul" in k["name"]]
     assert fused and all(k["role"] in ("qkv", "o_proj", "gate_up", "down", "lm_head") for k in fused)
     assert all(k["schedule"] and k["schedule"]["rule"] for k in manifest["kernels"] if k["schedule"] is not None)
@@ -51,5 +52,5 @@ def test_a_bad_tuning_database_is_refused_before_anything_is_built(tiny_config, 
                               "records": {target_key(load_target("llvm").target): {"sig": {"rule": "NoSuchRule", "knobs": {}}}}}))
     logs: list[str] = []
     with pytest.raises((ConfigError, ArtifactError), match="rule 'NoSuchRule' unknown"):
-        build(tiny_config, "q4f16_1", load_target("llvm"), tmp_path / "art", log=logs.append, tuning_db=db)
+        build(tiny_config, quantization("q4f16_1"), load_target("llvm"), tmp_path / "art", log=logs.append, tuning_db=db)
     assert logs == [] and not (tmp_path / "art").exists()

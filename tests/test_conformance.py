@@ -10,6 +10,7 @@ from mlcpipe import conformance
 from mlcpipe.build import build
 from mlcpipe.roles import WEIGHT_ROLES
 from mlcpipe.targets import load_target
+from mlcpipe.quantization import quantization
 
 from tests.helpers.cli import mlcpipe
 
@@ -17,7 +18,7 @@ from tests.helpers.cli import mlcpipe
 @pytest.fixture(scope="module")
 def llvm_artifact(tiny_config, tmp_path_factory):
     out = tmp_path_factory.mktemp("check") / "tiny-q4f32_1-llvm"
-    return build(tiny_config, "q4f32_1", load_target("llvm"), output=out, log=lambda *_: None)
+    return build(tiny_config, quantization("q4f32_1"), load_target("llvm"), output=out, log=lambda *_: None)
 
 
 def test_check_passes_every_kernel_on_llvm(llvm_artifact):
@@ -41,7 +42,7 @@ def test_check_runs_the_shipped_library(llvm_artifact, tiny_config, tmp_path):
 
     from mlcpipe.artifact import sha256_file
 
-    other = build(dataclasses.replace(tiny_config, rms_norm_eps=0.5), "q4f32_1", load_target("llvm"),
+    other = build(dataclasses.replace(tiny_config, rms_norm_eps=0.5), quantization("q4f32_1"), load_target("llvm"),
                   output=tmp_path / "other", log=lambda *_: None)
     swapped = tmp_path / "swapped"
     shutil.copytree(llvm_artifact, swapped)

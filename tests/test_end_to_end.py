@@ -11,6 +11,7 @@ from mlcpipe.quantization import QUANTIZATIONS
 from mlcpipe.runtime import Engine
 from mlcpipe.targets import load_target
 from mlcpipe.weights import convert_weights
+from mlcpipe.quantization import quantization
 
 from tests.helpers.checkpoints import hf_config, random_hf_weights, write_hf_checkpoint
 from tests.helpers.reference_checks import PROMPT, as_model_sees_it, check_against_reference
@@ -23,8 +24,8 @@ DECODE_STEPS = 8
 def test_tiny_llama_matches_numpy_reference(quant, tiny_config, tmp_path):
     weights = random_hf_weights(tiny_config, seed=1)
     hf_dir = write_hf_checkpoint(tmp_path / "hf", tiny_config, weights, shards=2)
-    params = convert_weights(tiny_config, quant, hf_dir, tmp_path / "weights", log=lambda *_: None)
-    artifact = build(tiny_config, quant, load_target("llvm"), output=tmp_path / "artifact", log=lambda *_: None)
+    params = convert_weights(tiny_config, quantization(quant), hf_dir, tmp_path / "weights", log=lambda *_: None)
+    artifact = build(tiny_config, quantization(quant), load_target("llvm"), output=tmp_path / "artifact", log=lambda *_: None)
 
     engine = Engine(artifact, params)
     ref = ReferenceLlama(hf_config(tiny_config), as_model_sees_it(quant, weights))

@@ -11,6 +11,7 @@ from mlcpipe.config import load_model_config
 from mlcpipe.errors import ArtifactError, ConfigError
 from mlcpipe.targets import detect_host_cpu, load_target
 from mlcpipe.weights import convert_weights
+from mlcpipe.quantization import quantization
 
 from tests.helpers.checkpoints import random_hf_weights, write_hf_checkpoint
 from tests.helpers.cli import mlcpipe, write_yaml
@@ -50,12 +51,26 @@ def test_unknown_model_name_lists_available():
 
 
 def test_group_size_checked_for_q4(tmp_path):
-    from mlcpipe.config import check_quantization
+    from mlcpipe.quantization import QUANTIZATIONS, resolve
 
     cfg = load_model_config(str(write_yaml(tmp_path, hidden_size=120, num_attention_heads=4, head_dim=30)))
     with pytest.raises(ConfigError, match=r"field 'hidden_size': got 120; q4f16_1 needs a multiple of its group size 32"):
-        check_quantization(cfg, "q4f16_1")
-    check_quantization(cfg, "q0f16")  # unquantized takes any size
+        resolve(cfg, "q4f16_1")
+    assert resolve(cfg, "q0f16") is QUANTIZATIONS["q0f16"]  # unquantized takes any size
+
+
+def test_the_interface_resolves_a_quantization_once(tmp_path):
+    """A name becomes its scheme (one line naming the allowed ones otherwise); the model must list it."""
+    from mlcpipe.quantization import GroupQuantize, quantization, resolve
+
+    assert isinstance(quantization("q4f16_1"), GroupQuantize) and quantization("q4f16_1").model_dtype == "float16"
+    with pytest.raises(ConfigError, match=r"^--quant 'q3f16_0': unknown quantization; allowed: \['q0f16', 'q0f32', 'q4f16_1', 'q4f32_1'\]$"):
+        quantization("q3f16_0")
+    with pytest.raises(ConfigError, match=r"^art: manifest field 'quantization' 'q9': unknown quantization; allowed: "):
+        quantization("q9", "art: manifest field 'quantization'")
+    cfg = load_model_config(str(write_yaml(tmp_path, quantizations=["q0f16"])))
+    with pytest.raises(ConfigError, match=r"field 'quantizations' does not list 'q4f16_1'; listed: \['q0f16'\]"):
+        resolve(cfg, "q4f16_1")
 
 
 def test_llvm_target_names_the_cpu():
@@ -118,20 +133,20 @@ def test_weight_errors_name_the_tensor(tiny_config, tmp_path):
     bad_shape["model.layers.1.mlp.up_proj.weight"] = np.zeros((10, 128), np.float32)
     src = write_hf_checkpoint(tmp_path / "shape", tiny_config, bad_shape)
     with pytest.raises(ArtifactError, match=r"tensor 'model.layers.1.mlp.up_proj.weight' has shape \[10, 128\], expected \[256, 128\]"):
-        convert_weights(tiny_config, "q4f16_1", src, tmp_path / "out1", log=lambda *_: None)
+        convert_weights(tiny_config, quantization("q4f16_1"), src, tmp_path / "out1", log=lambda *_: None)
 
     missing = {k: v for k, v in weights.items() if k != "model.layers.0.self_attn.k_proj.weight"}
     src = write_hf_checkpoint(tmp_path / "missing", tiny_config, missing)
     with pytest.raises(ArtifactError, match=r"tensor 'model.layers.0.self_attn.k_proj.weight' is missing"):
-        convert_weights(tiny_config, "q4f16_1", src, tmp_path / "out2", log=lambda *_: None)
+        convert_weights(tiny_config, quantization("q4f16_1"), src, tmp_path / "out2", log=lambda *_: None)
 
     src = write_hf_checkpoint(tmp_path / "int", tiny_config, {**weights, "model.norm.weight": np.ones(128, np.int32)})
     with pytest.raises(ArtifactError, match=r"tensor 'model.norm.weight' has dtype int32; expected a float dtype"):
-        convert_weights(tiny_config, "q0f16", src, tmp_path / "out3", log=lambda *_: None)
+        convert_weights(tiny_config, quantization("q0f16"), src, tmp_path / "out3", log=lambda *_: None)
 
     src = write_hf_checkpoint(tmp_path / "untied", tiny_config, random_hf_weights(tiny_config, untied=True))
     with pytest.raises(ConfigError, match=r"config.json: field 'tie_word_embeddings': got False, but .*llama-tiny.yaml says True"):
-        convert_weights(tiny_config, "q0f16", src, tmp_path / "out4", log=lambda *_: None)
+        convert_weights(tiny_config, quantization("q0f16"), src, tmp_path / "out4", log=lambda *_: None)
     assert not any(p.name.startswith(("out", ".out")) for p in tmp_path.iterdir())
 
 

@@ -19,6 +19,7 @@ from mlcpipe.cli import main
 from mlcpipe.generation import Sampling
 from mlcpipe.targets import load_target
 from mlcpipe.weights import convert_weights
+from mlcpipe.quantization import quantization
 
 from tests.helpers.checkpoints import random_hf_weights, write_hf_checkpoint
 from tests.helpers.sampler_reference import argsort_ref, penalty_ref, softmax_ref
@@ -36,13 +37,13 @@ def model(tiny_config, tmp_path_factory):
                                  head_dim=64, prefill_chunk_size=CHUNK, tie_word_embeddings=False)
     tmp = tmp_path_factory.mktemp("sampling")
     hf_dir = write_hf_checkpoint(tmp / "hf", config, random_hf_weights(config, seed=29), shards=1)
-    return config, convert_weights(config, QUANT, hf_dir, tmp / "weights", **QUIET), tmp
+    return config, convert_weights(config, quantization(QUANT), hf_dir, tmp / "weights", **QUIET), tmp
 
 
 @pytest.fixture(scope="module")
 def artifacts(model):
     config, _, tmp = model
-    return {kind: build(config, QUANT, load_target(kind), output=tmp / kind, **QUIET) for kind in ("llvm", "webgpu")}
+    return {kind: build(config, quantization(QUANT), load_target(kind), output=tmp / kind, **QUIET) for kind in ("llvm", "webgpu")}
 
 
 def numpy_sampling(logits: np.ndarray, sampling: Sampling) -> tuple[list[int], float]:

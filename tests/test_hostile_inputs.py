@@ -23,6 +23,7 @@ import pytest
 from safetensors.numpy import save_file
 
 from mlcpipe.config import MODELS_DIR
+from mlcpipe.quantization import quantization
 
 from tests.helpers.checkpoints import random_hf_weights, write_hf_checkpoint, write_tiny_tokenizer
 from tests.helpers.fs import snapshot
@@ -52,10 +53,10 @@ def shared(tiny_config, tmp_path_factory):
     from mlcpipe.weights import convert_weights
 
     root = tmp_path_factory.mktemp("hostile")
-    art = build(tiny_config, QUANT, load_target("llvm"), output=root / "art", weights="synthetic", log=lambda *_: None)
+    art = build(tiny_config, quantization(QUANT), load_target("llvm"), output=root / "art", weights="synthetic", log=lambda *_: None)
     hf = write_hf_checkpoint(root / "hf", tiny_config, random_hf_weights(tiny_config, seed=1))
     write_tiny_tokenizer(hf, tiny_config)
-    weights = convert_weights(tiny_config, QUANT, hf, root / "w", log=lambda *_: None)
+    weights = convert_weights(tiny_config, quantization(QUANT), hf, root / "w", log=lambda *_: None)
     return SimpleNamespace(art=art, hf=hf, w=weights, cfg=tiny_config)
 
 
@@ -895,7 +896,7 @@ def test_f32_quantizations_take_weights_beyond_f16(shared, tmp_path):
     weights = random_hf_weights(shared.cfg, seed=2)
     weights["model.norm.weight"][0] = 1e5
     hf = write_hf_checkpoint(tmp_path / "hf", shared.cfg, weights)
-    stored = load_stored_weights(convert_weights(shared.cfg, "q4f32_1", hf, tmp_path / "w", log=lambda *_: None))
+    stored = load_stored_weights(convert_weights(shared.cfg, quantization("q4f32_1"), hf, tmp_path / "w", log=lambda *_: None))
     assert stored["model.norm.weight"][0] == np.float32(1e5)
 
 
@@ -931,14 +932,14 @@ def test_the_index_decides_which_file_a_tensor_comes_from(shared, tmp_path):
     weights = random_hf_weights(shared.cfg, seed=2)
     hf = write_hf_checkpoint(tmp_path / "hf", shared.cfg, weights, shards=2)
     save_file({"model.norm.weight": np.full(shared.cfg.hidden_size, 3.0, np.float32)}, str(hf / "model-stale.safetensors"))
-    stored = load_stored_weights(convert_weights(shared.cfg, "q0f32", hf, tmp_path / "w", log=lambda *_: None))
+    stored = load_stored_weights(convert_weights(shared.cfg, quantization("q0f32"), hf, tmp_path / "w", log=lambda *_: None))
     assert np.array_equal(stored["model.norm.weight"], weights["model.norm.weight"])
     layers = shared.cfg.num_hidden_layers
     weights[f"model.layers.{layers}.mlp.down_proj.weight"] = weights["model.layers.0.mlp.down_proj.weight"]
     weights["model.layers.0.self_attn.rotary_emb.inv_freq"] = np.ones(4, np.float32)  # a buffer, not a parameter: ignored
     hf = write_hf_checkpoint(tmp_path / "hf2", shared.cfg, weights)
     logged = []
-    mlcpipe_out = convert_weights(shared.cfg, "q0f32", hf, tmp_path / "w2", log=logged.append, allow_unused=True)
+    mlcpipe_out = convert_weights(shared.cfg, quantization("q0f32"), hf, tmp_path / "w2", log=logged.append, allow_unused=True)
     assert any(f"1 checkpoint tensors left out: model.layers.{layers}.mlp.down_proj.weight" in line for line in logged)
     assert np.array_equal(load_stored_weights(mlcpipe_out)["model.norm.weight"], weights["model.norm.weight"])
 
@@ -1064,7 +1065,7 @@ def test_convert_checks_free_space_before_any_work(shared, tmp_path, monkeypatch
     monkeypatch.setattr(weights.shutil, "disk_usage", lambda path: usage(1 << 30, 1 << 30, 10 << 20))
     monkeypatch.setattr(weights, "logical_weights", lambda *a, **k: pytest.fail("read tensors before checking the space"))
     with pytest.raises(ArtifactError, match=r": 0\.01 GiB free; about 0\.\d+ GiB needed for the converted weights$"):
-        weights.convert_weights(shared.cfg, "q0f32", shared.hf, tmp_path / "w", log=lambda *_: None)
+        weights.convert_weights(shared.cfg, quantization("q0f32"), shared.hf, tmp_path / "w", log=lambda *_: None)
     assert not (tmp_path / "w").exists() and [p.name for p in tmp_path.iterdir()] == []
 
 
@@ -1084,5 +1085,5 @@ def test_build_checks_free_space_before_compiling(shared, tmp_path, monkeypatch,
     monkeypatch.setattr(build_module, "export_model", lambda *a, **k: pytest.fail("compiled before checking the space"))
     what = "the artifact and its weights" if weights else "the artifact"
     with pytest.raises(ArtifactError, match=rf": 0\.01 GiB free; about 0\.\d+ GiB needed for {what}$"):
-        build_module.build(shared.cfg, QUANT, load_target("llvm"), output=tmp_path / "art", weights=weights, log=lambda *_: None)
+        build_module.build(shared.cfg, quantization(QUANT), load_target("llvm"), output=tmp_path / "art", weights=weights, log=lambda *_: None)
     assert [p.name for p in tmp_path.iterdir()] == []

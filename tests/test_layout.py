@@ -353,6 +353,44 @@ def test_imports_run_one_way_down_the_layers():
     assert not offenders, "imports up the layers (tests/test_layout.py LAYERS):\n" + "\n".join(offenders)
 
 
+def _quantization_names(source: str) -> list[str]:
+    """Where a module handles a quantization by its name: a `QUANTIZATIONS[...]` lookup, or a
+    `quant` / `quantization` parameter or field annotated `str`."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and node.value.id == "QUANTIZATIONS":
+            found.append((node.lineno, f"QUANTIZATIONS[{ast.unparse(node.slice)}]"))
+        named = []
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            named = [(a.arg, a.annotation) for a in node.args.args + node.args.kwonlyargs]
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            named = [(node.target.id, node.annotation)]
+        for name, annotation in named:
+            if name in ("quant", "quantization") and annotation is not None and re.search(r"\bstr\b", ast.unparse(annotation)):
+                found.append((node.lineno, f"{name}: {ast.unparse(annotation)}"))
+    return [f"line {line}: {what}" for line, what in sorted(found)]
+
+
+def test_the_quantization_name_scan_finds_lookups_and_str_parameters():
+    source = ("def f(config, quant: str):\n    return QUANTIZATIONS[quant].tolerance\n"
+              "def g(quant: Quantization, name: str):\n    return quant.name\n"
+              "class C:\n    quantization: str | None\n")
+    assert _quantization_names(source) == ["line 1: quant: str", "line 2: QUANTIZATIONS[quant]", "line 6: quantization: str | None"]
+
+
+def test_below_the_interface_quantizations_travel_as_schemes():
+    """The interface (and the benchmarks, scripts) turn a name into its scheme once
+    (pipeline.quantization.resolve / quantization); every layer below takes the scheme."""
+    interface = next(i for i, (layer, _) in enumerate(LAYERS) if layer == "interface")
+    offenders = []
+    for name, path in sorted(MODULES.items()):
+        layer = _layer(name) if name.split(".")[0] in GRAPH_PACKAGES else None
+        if layer is None or layer >= interface or name == "pipeline.quantization" or name.startswith("pipeline.quantization."):
+            continue
+        offenders += [f"{path.relative_to(ROOT)} {where}" for where in _quantization_names(path.read_text())]
+    assert not offenders, "quantization names below the interface:\n" + "\n".join(offenders)
+
+
 def test_no_import_cycles():
     graph = {
         name: {t for t in scan.edges if t.split(".")[0] in GRAPH_PACKAGES}

@@ -26,6 +26,7 @@ from mlcpipe.mlc_contract import (
 )
 from mlcpipe.targets import load_target
 from mlcpipe.weights import convert_weights
+from mlcpipe.quantization import quantization
 
 from tests.helpers.checkpoints import random_hf_weights, write_hf_checkpoint, write_tiny_tokenizer
 from tests.helpers.cli import mlcpipe, write_yaml
@@ -50,12 +51,12 @@ def hf_checkpoint(tiny_config, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def model_dir(hf_checkpoint, tiny_config, tmp_path_factory):
-    return convert_weights(tiny_config, QUANT, hf_checkpoint, tmp_path_factory.mktemp("mlc-w") / "w", **QUIET)
+    return convert_weights(tiny_config, quantization(QUANT), hf_checkpoint, tmp_path_factory.mktemp("mlc-w") / "w", **QUIET)
 
 
 @pytest.fixture(scope="module")
 def artifact(tiny_config, tmp_path_factory):
-    return build(tiny_config, QUANT, load_target("llvm"), output=tmp_path_factory.mktemp("mlc-art") / "art", **QUIET)
+    return build(tiny_config, quantization(QUANT), load_target("llvm"), output=tmp_path_factory.mktemp("mlc-art") / "art", **QUIET)
 
 
 def read_config(directory: Path) -> dict:
@@ -104,7 +105,7 @@ def test_cli_convert_weights_dir_passes_check(hf_checkpoint, tmp_path):
 
 
 def test_synthetic_weights_say_no_tokenizer(tiny_config, tmp_path):
-    out = convert_weights(tiny_config, "q0f32", "synthetic", tmp_path / "w", **QUIET)
+    out = convert_weights(tiny_config, quantization("q0f32"), "synthetic", tmp_path / "w", **QUIET)
     data = check_model_dir(out)
     assert data["tokenizer_files"] == [] and data["tokenizer_info"] == DEFAULT_TOKENIZER_INFO
     assert not list(out.glob("tokenizer*"))
@@ -132,7 +133,7 @@ def test_build_library_check_names_what_is_missing(artifact):
 
 def test_llama_3_2_1b_chat_config():
     config = load_model_config("llama-3.2-1b")
-    data = mlc_chat_config(config, "q4f16_1")
+    data = mlc_chat_config(config, quantization("q4f16_1"))
     assert (data["bos_token_id"], data["eos_token_id"], data["temperature"], data["top_p"]) == (128000, 128001, 0.6, 0.9)
     assert (data["vocab_size"], data["model_config"]["position_embedding_base"]) == (128256, 500000.0)
     assert data["model_config"]["rope_scaling"]["rope_type"] == "llama3"
@@ -162,7 +163,7 @@ def test_yaml_chat_fields_accepted(tmp_path):
               "stop_token_ids": [2, 3], "system_prefix_token_ids": None}
     cfg = load_model_config(str(write_yaml(tmp_path, eos_token_id=[2, 3], conv_template=inline, temperature=0,
                                            presence_penalty=-2.0)))
-    data = mlc_chat_config(cfg, QUANT)
+    data = mlc_chat_config(cfg, quantization(QUANT))
     assert data["eos_token_id"] == [2, 3] and data["temperature"] == 0.0 and data["presence_penalty"] == -2.0
     conv = data["conv_template"]
     assert conv["name"] is None and conv["seps"] == ["\n", "</s>"] and conv["system_prefix_token_ids"] is None

@@ -26,6 +26,7 @@ from mlcpipe.rpc import RemoteError, parse_address
 from mlcpipe.runtime import Engine
 from mlcpipe.targets import load_target
 from mlcpipe.weights import convert_weights
+from mlcpipe.quantization import quantization
 
 from tests.helpers.checkpoints import random_hf_weights, write_hf_checkpoint
 from tests.helpers.cli import mlcpipe
@@ -166,8 +167,8 @@ def llvm_art(tiny16, started_servers, tmp_path_factory):
     root = tmp_path_factory.mktemp("rpc-llvm")
     cfg = load_model_config(str(tiny16))
     hf = write_hf_checkpoint(root / "hf", cfg, random_hf_weights(cfg, seed=4))
-    weights = convert_weights(cfg, "q4f32_1", hf, root / "w", log=lambda *_: None)
-    art = build(cfg, "q4f32_1", load_target("llvm"), output=root / "art", log=lambda *_: None)
+    weights = convert_weights(cfg, quantization("q4f32_1"), hf, root / "w", log=lambda *_: None)
+    art = build(cfg, quantization("q4f32_1"), load_target("llvm"), output=root / "art", log=lambda *_: None)
     return art, weights
 
 

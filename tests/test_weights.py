@@ -12,6 +12,7 @@ import pytest
 from mlcpipe.errors import ArtifactError
 from mlcpipe.quantization import QUANTIZATIONS
 from mlcpipe.weights import convert_weights, expected_parameters, load_stored_weights, synthetic_stored
+from mlcpipe.quantization import quantization
 from tests.helpers.checkpoints import random_hf_weights, write_hf_checkpoint
 
 
@@ -19,9 +20,9 @@ from tests.helpers.checkpoints import random_hf_weights, write_hf_checkpoint
 def test_converted_checkpoint_reads_back_as_numpy_quantizes_it(quant, tiny_config, tmp_path):
     hf = random_hf_weights(tiny_config, seed=3)
     source = write_hf_checkpoint(tmp_path / "hf", tiny_config, hf, shards=2)
-    out = convert_weights(tiny_config, quant, source, tmp_path / "w", log=lambda *_: None)
+    out = convert_weights(tiny_config, quantization(quant), source, tmp_path / "w", log=lambda *_: None)
     stored = load_stored_weights(out)
-    assert [(n, tuple(a.shape), str(a.dtype)) for n, a in stored.items()] == expected_parameters(tiny_config, quant)
+    assert [(n, tuple(a.shape), str(a.dtype)) for n, a in stored.items()] == expected_parameters(tiny_config, quantization(quant))
     scheme = QUANTIZATIONS[quant]
     q_proj = "model.layers.1.self_attn.q_proj.weight"
     want = scheme.quantize_param("model.layers.1.self_attn.qkv_proj.weight", np.concatenate(
@@ -36,11 +37,11 @@ def test_converted_checkpoint_reads_back_as_numpy_quantizes_it(quant, tiny_confi
 
 
 def test_synthetic_weights_are_seeded_and_a_changed_shard_is_refused(tiny_config, tmp_path):
-    out = convert_weights(tiny_config, "q4f32_1", "synthetic", tmp_path / "w", seed=5, log=lambda *_: None)
+    out = convert_weights(tiny_config, quantization("q4f32_1"), "synthetic", tmp_path / "w", seed=5, log=lambda *_: None)
     stored = load_stored_weights(out)
-    again = synthetic_stored(tiny_config, "q4f32_1", seed=5)
+    again = synthetic_stored(tiny_config, quantization("q4f32_1"), seed=5)
     assert all(np.array_equal(stored[n], again[n]) for n in stored)
-    assert not np.array_equal(synthetic_stored(tiny_config, "q4f32_1", seed=6)["model.embed_tokens.q_weight"],
+    assert not np.array_equal(synthetic_stored(tiny_config, quantization("q4f32_1"), seed=6)["model.embed_tokens.q_weight"],
                               stored["model.embed_tokens.q_weight"])
     shard = next(p for p in out.iterdir() if p.suffix == ".bin")
     data = bytearray(shard.read_bytes())

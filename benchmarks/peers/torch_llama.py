@@ -41,9 +41,9 @@ def rope_inv_freq(head_dim: int, theta: float, scaling) -> torch.Tensor:
 def q4_values(weight: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """mlcpipe's q4f32_1 quantization (pipeline.quantization.group_quant.GroupQuantize
     .quantize_weight), unpacked: q int32 (N, K) in 0..14 and float32 scales (N, K/32)."""
-    from mlcpipe.quantization import QUANTIZATIONS
+    from mlcpipe.quantization import quantization
 
-    q4 = QUANTIZATIONS["q4f32_1"]
+    q4 = quantization("q4f32_1")
     group, zero = q4.group_size, q4.zero_point
     out_f, in_f = weight.shape
     w = weight.astype(np.float32, copy=False).reshape(out_f, in_f // group, group)

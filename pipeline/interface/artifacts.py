@@ -16,6 +16,7 @@ from ..artifact import write_lock
 from ..config import ModelConfig, artifacts_root, load_model_config
 from ..errors import ArtifactError
 from ..nightly.cache import artifact_entry, cache_inputs, digest, lookup_artifact
+from ..quantization import resolve
 from ..targets import load_target
 
 
@@ -29,6 +30,7 @@ def ensure_artifact(model: str | ModelConfig, quant: str, target_name: str, cach
     """The cached artifact whose key matches today's inputs, else a fresh build into the cache
     (`overrides`: preset keys set on top of the preset, as `build`'s options set them)."""
     config = model if isinstance(model, ModelConfig) else load_model_config(model)
+    resolve(config, quant)  # one line now, not a failed child build
     target = load_target(target_name, overrides)
     inputs = cache_inputs(config, quant, target)
     key = digest(inputs)
@@ -59,5 +61,6 @@ def ensure_artifact(model: str | ModelConfig, quant: str, target_name: str, cach
 def _build(config_path: str, quant: str, target_name: str, output: str, extra: dict, overrides: dict | None = None) -> None:
     from ..build import build
 
-    build(load_model_config(config_path), quant, load_target(target_name, overrides), output=Path(output), manifest_extra=extra,
+    config = load_model_config(config_path)
+    build(config, resolve(config, quant), load_target(target_name, overrides), output=Path(output), manifest_extra=extra,
           log=lambda _m: None)

@@ -35,6 +35,7 @@ from ..artifact import BUNDLE_INDEX, RUN_FIELDS, atomic_directory, file_digests,
 from ..config import REPO_ROOT, artifacts_root, load_model_config, short_repr
 from .job import BUNDLE_FORMAT, teacher_forced
 from ..errors import ArtifactError, OptionValueError
+from ..quantization import resolve
 
 DEFAULT_SETS = ("llama-3.2-1b:q4f16_1,q4f32_1,q0f16", "llama-tiny:q4f16_1")
 DEFAULT_GRAPH = ("llama-3.2-1b:q4f16_1",)  # also built with cuda_graph, for decode with and without
@@ -53,7 +54,6 @@ CODE = {"pipeline": "mlcpipe", "benchmarks": "benchmarks"}  # the checkout's run
 
 def parse_sets(texts: tuple[str, ...] | list[str], flag: str = "--set") -> list[tuple[str, str]]:
     """["model:q1,q2", ...] -> [(model, quant), ...], each checked against the model's config."""
-    from ..config import check_quantization
 
     pairs = []
     for text in texts:
@@ -62,7 +62,7 @@ def parse_sets(texts: tuple[str, ...] | list[str], flag: str = "--set") -> list[
             raise OptionValueError(f"{short_repr(text)}: expected MODEL:QUANT[,QUANT...], e.g. llama-tiny:q4f16_1", flag)
         config = load_model_config(model)
         for quant in (q.strip() for q in quants.split(",") if q.strip()):
-            check_quantization(config, quant)
+            resolve(config, quant)
             pairs.append((model, quant))
     return pairs
 
@@ -240,7 +240,8 @@ def _tune_candidates(model: str, quant: str, kind: str, overrides: dict, root: P
     target = load_target(kind, overrides)
     rel = f"tune/{model}-{quant}"
     log(f"[mlcpipe] compiling the knob candidates of {model} {quant} for {kind} (at most {budget} per kernel)")
-    index = prepare(load_model_config(model), quant, target, root / rel, budget=budget, log=log)
+    config = load_model_config(model)
+    index = prepare(config, resolve(config, quant), target, root / rel, budget=budget, log=log)
     return {"name": _entry_name(model, quant, kind, "tune"), "model": model, "quantization": quant, "kind": kind, "dir": rel,
             "kernels": len(index["kernels"])}
 

@@ -47,7 +47,7 @@ from pathlib import Path
 import numpy as np
 
 from ..artifact import BUNDLE_INDEX
-from ..quantization import QUANTIZATIONS, TOLERANCE
+from ..quantization import TOLERANCE, quantization
 from ..device import tvm_runtime as rt
 
 BUNDLE_FORMAT = "mlcpipe-bundle/1"
@@ -246,7 +246,7 @@ class Job:
         data = np.load(self.root / entry["expected"])
         tokens, want = data["tokens"], data["logits"]
         _, got = teacher_forced(engine, [int(t) for t in data["prompt"]], len(tokens), tokens=tokens)
-        dtype = QUANTIZATIONS[entry["quantization"]].model_dtype
+        dtype = quantization(entry["quantization"], f"{self.root / BUNDLE_INDEX}: entry field 'quantization'").model_dtype
         result = compare_logits(got, want, tokens, TOLERANCE[dtype])
         if "truth" in data.files:
             result.update(against_truth(got, want, data["truth"], TOLERANCE[dtype]))
@@ -276,7 +276,7 @@ class Job:
                               f"expected {TUNE_FORMAT}")
         library = rt.load_module(verified(f"{tune['dir']}/{index['library']}"))
         dev = device(tune["kind"]).local_device()
-        tolerance = QUANTIZATIONS[index["quantization"]].tolerance
+        tolerance = quantization(index["quantization"], f"{self.root / tune['dir'] / 'tune.json'}: field 'quantization'").tolerance
         timed = {}
         for kernel in index["kernels"]:
             if self.left_s() <= 0:

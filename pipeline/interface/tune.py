@@ -13,23 +13,24 @@ def tune(model: str, quant: str, target_name: str, *, mcpu: str | None = None, a
          db_path: Path | None = None, pattern: str | None = None, budget: int = 8, tokens: int = 128,
          tuner: str = "knobs", trials: int = 32, log: Callable[[str], None] = print) -> str:
     """Tune the kernels matching `pattern`; returns the report (table and a summary line)."""
-    from ..config import check_quantization, load_model_config
+    from ..config import load_model_config
     from ..conformance import kernel_pattern
+    from ..quantization import resolve
     from ..targets import load_target
     from ..tuning import TuningDB, default_db_path
 
     kernel_pattern(pattern)
     config = load_model_config(model)
-    check_quantization(config, quant)
+    scheme = resolve(config, quant)
     target = load_target(target_name, target_overrides(mcpu, arch))
     db = TuningDB.load(db_path or default_db_path(target.name))
     if tuner == "metaschedule":
         from ..tuning.metaschedule import report, tune_metaschedule
 
-        results = tune_metaschedule(config, quant, target, db, pattern=pattern, trials=trials, log=log)
+        results = tune_metaschedule(config, scheme, target, db, pattern=pattern, trials=trials, log=log)
         kept = sum(r.kept for r in results)
         return f"{report(results)}\n\n{len(results)} kernels searched, {kept} MetaSchedule schedules kept; database: {db.path}"
     from ..tuning.knobs import report, tune as run_tune
 
-    results = run_tune(config, quant, target, db, pattern=pattern, budget=budget, tokens=tokens, log=log)
+    results = run_tune(config, scheme, target, db, pattern=pattern, budget=budget, tokens=tokens, log=log)
     return f"{report(results)}\n\n{len(results)} kernels tuned; database: {db.path}"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ..config import ModelConfig
-from ..quantization import QUANTIZATIONS
+from ..quantization import Quantization
 from ..quantization.relax_modules import quantize_model
 from .gemma3 import Gemma3ForCausalLM
 from .llama import LlamaForCausalLM
@@ -14,8 +14,7 @@ from .qwen3 import Qwen3ForCausalLM
 MODULES = {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM, "qwen3": Qwen3ForCausalLM, "gemma3": Gemma3ForCausalLM}
 
 
-def create_model(config: ModelConfig, quant: str, target):
+def create_model(config: ModelConfig, quant: Quantization, target):
     """The Relax nn.Module of `config`, quantized by `quant` (`target`: a tvm.target.Target)."""
-    scheme = QUANTIZATIONS[quant]
-    model = MODULES[config.architecture](config, scheme.model_dtype, target)
-    return quantize_model(model, scheme)
+    model = MODULES[config.architecture](config, quant.model_dtype, target)
+    return quantize_model(model, quant)

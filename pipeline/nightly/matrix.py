@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 from ..device import kinds_with
-from ..config import CONFIG_DIR, check_path_name, check_quantization, load_model_config, load_yaml, model_dirs, short_repr, short_text
+from ..config import CONFIG_DIR, check_path_name, load_model_config, load_yaml, model_dirs, short_repr, short_text
 from ..errors import ConfigError
-from ..quantization import QUANTIZATIONS
+from ..quantization import QUANTIZATIONS, resolve
 
 DEFAULT_MATRIX = CONFIG_DIR / "nightly.yaml"
 CHECKS = ("conformance", "profile", "reproducibility")
@@ -184,7 +184,7 @@ def load_matrix(path: str | Path | None = None) -> Matrix:
             if quant not in config.quantizations:
                 raise _err(path, f"quantizations[{i}]", quant, f"model {config.name} ({config.source}) lists {list(config.quantizations)}")
             try:
-                check_quantization(config, quant)
+                resolve(config, quant)
             except ConfigError as exc:
                 raise ConfigError(f"{path}: field 'quantizations[{i}]': {exc}") from None
     cells = []

@@ -10,9 +10,10 @@ import random
 import tvm
 
 from ..config import ModelConfig
+from ..quantization import Quantization
 
 
-def unscheduled_kernels(config: ModelConfig, quant: str, target: tvm.target.Target) -> dict[str, tvm.tirx.PrimFunc]:
+def unscheduled_kernels(config: ModelConfig, quant: Quantization, target: tvm.target.Target) -> dict[str, tvm.tirx.PrimFunc]:
     """The model's PrimFuncs after fusion (dequantize fused into its matmul), before scheduling."""
     from ..build import export_model
     from ..passes import run_pipeline

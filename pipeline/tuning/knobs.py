@@ -23,6 +23,7 @@ import tvm
 
 from ..config import ModelConfig
 from ..kernel_info import random_args, symbolic_dims
+from ..quantization import Quantization
 from ..targets import TargetSpec
 from . import TuningDB, outputs_differ
 from .candidates import shuffled, unscheduled_kernels  # noqa: F401 - unscheduled_kernels: re-exported for the tuners' callers
@@ -125,17 +126,15 @@ def interleaved_times(candidates: list[tuple], args, device, repeat: int, cold_b
     return [(key, float(np.median(times))) for (key, _lib), times in zip(candidates, samples)]
 
 
-def output_mismatch(got: np.ndarray, want: np.ndarray, quant: str) -> str | None:
+def output_mismatch(got: np.ndarray, want: np.ndarray, quant: Quantization) -> str | None:
     """None when two schedules' outputs agree (within the quantization's tolerance, relative to the
     output's scale: 2% for f16 models), else why not."""
-    from ..quantization import QUANTIZATIONS
-
-    return outputs_differ(got, want, QUANTIZATIONS[quant].tolerance)
+    return outputs_differ(got, want, quant.tolerance)
 
 
 def tune(
     config: ModelConfig,
-    quant: str,
+    quant: Quantization,
     target: TargetSpec,
     db: TuningDB,
     pattern: str | None = None,
@@ -197,7 +196,7 @@ def tune(
     return results
 
 
-def _build_candidates(func, contenders: list[tuple], tvm_target, args: list, device, quant: str, budget: int,
+def _build_candidates(func, contenders: list[tuple], tvm_target, args: list, device, quant: Quantization, budget: int,
                       seed: int) -> tuple[list[dict], list[tuple[dict, object]]]:
     """Every rule's knob candidates built and run once: (every candidate's entry, with the error
     of those that declined, failed or computed another output; (entry, library) of the others,

@@ -24,6 +24,7 @@ from ..backends import backend, kinds_with
 from ..device import device as device_of
 from ..config import ModelConfig
 from ..kernel_info import random_args, symbolic_dims
+from ..quantization import Quantization
 from ..targets import TargetSpec
 from ..threads import configure as configure_threads
 from .knobs import TuneError, compile_kernel, output_mismatch, run_kernel, time_kernel_ms, timing_device, unscheduled_kernels
@@ -72,7 +73,7 @@ def _search(func: tvm.tirx.PrimFunc, target: tvm.target.Target, trials: int, see
 
 def tune_metaschedule(
     config: ModelConfig,
-    quant: str,
+    quant: Quantization,
     target: TargetSpec,
     db: TuningDB,
     pattern: str | None = None,

@@ -17,6 +17,7 @@ import tvm
 
 from ..config import ModelConfig
 from ..kernel_info import signature_of, symbolic_dims
+from ..quantization import Quantization
 from ..targets import TargetSpec
 from . import TUNE_FORMAT, target_key
 from .candidates import candidates, unscheduled_kernels
@@ -25,7 +26,7 @@ LIBRARY = "tune.so"
 INDEX = "tune.json"
 
 
-def prepare(config: ModelConfig, quant: str, target: TargetSpec, out_dir: Path, pattern: str | None = None,
+def prepare(config: ModelConfig, quant: Quantization, target: TargetSpec, out_dir: Path, pattern: str | None = None,
             budget: int = 32, seed: int = 0, log: Callable[[str], None] = print) -> dict:
     """Schedule up to `budget` knob candidates (`candidates`: the defaults first) of every static-shape kernel
     matching `pattern` that a rule with knobs takes, compile them into `out_dir`/tune.so (one
@@ -64,7 +65,7 @@ def prepare(config: ModelConfig, quant: str, target: TargetSpec, out_dir: Path, 
                         "candidates": listed})
         log(f"[tune] {name}: {len(listed)} candidates")
     if not kernels:
-        raise ValueError(f"{config.name} {quant} on {target.name}: no static-shape kernel with knobs"
+        raise ValueError(f"{config.name} {quant.name} on {target.name}: no static-shape kernel with knobs"
                          + (f" matches {pattern!r}" if pattern else ""))
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -73,7 +74,7 @@ def prepare(config: ModelConfig, quant: str, target: TargetSpec, out_dir: Path, 
     with be.compile_context(target), tvm_target:
         lib = tvm.compile(tvm.IRModule(funcs), target=tvm_target)
     be.export(lib, target, out_dir, LIBRARY)
-    index = {"format": TUNE_FORMAT, "model": config.name, "quantization": quant, "target": target.target,
+    index = {"format": TUNE_FORMAT, "model": config.name, "quantization": quant.name, "target": target.target,
              "target_key": target_key(target.target), "target_name": target.name, "seed": seed,
              "library": LIBRARY, "kernels": kernels}
     (out_dir / INDEX).write_text(json.dumps(index, indent=1) + "\n")

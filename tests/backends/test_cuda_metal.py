@@ -37,7 +37,8 @@ from pathlib import Path
 from mlcpipe.build import build
 from mlcpipe.config import load_model_config
 from mlcpipe.targets import load_target
-build(load_model_config("llama-tiny"), "q4f16_1", load_target(sys.argv[1]), output=Path(sys.argv[2]),
+from mlcpipe.quantization import quantization
+build(load_model_config("llama-tiny"), quantization("q4f16_1"), load_target(sys.argv[1]), output=Path(sys.argv[2]),
       log=lambda *_: None)
 """
 

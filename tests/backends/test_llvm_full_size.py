@@ -10,6 +10,7 @@ from mlcpipe.backends.binfmt import Elf
 from mlcpipe.build import build
 from mlcpipe.config import load_model_config
 from mlcpipe.targets import load_target
+from mlcpipe.quantization import quantization
 
 # role -> (out features N, in features K) for Llama-3.2-1B
 SHAPES = {"qkv": (3072, 2048), "o_proj": (2048, 2048), "gate_up": (16384, 2048), "down": (2048, 8192), "lm_head": (128256, 2048)}
@@ -26,7 +27,7 @@ def test_llama_3_2_1b_builds_for_llvm(quant, tmp_path):
     }
     assert config.rope_theta == 500000 and config.rms_norm_eps == 1e-5 and config.tie_word_embeddings
 
-    art = build(config, quant, load_target("llvm"), output=tmp_path / "art", log=lambda *_: None)
+    art = build(config, quantization(quant), load_target("llvm"), output=tmp_path / "art", log=lambda *_: None)
     manifest = json.loads((art / "manifest.json").read_text())
     assert (art / "lib.so").stat().st_size > 100_000
     linear = [k for k in manifest["kernels"] if k["role"] in SHAPES]

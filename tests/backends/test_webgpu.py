@@ -26,6 +26,7 @@ from mlcpipe.roles import ROLES
 from mlcpipe.runners.webgpu import lavapipe as runner
 from mlcpipe.targets import load_target
 from mlcpipe.schedules import RULES
+from mlcpipe.quantization import quantization
 
 QUANTS = ["q4f16_1", "q4f32_1"]
 INSPECT_WASM = Path(backend.__file__).parent / "web_runtime" / "inspect_wasm.cjs"
@@ -34,7 +35,7 @@ INSPECT_WASM = Path(backend.__file__).parent / "web_runtime" / "inspect_wasm.cjs
 @pytest.fixture(scope="module", params=QUANTS)
 def artifact(request, tiny_config, tmp_path_factory):
     out = tmp_path_factory.mktemp("webgpu") / f"tiny-{request.param}-webgpu"
-    build(tiny_config, request.param, load_target("webgpu"), output=out, log=lambda *_: None)
+    build(tiny_config, quantization(request.param), load_target("webgpu"), output=out, log=lambda *_: None)
     return out
 
 
@@ -86,7 +87,7 @@ def test_wasm_runtime_deserializes_the_artifact(artifact):
 def unscheduled(request, tiny_config):
     """(quant, {name: unscheduled PrimFunc}) after fuse-tir, for the webgpu target."""
     target = load_target("webgpu").tvm_target()
-    mod, _ = export_model(tiny_config, request.param, target)
+    mod, _ = export_model(tiny_config, quantization(request.param), target)
     mod = run_pipeline(mod, target, until="fuse-tir")
     funcs = {gv.name_hint: f for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
     return request.param, funcs

@@ -14,6 +14,7 @@ from mlcpipe.config import MODELS_DIR, load_model_config
 from mlcpipe.runtime import Engine
 from mlcpipe.targets import load_target
 from mlcpipe.weights import convert_weights, load_stored_weights
+from mlcpipe.quantization import quantization
 
 from tests.helpers.checkpoints import hf_config, random_hf_weights, write_hf_checkpoint
 from tests.helpers.cli import mlcpipe
@@ -77,8 +78,8 @@ def test_long_prompt_is_prefilled_in_chunks(tiny_config, tmp_path):
     """A prompt longer than prefill_chunk_size (128) goes through several prefill calls."""
     weights = random_hf_weights(tiny_config, seed=5)
     hf = write_hf_checkpoint(tmp_path / "hf", tiny_config, weights, dtype=np.float16)
-    params = convert_weights(tiny_config, "q0f32", hf, tmp_path / "w", log=lambda *_: None)
-    art = build(tiny_config, "q0f32", load_target("llvm"), output=tmp_path / "art", log=lambda *_: None)
+    params = convert_weights(tiny_config, quantization("q0f32"), hf, tmp_path / "w", log=lambda *_: None)
+    art = build(tiny_config, quantization("q0f32"), load_target("llvm"), output=tmp_path / "art", log=lambda *_: None)
     prompt = [int(t) for t in np.random.default_rng(0).integers(0, 512, size=150)]
     ref = ReferenceLlama(hf_config(tiny_config), {k: v.astype(np.float16).astype(np.float32) for k, v in weights.items()})
     worst, mismatches = check_against_reference(Engine(art, params), ref, "float32", prompt, 3)
@@ -94,10 +95,10 @@ def test_untied_lm_head_and_bf16_checkpoint(tmp_path):
     weights = random_hf_weights(cfg, seed=7)
     assert "lm_head.weight" in weights
     hf = write_hf_checkpoint(tmp_path / "hf", cfg, weights, dtype=ml_dtypes.bfloat16)
-    params = convert_weights(cfg, "q4f16_1", hf, tmp_path / "w", log=lambda *_: None)
+    params = convert_weights(cfg, quantization("q4f16_1"), hf, tmp_path / "w", log=lambda *_: None)
     stored = load_stored_weights(params)
     assert "lm_head.q_weight" in stored and stored["lm_head.q_weight"].shape == (512, 16)
-    art = build(cfg, "q4f16_1", load_target("llvm"), output=tmp_path / "art", log=lambda *_: None)
+    art = build(cfg, quantization("q4f16_1"), load_target("llvm"), output=tmp_path / "art", log=lambda *_: None)
     manifest = json.loads((art / "manifest.json").read_text())
     assert any(k["role"] == "lm_head" and k["name"].startswith("fused_dequantize") for k in manifest["kernels"])
     bf16 = {k: v.astype(ml_dtypes.bfloat16).astype(np.float32) for k, v in weights.items()}

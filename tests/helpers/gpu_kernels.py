@@ -12,6 +12,7 @@ from mlcpipe.build import export_model
 from mlcpipe.config import load_model_config
 from mlcpipe.passes import run_pipeline
 from mlcpipe.targets import load_target
+from mlcpipe.quantization import quantization
 
 DECODE_GEMV = re.compile(r"(fused_)?(dequantize\d*_)?NT_matmul\d*(_\w+)?")
 
@@ -23,7 +24,7 @@ def copy_func(func: tvm.tirx.PrimFunc) -> tvm.tirx.PrimFunc:
 def fused_kernels(model: str, quant: str, target_name: str = "webgpu") -> dict[str, tvm.tirx.PrimFunc]:
     """{name: PrimFunc} of `model` after the fuse-tir phase (the input of the schedule phase)."""
     target = load_target(target_name).tvm_target()
-    mod, _ = export_model(load_model_config(model), quant, target)
+    mod, _ = export_model(load_model_config(model), quantization(quant), target)
     mod = run_pipeline(mod, target, until="fuse-tir")
     return {gv.name_hint: f for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)}
 

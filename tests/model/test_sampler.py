@@ -20,6 +20,7 @@ from mlcpipe.model import sampler
 from mlcpipe.passes import run_pipeline
 from mlcpipe.targets import load_target
 from mlcpipe.schedules import schedule_pass
+from mlcpipe.quantization import quantization
 
 from tests.helpers.sampler_reference import LOWEST, argsort_ref, bitmask_ref, penalty_ref, softmax_ref, top_p_ref
 
@@ -33,7 +34,7 @@ def tensor(a: np.ndarray):
 @pytest.fixture(scope="module")
 def llvm_artifact(tiny_config, tmp_path_factory):
     out = tmp_path_factory.mktemp("sampler") / "tiny-q4f32_1-llvm"
-    return build(tiny_config, "q4f32_1", load_target("llvm"), output=out, log=lambda *_: None)
+    return build(tiny_config, quantization("q4f32_1"), load_target("llvm"), output=out, log=lambda *_: None)
 
 
 @pytest.fixture(scope="module")
@@ -220,7 +221,7 @@ def test_sort_plan_covers_the_network():
 def _webgpu_check(config, tmp_path):
     from mlcpipe.conformance import check_artifact
 
-    artifact = build(config, "q4f32_1", load_target("webgpu"), output=tmp_path / "webgpu", log=lambda *_: None)
+    artifact = build(config, quantization("q4f32_1"), load_target("webgpu"), output=tmp_path / "webgpu", log=lambda *_: None)
     report = check_artifact(artifact, sizes=(1, 7), pattern="^sampler_")
     assert report.executed and report.ok, report.table()
     assert all(r.role == "sampler" and r.status == "pass" for r in report.results), report.table()

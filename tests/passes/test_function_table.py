@@ -24,6 +24,7 @@ from mlcpipe.config import MODELS_DIR, load_model_config
 from mlcpipe.roles import WEIGHT_ROLES
 from mlcpipe.runtime import Engine
 from mlcpipe.targets import load_target
+from mlcpipe.quantization import quantization
 
 QUANT = "q4f32_1"
 CHUNK = 16
@@ -48,7 +49,7 @@ def chunk16_config(tmp_path_factory):
 @pytest.fixture(scope="module")
 def artifact(chunk16_config, tmp_path_factory):
     out = tmp_path_factory.mktemp("function-table") / f"tiny-chunk16-{QUANT}-llvm"
-    return build(chunk16_config, QUANT, load_target("llvm"), output=out, log=lambda *_: None)
+    return build(chunk16_config, quantization(QUANT), load_target("llvm"), output=out, log=lambda *_: None)
 
 
 @pytest.fixture(scope="module")
@@ -232,7 +233,7 @@ def test_batch_verify_matches_per_token_decode(engine, sequences):
 def test_webgpu_library_exports_the_function_table(tmp_path):
     node = shutil.which("node") or shutil.which("nodejs")
     assert node, "node is needed: install with scripts/setup-debian.sh"
-    out = build(load_model_config("llama-tiny"), QUANT, load_target("webgpu"), output=tmp_path / "tiny-webgpu", log=lambda *_: None)
+    out = build(load_model_config("llama-tiny"), quantization(QUANT), load_target("webgpu"), output=tmp_path / "tiny-webgpu", log=lambda *_: None)
     manifest = json.loads((out / "manifest.json").read_text())
     assert set(FUNCTION_TABLE) <= set(manifest["functions"])
     proc = subprocess.run([node, str(INSPECT_WASM), str(out / "lib.wasm")], capture_output=True, text=True, timeout=120)

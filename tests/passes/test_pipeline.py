@@ -18,6 +18,7 @@ from mlcpipe.roles import WEIGHT_ROLES
 from mlcpipe.targets import load_target
 from mlcpipe.schedules import schedule_pass
 from mlcpipe.schedules.llvm.matmul_nt import MatmulNT
+from mlcpipe.quantization import quantization
 
 LINEAR_ROLES = set(WEIGHT_ROLES)
 
@@ -25,7 +26,7 @@ LINEAR_ROLES = set(WEIGHT_ROLES)
 @pytest.fixture(scope="module")
 def tiny_q4_artifact(tiny_config, tmp_path_factory):
     out = tmp_path_factory.mktemp("art") / "tiny-q4f16_1-llvm"
-    return build(tiny_config, "q4f16_1", load_target("llvm"), output=out, dump_ir=True, log=lambda *_: None)
+    return build(tiny_config, quantization("q4f16_1"), load_target("llvm"), output=out, dump_ir=True, log=lambda *_: None)
 
 
 def test_every_quantized_linear_is_one_fused_kernel(tiny_q4_artifact):
@@ -55,7 +56,7 @@ def test_ir_dump_after_each_phase(tiny_q4_artifact):
 
 def test_run_pipeline_stops_after_the_phase_asked(tiny_config):
     target = load_target("llvm").tvm_target()
-    mod, _ = export_model(tiny_config, "q4f32_1", target)
+    mod, _ = export_model(tiny_config, quantization("q4f32_1"), target)
     with pytest.raises(ValueError, match="until='tune': not a phase; allowed: fuse-high-level, lower"):
         run_pipeline(mod, target, until="tune")
     with pytest.raises(ValueError, match="the schedule phase needs a schedule pass"):
@@ -78,7 +79,7 @@ def _run(func: tvm.tirx.PrimFunc, args: list[np.ndarray]) -> np.ndarray:
 @pytest.mark.parametrize("quant", ["q4f16_1", "q4f32_1", "q0f16"])
 def test_matmul_rule_keeps_numerics(quant, tiny_config):
     target = load_target("llvm").tvm_target()
-    mod, _ = export_model(tiny_config, quant, target)
+    mod, _ = export_model(tiny_config, quantization(quant), target)
     mod = run_pipeline(mod, target, until="fuse-tir")
     matmuls = [(gv.name_hint, f) for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc) and "NT_matmul" in gv.name_hint]
     assert len(matmuls) >= 8  # 4 linears x (decode, prefill) + lm_head

@@ -14,13 +14,14 @@ from mlcpipe.passes import phase_passes
 from mlcpipe.passes.shape_funcs import CanonicalShapeFuncs, order_stores
 from mlcpipe.targets import load_target
 from mlcpipe.schedules import schedule_pass
+from mlcpipe.quantization import quantization
 
 
 @pytest.fixture(scope="module")
 def before_canonical(tiny_config):
     """The tiny q4f16_1 model lowered for llvm up to (not including) CanonicalShapeFuncs."""
     target = load_target("llvm").tvm_target()
-    mod, _ = export_model(tiny_config, "q4f16_1", target)
+    mod, _ = export_model(tiny_config, quantization("q4f16_1"), target)
     with target:
         for _name, passes in phase_passes(schedule_pass("llvm")):
             if CanonicalShapeFuncs in passes:

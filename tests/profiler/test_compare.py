@@ -25,6 +25,7 @@ from mlcpipe.profiler.compare import (
     welch_z,
 )
 from mlcpipe.profiler.schema import measured_samples, save_profile
+from mlcpipe.quantization import quantization
 
 VERDICTS = {"regression", "improvement", "noise", "unchanged", "new", "removed"}
 
@@ -38,7 +39,7 @@ def artifact(tmp_path_factory):
     from mlcpipe.targets import load_target
 
     tmp = tmp_path_factory.mktemp("compare")
-    return build(load_model_config("llama-tiny"), "q4f16_1", load_target("llvm"), output=tmp / "art", log=lambda *_: None)
+    return build(load_model_config("llama-tiny"), quantization("q4f16_1"), load_target("llvm"), output=tmp / "art", log=lambda *_: None)
 
 
 def _profile(artifact):

@@ -16,6 +16,7 @@ from mlcpipe.profiler.measure import profile, run_once
 from mlcpipe.profiler.schema import kernel_stats
 from mlcpipe.runtime import Engine
 from mlcpipe.targets import load_target
+from mlcpipe.quantization import quantization
 
 from tests.helpers.cli import mlcpipe
 
@@ -24,7 +25,7 @@ PROMPT, GEN, RUNS = 16, 8, 2
 
 @pytest.fixture(scope="module")
 def tiny_profile(tiny_config, tmp_path_factory):
-    art = build(tiny_config, "q4f16_1", load_target("llvm"), output=tmp_path_factory.mktemp("prof") / "art", log=lambda *_: None)
+    art = build(tiny_config, quantization("q4f16_1"), load_target("llvm"), output=tmp_path_factory.mktemp("prof") / "art", log=lambda *_: None)
     return profile(Engine(art, "synthetic"), prompt_len=PROMPT, gen_len=GEN, runs=RUNS, warmup=1)
 
 

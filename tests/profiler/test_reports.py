@@ -17,6 +17,7 @@ import pytest
 from mlcpipe.profiler.reports import FORMATS, ROLES, matmul_shape, parse_table, percentile, render
 from mlcpipe.profiler.schema import device_kernel_name, kernel_stats, measured_samples
 from mlcpipe.roles import ROLE_OF_NAME, ROLE_OF_PARAM, WEIGHT_ROLES
+from mlcpipe.quantization import quantization
 
 from tests.helpers.profile_checks import (
     COLUMNS,
@@ -48,7 +49,7 @@ def built(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("reports")
     config = load_model_config("llama-tiny")
-    art = build(config, "q4f16_1", load_target("llvm"), output=tmp / "art", log=lambda *_: None)
+    art = build(config, quantization("q4f16_1"), load_target("llvm"), output=tmp / "art", log=lambda *_: None)
     from mlcpipe.profiler.measure import profile
 
     prof = profile(Engine(art, "synthetic"), prompt_len=PROMPT_LEN, gen_len=GEN_LEN, runs=RUNS)

@@ -24,6 +24,7 @@ from mlcpipe.config import MODELS_DIR, load_model_config
 from mlcpipe.errors import RunnerError
 from mlcpipe.runners.webgpu.dawn import WebGPUEngine
 from mlcpipe.targets import load_target
+from mlcpipe.quantization import quantization
 
 CHUNK = 16
 PROMPT = [int(t) for t in np.random.default_rng(11).integers(0, 512, size=CHUNK)]  # one prefill chunk
@@ -39,7 +40,7 @@ def artifact(tmp_path_factory) -> Path:
     raw.update(name="llama-tiny-browser", prefill_chunk_size=CHUNK, head_dim=64, num_attention_heads=8, hidden_size=256)
     (root / "llama-tiny-browser.yaml").write_text(yaml.safe_dump(raw))
     config = load_model_config(str(root / "llama-tiny-browser.yaml"))
-    return build(config, "q4f32_1", load_target("webgpu"), output=root / "artifact", weights="synthetic", log=lambda *_: None)
+    return build(config, quantization("q4f32_1"), load_target("webgpu"), output=root / "artifact", weights="synthetic", log=lambda *_: None)
 
 
 @pytest.fixture(scope="module")

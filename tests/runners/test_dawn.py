@@ -19,6 +19,7 @@ from mlcpipe.errors import RunnerError
 from mlcpipe.runners.webgpu.dawn import WebGPUEngine
 from mlcpipe.targets import load_target
 from mlcpipe.weights import convert_weights
+from mlcpipe.quantization import quantization
 
 from tests.helpers.checkpoints import hf_config, random_hf_weights, write_hf_checkpoint
 from tests.helpers.reference_checks import as_model_sees_it, check_against_reference
@@ -46,8 +47,8 @@ def model(request, gqa_config, tmp_path_factory):
     tmp = tmp_path_factory.mktemp(f"webgpu-run-{quant}")
     weights = random_hf_weights(gqa_config, seed=3)
     hf_dir = write_hf_checkpoint(tmp / "hf", gqa_config, weights, shards=1)
-    params = convert_weights(gqa_config, quant, hf_dir, tmp / "weights", log=lambda *_: None)
-    artifact = build(gqa_config, quant, load_target("webgpu"), output=tmp / "artifact", log=lambda *_: None)
+    params = convert_weights(gqa_config, quantization(quant), hf_dir, tmp / "weights", log=lambda *_: None)
+    artifact = build(gqa_config, quantization(quant), load_target("webgpu"), output=tmp / "artifact", log=lambda *_: None)
     seen = as_model_sees_it(quant, weights)
     return quant, artifact, params, lambda: ReferenceLlama(hf_config(gqa_config), seen)  # a fresh KV state per use
 
@@ -132,7 +133,7 @@ def test_cuda_artifact_without_a_gpu_is_one_line(gqa_config, tmp_path):
 
     if tvm.cuda(0).exist:
         pytest.skip("this machine has a CUDA device")
-    artifact = build(gqa_config, "q4f32_1", load_target("cuda"), output=tmp_path / "cuda", log=lambda *_: None)
+    artifact = build(gqa_config, quantization("q4f32_1"), load_target("cuda"), output=tmp_path / "cuda", log=lambda *_: None)
     result = CliRunner().invoke(main, ["run", "--artifact", str(artifact), "--weights", "synthetic", "--prompt-tokens", "1,2,3"])
     assert result.exit_code == 2
     assert result.output.strip().splitlines()[-1] == "error: artifact target 'cuda' cannot run on this machine (runnable here: llvm)"

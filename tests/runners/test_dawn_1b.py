@@ -14,6 +14,7 @@ from mlcpipe.conformance import check_artifact
 from mlcpipe.runners.webgpu.dawn import WebGPUEngine
 from mlcpipe.runtime import Engine
 from mlcpipe.targets import load_target
+from mlcpipe.quantization import quantization
 
 pytestmark = [pytest.mark.long, pytest.mark.dawn]
 
@@ -26,8 +27,8 @@ def artifacts(tmp_path_factory):
     root = tmp_path_factory.mktemp("llama-1b")
     config = load_model_config("llama-3.2-1b")
     quiet = lambda *_: None  # noqa: E731
-    return (build(config, "q4f32_1", load_target("webgpu"), output=root / "webgpu", log=quiet),
-            build(config, "q4f32_1", load_target("llvm"), output=root / "llvm", log=quiet))  # fmt: skip
+    return (build(config, quantization("q4f32_1"), load_target("webgpu"), output=root / "webgpu", log=quiet),
+            build(config, quantization("q4f32_1"), load_target("llvm"), output=root / "llvm", log=quiet))  # fmt: skip
 
 
 def test_1b_webgpu_generates_the_llvm_tokens(artifacts):

@@ -19,6 +19,7 @@ from mlcpipe.runners.webgpu.profile import profile
 from mlcpipe.runners.webgpu.dawn import WebGPUEngine
 from mlcpipe.runtime import Engine
 from mlcpipe.targets import load_target
+from mlcpipe.quantization import quantization
 
 from tests.helpers.cli import mlcpipe
 from tests.helpers.profile_checks import check_json_round_trips, check_kernel_statistics_arithmetic, check_run_summary
@@ -32,8 +33,8 @@ def f32_artifacts(tiny_config, tmp_path_factory):
     root = tmp_path_factory.mktemp("webgpu-profile")
     config = dataclasses.replace(tiny_config, prefill_chunk_size=CHUNK)
     quiet = lambda *_: None  # noqa: E731
-    return (build(config, "q4f32_1", load_target("webgpu"), output=root / "webgpu", log=quiet),
-            build(config, "q4f32_1", load_target("llvm"), output=root / "llvm", log=quiet))  # fmt: skip
+    return (build(config, quantization("q4f32_1"), load_target("webgpu"), output=root / "webgpu", log=quiet),
+            build(config, quantization("q4f32_1"), load_target("llvm"), output=root / "llvm", log=quiet))  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -113,8 +114,8 @@ def test_cli_profile_webgpu_and_its_errors(f32_artifacts, tmp_path):
 def artifacts(tiny_config, tmp_path_factory):
     root = tmp_path_factory.mktemp("kernel-map")
     quiet = lambda *_: None  # noqa: E731
-    return (build(tiny_config, "q4f16_1", load_target("webgpu"), output=root / "webgpu", log=quiet),
-            build(tiny_config, "q4f16_1", load_target("llvm"), output=root / "llvm", log=quiet))  # fmt: skip
+    return (build(tiny_config, quantization("q4f16_1"), load_target("webgpu"), output=root / "webgpu", log=quiet),
+            build(tiny_config, quantization("q4f16_1"), load_target("llvm"), output=root / "llvm", log=quiet))  # fmt: skip
 
 
 def test_unmappable_kernel_is_a_one_line_error(artifacts):

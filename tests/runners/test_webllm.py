@@ -23,6 +23,7 @@ from mlcpipe.errors import RunnerError
 from mlcpipe.runners.webgpu.webllm import webllm_complete
 from mlcpipe.targets import load_target
 from mlcpipe.weights import convert_weights
+from mlcpipe.quantization import quantization
 
 from tests.helpers.checkpoints import hf_config, random_hf_weights, write_hf_checkpoint, write_word_tokenizer
 from tests.helpers.reference_checks import as_model_sees_it
@@ -47,8 +48,8 @@ def webllm_model(tiny_config, tmp_path_factory):
     weights = random_hf_weights(config, seed=29)
     hf_dir = write_hf_checkpoint(tmp / "hf", config, weights, shards=1)
     write_word_tokenizer(hf_dir, config)
-    model_dir = convert_weights(config, QUANT, hf_dir, tmp / "model", **QUIET)
-    artifact = build(config, QUANT, load_target("webgpu"), output=tmp / "artifact", **QUIET)
+    model_dir = convert_weights(config, quantization(QUANT), hf_dir, tmp / "model", **QUIET)
+    artifact = build(config, quantization(QUANT), load_target("webgpu"), output=tmp / "artifact", **QUIET)
     return config, artifact, model_dir, as_model_sees_it(QUANT, weights)
 
 
@@ -93,7 +94,7 @@ def test_webllm_refuses_a_model_dir_without_config_field(webllm_model, tmp_path)
 
 def test_webllm_refuses_a_non_webgpu_build(webllm_model, tmp_path):
     config, _, model_dir, _ = webllm_model
-    llvm = build(config, QUANT, load_target("llvm"), output=tmp_path / "llvm", **QUIET)
+    llvm = build(config, quantization(QUANT), load_target("llvm"), output=tmp_path / "llvm", **QUIET)
     with pytest.raises(RunnerError, match="webgpu"):
         webllm_complete(llvm, model_dir, "w5", 1)
 

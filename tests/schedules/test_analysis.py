@@ -24,6 +24,7 @@ from mlcpipe.schedules.gpu.gemv_dequant import GEMVDequant
 from mlcpipe.schedules.llvm.gemm_dequant import PrefillGEMM
 from mlcpipe.schedules.llvm.gemv_q4 import DecodeGEMVQ4
 from mlcpipe.schedules.llvm.matmul_nt import MatmulNT
+from mlcpipe.quantization import quantization
 
 TARGET = load_target("llvm").tvm_target()
 Q3 = GroupQuantize(name="q3f16_1", model_dtype="float16", bits=3, group_size=40)  # MLC-LLM's q3f16_1
@@ -62,7 +63,7 @@ def q4_decode(shift_bits=4, zero=7, mask=15, group=32):
 
 @pytest.fixture(scope="module")
 def model_kernels(tiny_config):
-    return {q: unscheduled_kernels(tiny_config, q, TARGET) for q in ("q4f16_1", "q4f32_1", "q0f32")}
+    return {q: unscheduled_kernels(tiny_config, quantization(q), TARGET) for q in ("q4f16_1", "q4f32_1", "q0f32")}
 
 
 @pytest.mark.parametrize("quant", ["q4f16_1", "q4f32_1"])

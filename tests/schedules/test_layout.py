@@ -110,8 +110,9 @@ def test_the_build_installs_the_fast_exp(tmp_path):
 from mlcpipe.build import build
 from mlcpipe.config import load_model_config
 from mlcpipe.targets import load_target
+from mlcpipe.quantization import quantization
 
 assert libm_exp()
-build(load_model_config("llama-tiny"), "q0f32", load_target("llvm"), output={str(tmp_path / "art")!r}, log=lambda *_: None)
+build(load_model_config("llama-tiny"), quantization("q0f32"), load_target("llvm"), output={str(tmp_path / "art")!r}, log=lambda *_: None)
 assert not libm_exp(), "the build did not install the fast exp"
 ''', tmp_path)

@@ -20,6 +20,7 @@ from mlcpipe.tuning.knobs import unscheduled_kernels
 from mlcpipe.tuning import TuningDB
 from mlcpipe.weights import convert_weights
 from mlcpipe.schedules.signature import kernel_signature
+from mlcpipe.quantization import quantization
 
 from tests.helpers.checkpoints import hf_config, random_hf_weights, write_hf_checkpoint
 from tests.helpers.reference_checks import PROMPT, as_model_sees_it, check_against_reference
@@ -42,7 +43,7 @@ def test_tune_writes_winners_that_build_applies(tiny_config, tmp_path):
     from mlcpipe.schedules import RULES
 
     tvm_target = load_target("llvm").tvm_target()
-    kernels = {n: f for n, f in unscheduled_kernels(tiny_config, "q4f16_1", tvm_target).items() if "NT_matmul" in n}
+    kernels = {n: f for n, f in unscheduled_kernels(tiny_config, quantization("q4f16_1"), tvm_target).items() if "NT_matmul" in n}
     tuned_count = 10
     assert len(table) == tuned_count
     for record in table.values():
@@ -57,7 +58,7 @@ def test_tune_writes_winners_that_build_applies(tiny_config, tmp_path):
         if "seq_len" in func.script():  # prefill: at least the portable PrefillGEMM and one explicit-vector rule race
             assert len(set(takers)) >= 2 and len({c["rule"] for c in timed}) >= 2, takers
 
-    artifact = build(tiny_config, "q4f16_1", load_target("llvm"), output=tmp_path / "art", tuning_db=db_path, log=lambda *_: None)
+    artifact = build(tiny_config, quantization("q4f16_1"), load_target("llvm"), output=tmp_path / "art", tuning_db=db_path, log=lambda *_: None)
     manifest = json.loads((artifact / "manifest.json").read_text())
     assert manifest["tuning_db"]["tuned_kernels"] == tuned_count
     applied = {k["name"]: k["schedule"] for k in manifest["kernels"] if k.get("schedule") and k["schedule"]["source"] == "tuning"}
@@ -74,7 +75,7 @@ def test_non_default_knobs_from_the_database_keep_the_model_exact(tiny_config, t
     target = load_target("llvm")
     tvm_target = target.tvm_target()
     db = TuningDB(tmp_path / "db.json")
-    for name, func in unscheduled_kernels(tiny_config, quant, tvm_target).items():
+    for name, func in unscheduled_kernels(tiny_config, quantization(quant), tvm_target).items():
         if "NT_matmul" not in name:
             continue
         prefill = "seq_len" in func.script()
@@ -83,8 +84,8 @@ def test_non_default_knobs_from_the_database_keep_the_model_exact(tiny_config, t
     db.save()
     weights = random_hf_weights(tiny_config, seed=1)
     hf_dir = write_hf_checkpoint(tmp_path / "hf", tiny_config, weights)
-    params = convert_weights(tiny_config, quant, hf_dir, tmp_path / "weights", log=lambda *_: None)
-    artifact = build(tiny_config, quant, target, output=tmp_path / "art", tuning_db=db.path, log=lambda *_: None)
+    params = convert_weights(tiny_config, quantization(quant), hf_dir, tmp_path / "weights", log=lambda *_: None)
+    artifact = build(tiny_config, quantization(quant), target, output=tmp_path / "art", tuning_db=db.path, log=lambda *_: None)
     manifest = json.loads((artifact / "manifest.json").read_text())
     tuned = [k for k in manifest["kernels"] if (k.get("schedule") or {}).get("source") == "tuning"]
     assert len(tuned) == 10 and all(k["schedule"]["knobs"].get("rows") == 2 or k["schedule"]["knobs"].get("tile_n") == 16 for k in tuned)
@@ -122,23 +123,23 @@ def test_candidates_are_compared_at_the_quantization_entrys_tolerance(monkeypatc
     assert conformance.TOLERANCE is TOLERANCE
     assert {q: e.tolerance for q, e in QUANTIZATIONS.items()} == {"q0f16": 2e-2, "q0f32": 1e-4, "q4f16_1": 2e-2, "q4f32_1": 1e-4}
     want = np.linspace(-1, 1, 64, dtype=np.float32)
-    monkeypatch.setitem(QUANTIZATIONS, "q4f32_g16", GroupQuantize(name="q4f32_g16", model_dtype="float32", group_size=16))
-    monkeypatch.setitem(QUANTIZATIONS, "q0bf16", NoQuantize(name="q0bf16", model_dtype="bfloat16"))
-    assert output_mismatch(want * np.float32(1 + 1e-3), want, "q4f32_g16")  # an f32 model: 1e-3 is too far
-    assert output_mismatch(want * np.float32(1 + 8e-2), want, "q0bf16") is None  # bf16: 5e-2 of the scale + 5e-2 relative
-    assert output_mismatch(want * np.float32(1 + 8e-2), want, "q4f16_1")  # f16: 2e-2
+    g16 = GroupQuantize(name="q4f32_g16", model_dtype="float32", group_size=16)
+    assert output_mismatch(want * np.float32(1 + 1e-3), want, g16)  # an f32 model: 1e-3 is too far
+    bf16 = NoQuantize(name="q0bf16", model_dtype="bfloat16")
+    assert output_mismatch(want * np.float32(1 + 8e-2), want, bf16) is None  # bf16: 5e-2 of the scale + 5e-2 relative
+    assert output_mismatch(want * np.float32(1 + 8e-2), want, QUANTIZATIONS["q4f16_1"])  # f16: 2e-2
 
 
 def test_signature_is_stable_and_shape_sensitive(tiny_config):
     from mlcpipe.config import load_model_config
 
     target = load_target("llvm").tvm_target()
-    tiny = {n: kernel_signature(f) for n, f in unscheduled_kernels(tiny_config, "q4f16_1", target).items()}
+    tiny = {n: kernel_signature(f) for n, f in unscheduled_kernels(tiny_config, quantization("q4f16_1"), target).items()}
     assert len(set(tiny.values())) == len(tiny)  # distinct kernels, distinct signatures
-    again = {n: kernel_signature(f) for n, f in unscheduled_kernels(load_model_config("llama-tiny"), "q4f16_1", target).items()}
+    again = {n: kernel_signature(f) for n, f in unscheduled_kernels(load_model_config("llama-tiny"), quantization("q4f16_1"), target).items()}
     assert again == tiny  # a rebuild finds its records
     wider = dataclasses.replace(tiny_config, vocab_size=tiny_config.vocab_size * 2)
-    other = {n: kernel_signature(f) for n, f in unscheduled_kernels(wider, "q4f16_1", target).items()}
+    other = {n: kernel_signature(f) for n, f in unscheduled_kernels(wider, quantization("q4f16_1"), target).items()}
     lm_head = [n for n, s in tiny.items() if "NT_matmul" in n and s not in other.values()]
     assert lm_head, "a kernel with another shape must get another signature"
     model = [s for n, s in tiny.items() if not n.startswith("sampler_")]  # the sampler's kernels are vocabulary-sized
@@ -157,7 +158,7 @@ def test_metaschedule_search_is_checked_timed_and_its_trace_replayed_by_build(ti
     quant = "q4f16_1"
     target = load_target("llvm")
     db = TuningDB(tmp_path / "ms.json")
-    (result,) = tune_metaschedule(tiny_config, quant, target, db, pattern="^rms_norm$", trials=4, log=lambda *_: None)
+    (result,) = tune_metaschedule(tiny_config, quantization(quant), target, db, pattern="^rms_norm$", trials=4, log=lambda *_: None)
     assert result.error is None and result.trace and result.search_ms > 0 and result.ours_rule == "RowNorm"
     stored = db.table(target.target)
     assert bool(stored) == result.kept  # kept only when faster than ours
@@ -165,15 +166,15 @@ def test_metaschedule_search_is_checked_timed_and_its_trace_replayed_by_build(ti
         (record,) = stored.values()
         assert record["rule"] == "MetaSchedule" and record["ms"] < record["default_ms"]
 
-    kernels = unscheduled_kernels(tiny_config, quant, target.tvm_target())
+    kernels = unscheduled_kernels(tiny_config, quantization(quant), target.tvm_target())
     forced = TuningDB(tmp_path / "forced.json")
     for name in ("rms_norm", "fused_split_silu_multiply"):
         forced.put(target.target, kernel_signature(kernels[name]), {"kernel": "rms_norm", "rule": "MetaSchedule", "knobs": {}, "trace": result.trace})
     forced.save()
     weights = random_hf_weights(tiny_config, seed=2)
     hf_dir = write_hf_checkpoint(tmp_path / "hf", tiny_config, weights)
-    params = convert_weights(tiny_config, quant, hf_dir, tmp_path / "weights", log=lambda *_: None)
-    artifact = build(tiny_config, quant, target, output=tmp_path / "art", tuning_db=forced.path, log=lambda *_: None)
+    params = convert_weights(tiny_config, quantization(quant), hf_dir, tmp_path / "weights", log=lambda *_: None)
+    artifact = build(tiny_config, quantization(quant), target, output=tmp_path / "art", tuning_db=forced.path, log=lambda *_: None)
     schedules = {k["name"]: k["schedule"] for k in json.loads((artifact / "manifest.json").read_text())["kernels"]}
     assert schedules["rms_norm"] == {"rule": "MetaSchedule", "knobs": {}, "source": "tuning"}
     assert schedules["fused_split_silu_multiply"]["source"] == "default"  # the trace does not fit it

@@ -203,7 +203,7 @@ class WebGPUEngine(Generation):
 
         self._tmp = tempfile.TemporaryDirectory(prefix="mlcpipe-synthetic-")
         cfg = parse_model_config(self.config["model_config"], str(self.artifact / RUNTIME_CONFIG))
-        return convert_weights(cfg, self.manifest["quantization"], "synthetic", Path(self._tmp.name) / "params", seed=seed, log=lambda *_: None)
+        return convert_weights(cfg, self.quant, "synthetic", Path(self._tmp.name) / "params", seed=seed, log=lambda *_: None)
 
     def reset(self) -> None:
         self.runner.request("reset", sizes=[1, self.context_window, self.prefill_chunk, int(self.config["page_size"]), 0])

@@ -25,6 +25,7 @@ from mlcpipe.passes import run_pipeline
 from mlcpipe.runners.webgpu import lavapipe as runner
 from mlcpipe.targets import load_target
 from mlcpipe.schedules import schedule_pass
+from mlcpipe.quantization import quantization
 
 
 HEAD_DIM = 64
@@ -53,7 +54,7 @@ def case(request):
     """(heads, kv_heads, dtype, {kernel: scheduled PrimFunc}) as the webgpu build schedules them."""
     heads, kv_heads, quant = CASES[request.param]
     target = load_target("webgpu").tvm_target()
-    mod, _ = export_model(_config(heads, kv_heads), quant, target)
+    mod, _ = export_model(_config(heads, kv_heads), quantization(quant), target)
     mod = run_pipeline(mod, target, schedule=schedule_pass("webgpu"), until="schedule")
     dtype = "float16" if quant.endswith("f16_1") else "float32"
     return heads, kv_heads, dtype, {name: mod[name] for name in KERNELS}

@@ -21,6 +21,7 @@ from mlcpipe.schedules.llvm.gemm_bf16 import PrefillGEMMBF16
 from mlcpipe.schedules.llvm.gemm_dequant import PrefillGEMM
 from mlcpipe.schedules.llvm.gemv_q4 import DecodeGEMVQ4
 from mlcpipe.schedules.llvm.gemv_q4_vnni import DecodeGEMVQ4VNNI
+from mlcpipe.quantization import quantization
 
 from tests.helpers.cpu_reference import bf16_emulate
 
@@ -48,7 +49,7 @@ def test_every_kernel_of_a_model_on_aarch64_matches_the_host(quant, tiny_config,
     """Each kernel of the tiny Llama (matmuls, attention, norms, RoPE, sampler, KV cache), built
     for aarch64 with the rules the Arm target picks, against the host's build: every output equal,
     or (the bf16 / int8 GEMMs, other sums) within the quantization's tolerance. 1, 33 and 130 tokens."""
-    ours, theirs = (unscheduled_kernels(tiny_config, quant, t) for t in (ARM, HOST))
+    ours, theirs = (unscheduled_kernels(tiny_config, quantization(quant), t) for t in (ARM, HOST))
     rules, inexact = set(), []
     for name, func in ours.items():
         scheduled, record = schedule_func(func, ARM)
@@ -78,7 +79,7 @@ def test_every_kernel_of_a_model_on_aarch64_matches_the_host(quant, tiny_config,
 
 
 def _one_b(quant, target, decode):
-    return {(match(f).n, match(f).k): f for f in unscheduled_kernels(load_model_config("llama-3.2-1b"), quant, target).values()
+    return {(match(f).n, match(f).k): f for f in unscheduled_kernels(load_model_config("llama-3.2-1b"), quantization(quant), target).values()
             if "NT_matmul" in f.script() and (("seq_len" in f.script()) != decode)}
 
 
@@ -122,7 +123,7 @@ def test_bfdot_prefill_at_1b_shapes(tiny_config, tmp_path):
         want = _host(exact, args)[-1].astype(np.float32)
         np.testing.assert_allclose(got, want, atol=1e-2 * np.abs(want).max(), err_msg=f"o_proj {tokens}")
         assert np.abs(got - want).max() > 0  # bf16 really ran
-    bare = next(f for f in unscheduled_kernels(tiny_config, "q0f16", ARM).values()
+    bare = next(f for f in unscheduled_kernels(tiny_config, quantization("q0f16"), ARM).values()
                 if "NT_matmul" in f.script() and "seq_len" in f.script() and not match(f).epilogue)
     program = link_aarch64(compile_kernel(PrefillGEMMBF16().apply(bare, ARM, False).mod["main"], ARM), tmp_path / "bare")
     args = random_args(bare, {"seq_len": 37}, seed=1)
@@ -132,7 +133,7 @@ def test_bfdot_prefill_at_1b_shapes(tiny_config, tmp_path):
 
 
 def test_a_kernel_error_under_qemu_is_one_clear_error(tiny_config, tmp_path):
-    func = next(f for f in unscheduled_kernels(tiny_config, "q4f16_1", ARM).values() if "NT_matmul" in f.script())
+    func = next(f for f in unscheduled_kernels(tiny_config, quantization("q4f16_1"), ARM).values() if "NT_matmul" in f.script())
     program = link_aarch64(compile_kernel(schedule_func(func, ARM)[0], ARM), tmp_path / "k")
     args = random_args(func, {"seq_len": 3}, seed=0)
     args[0] = args[0][..., :-1].copy()  # one column short

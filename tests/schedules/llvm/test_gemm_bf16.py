@@ -18,6 +18,7 @@ from mlcpipe.tuning.knobs import unscheduled_kernels
 from mlcpipe.schedules import schedule_func
 from mlcpipe.schedules.analysis import match_nt_matmul as match
 from mlcpipe.schedules.llvm.gemm_bf16 import PrefillGEMMBF16
+from mlcpipe.quantization import quantization
 
 from tests.helpers.cpu_reference import bf16_emulate
 
@@ -42,7 +43,7 @@ def _outputs(func, args, target=HOST):
 
 @pytest.fixture(scope="module", params=["q0f16", "q4f16_1"])
 def kernels(request, tiny_config):
-    return request.param, _prefill(unscheduled_kernels(tiny_config, request.param, ZEN4))
+    return request.param, _prefill(unscheduled_kernels(tiny_config, quantization(request.param), ZEN4))
 
 
 def test_rule_compiles_to_vdpbf16ps_and_is_chosen_without_amx(kernels):
@@ -55,7 +56,7 @@ def test_rule_compiles_to_vdpbf16ps_and_is_chosen_without_amx(kernels):
     assert schedule_func(func, ZEN4)[1]["rule"] == ("PrefillGEMMBF16" if quant == "q0f16" else "PrefillGEMMQ4VNNI")
     assert schedule_func(func, SPR)[1]["rule"] == "PrefillGEMMAMX"
     assert PrefillGEMMBF16().apply(func, SKYLAKE, False) is None  # no BF16 instructions
-    f32 = _prefill(unscheduled_kernels(dataclasses.replace(load_model_config("llama-tiny"), name="t"), "q4f32_1", ZEN4))
+    f32 = _prefill(unscheduled_kernels(dataclasses.replace(load_model_config("llama-tiny"), name="t"), quantization("q4f32_1"), ZEN4))
     assert all(PrefillGEMMBF16().apply(f, ZEN4, False) is None for f in f32.values())  # f32 models keep f32
 
 
@@ -90,7 +91,7 @@ def test_bf16_prefill_is_its_bf16_arithmetic(knobs, kernels):
 
 @needs_bf16
 def test_bf16_prefill_full_size_gate_up_and_down():
-    funcs = _prefill(unscheduled_kernels(load_model_config("llama-3.2-1b"), "q0f16", HOST))
+    funcs = _prefill(unscheduled_kernels(load_model_config("llama-3.2-1b"), quantization("q0f16"), HOST))
     for shape in ((16384, 2048), (2048, 8192)):
         name, func = next((n, f) for n, f in funcs.items() if (match(f).n, match(f).k) == shape)
         args = random_args(func, {"seq_len": 33}, seed=2)

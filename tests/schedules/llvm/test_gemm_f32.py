@@ -16,6 +16,7 @@ from mlcpipe.tuning.knobs import unscheduled_kernels
 from mlcpipe.schedules import schedule_func
 from mlcpipe.schedules.analysis import match_nt_matmul as match
 from mlcpipe.schedules.llvm.gemm_f32 import PrefillGEMMF32
+from mlcpipe.quantization import quantization
 
 from tests.helpers.cpu_reference import activation_and_weight
 
@@ -48,7 +49,7 @@ def reference(func, args, tokens: int) -> np.ndarray:
 
 @pytest.fixture(scope="module", params=["q4f32_1", "q0f32", "q0f16"])
 def kernels(request, tiny_config):
-    return request.param, _prefill(unscheduled_kernels(tiny_config, request.param, HOST))
+    return request.param, _prefill(unscheduled_kernels(tiny_config, quantization(request.param), HOST))
 
 
 def test_rule_choice_per_cpu(kernels):
@@ -120,7 +121,7 @@ def test_f32_tiles_keep_the_kernels_numerics(knobs, kernels):
 
 @needs_avx512
 def test_f32_tiles_full_size_gate_up_and_down():
-    funcs = _prefill(unscheduled_kernels(load_model_config("llama-3.2-1b"), "q4f32_1", HOST))
+    funcs = _prefill(unscheduled_kernels(load_model_config("llama-3.2-1b"), quantization("q4f32_1"), HOST))
     for shape in ((16384, 2048), (2048, 8192)):
         name, func = next((n, f) for n, f in funcs.items() if (match(f).n, match(f).k) == shape)
         for tokens in (7, 70):
@@ -133,7 +134,7 @@ def test_f32_tiles_full_size_gate_up_and_down():
 @needs_avx2
 def test_avx2_tiles_full_size_gate_up():
     """1B gate_up (q4f32_1) at 70 tokens, built for AVX2 + FMA."""
-    funcs = _prefill(unscheduled_kernels(load_model_config("llama-3.2-1b"), "q4f32_1", HASWELL))
+    funcs = _prefill(unscheduled_kernels(load_model_config("llama-3.2-1b"), quantization("q4f32_1"), HASWELL))
     name, func = next((n, f) for n, f in funcs.items() if (match(f).n, match(f).k) == (16384, 2048))
     args = random_args(func, {"seq_len": 70}, seed=2)
     want = _outputs(func, args)

@@ -22,6 +22,7 @@ from mlcpipe.schedules.analysis import match_nt_matmul as match
 from mlcpipe.schedules.llvm.gemm_dequant import PrefillGEMM
 from mlcpipe.schedules.llvm.gemm_q4_i8mm import PrefillGEMMQ4I8MM
 from mlcpipe.schedules.llvm.gemm_q4_vnni import PrefillGEMMQ4VNNI
+from mlcpipe.quantization import quantization
 
 from tests.helpers.cpu_reference import q8_emulate
 
@@ -34,7 +35,7 @@ SPR = tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids"})
 
 
 def _prefill(config, quant, target):
-    return {n: f for n, f in unscheduled_kernels(config, quant, target).items() if "NT_matmul" in n and "seq_len" in f.script()}
+    return {n: f for n, f in unscheduled_kernels(config, quantization(quant), target).items() if "NT_matmul" in n and "seq_len" in f.script()}
 
 
 def test_chosen_on_aarch64_with_i8mm_and_compiles_to_smmla(tiny_config):

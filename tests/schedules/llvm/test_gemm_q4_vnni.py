@@ -18,6 +18,7 @@ from mlcpipe.tuning.knobs import unscheduled_kernels
 from mlcpipe.schedules import schedule_func
 from mlcpipe.schedules.analysis import match_nt_matmul as match
 from mlcpipe.schedules.llvm.gemm_q4_vnni import PrefillGEMMQ4VNNI
+from mlcpipe.quantization import quantization
 
 from tests.helpers.cpu_reference import q8_emulate
 
@@ -45,7 +46,7 @@ def _prefill(kernels):
 
 @pytest.fixture(scope="module")
 def kernels(tiny_config):
-    return _prefill(unscheduled_kernels(tiny_config, "q4f16_1", ZEN4))
+    return _prefill(unscheduled_kernels(tiny_config, quantization("q4f16_1"), ZEN4))
 
 
 def test_rule_compiles_to_vpdpbusd_and_is_chosen_without_amx(kernels):
@@ -55,7 +56,7 @@ def test_rule_compiles_to_vpdpbusd_and_is_chosen_without_amx(kernels):
     assert "vpdpbusd" in lib.mod.inspect_source("s")
     assert schedule_func(func, ZEN4)[1]["rule"] == "PrefillGEMMQ4VNNI"
     assert schedule_func(func, SPR)[1]["rule"] == "PrefillGEMMAMX"  # the AMX machine keeps its rule
-    f32 = _prefill(unscheduled_kernels(dataclasses.replace(_tiny(), name="t"), "q4f32_1", ZEN4))
+    f32 = _prefill(unscheduled_kernels(dataclasses.replace(_tiny(), name="t"), quantization("q4f32_1"), ZEN4))
     assert all(PrefillGEMMQ4VNNI().apply(f, ZEN4, False) is None for f in f32.values())  # f32 models keep f32
 
 
@@ -97,7 +98,7 @@ def test_q4_vnni_prefill_is_its_int8_arithmetic(knobs, target, kernels):
 def test_q4_vnni_prefill_full_size_down_proj(target):
     from mlcpipe.config import load_model_config
 
-    funcs = _prefill(unscheduled_kernels(load_model_config("llama-3.2-1b"), "q4f16_1", HOST))
+    funcs = _prefill(unscheduled_kernels(load_model_config("llama-3.2-1b"), quantization("q4f16_1"), HOST))
     name, func = next((n, f) for n, f in funcs.items() if (match(f).n, match(f).k) == (2048, 8192))
     args = random_args(func, {"seq_len": 33}, seed=2)
     want = _outputs(func, args)
@@ -113,7 +114,7 @@ def test_default_row_vectors_keep_a_tasks_repacked_rows_in_l2():
     from mlcpipe.config import load_model_config
 
     zen4 = tvm.target.Target({"kind": "llvm", "mcpu": "znver4"})
-    funcs = _prefill(unscheduled_kernels(load_model_config("llama-3.2-1b"), "q4f16_1", zen4))
+    funcs = _prefill(unscheduled_kernels(load_model_config("llama-3.2-1b"), quantization("q4f16_1"), zen4))
     by_shape = {(match(f).n, match(f).k): f for f in funcs.values()}
 
     def tasks(func, **knobs):
@@ -139,7 +140,7 @@ def test_int8_rules_on_avx_vnni_and_aarch64_dotprod(isa):
                 r"sdot\s+v\d+\.4s, v\d+\.16b, v\d+\.16b"),
         "avx2": (ZEN3, r"vpmaddubsw\s+[^\n]*%ymm"),
     }[isa]
-    funcs = {n: f for n, f in unscheduled_kernels(_tiny(), "q4f16_1", target).items() if "NT_matmul" in n}
+    funcs = {n: f for n, f in unscheduled_kernels(_tiny(), quantization("q4f16_1"), target).items() if "NT_matmul" in n}
     prefill = next(f for f in funcs.values() if "seq_len" in f.script())
     decode = next(f for f in funcs.values() if "seq_len" not in f.script())
     assert schedule_func(prefill, target)[1]["rule"] == "PrefillGEMMQ4VNNI"

@@ -18,6 +18,7 @@ from mlcpipe.tuning.knobs import unscheduled_kernels
 from mlcpipe.schedules import schedule_func
 from mlcpipe.schedules.analysis import match_nt_matmul as match
 from mlcpipe.schedules.llvm.gemv_q4_f32 import DecodeGEMVQ4F32
+from mlcpipe.quantization import quantization
 
 from tests.helpers.cpu_reference import activation_and_weight
 
@@ -66,7 +67,7 @@ def _check(func, args, got, quant, name):
 @pytest.mark.parametrize("knobs", [{}, {"rows": 1, "prefetch": 0}, {"rows": 4, "prefetch": 16}])
 def test_gemv_against_numpy_and_the_exact_kernel(quant, knobs, tiny_config):
     taken = 0
-    for name, func in _decode(unscheduled_kernels(tiny_config, quant, RUN)).items():
+    for name, func in _decode(unscheduled_kernels(tiny_config, quantization(quant), RUN)).items():
         sch = DecodeGEMVQ4F32(**knobs).apply(func, RUN, False)
         assert sch is not None, name
         args = random_args(func, {}, seed=7)
@@ -83,7 +84,7 @@ def test_gemv_at_1b_shapes(target):
     """Llama-3.2-1B q4f32_1 qkv (3072x2048), gate_up (16384x2048) and down (2048x8192, + residual)
     with this CPU's defaults, and built for AVX2 + FMA only (nibble 7 read shifted: no unsigned
     conversion there)."""
-    funcs = _decode(unscheduled_kernels(load_model_config("llama-3.2-1b"), "q4f32_1", target))
+    funcs = _decode(unscheduled_kernels(load_model_config("llama-3.2-1b"), quantization("q4f32_1"), target))
     taken = 0
     for name, func in funcs.items():
         info = match(func)
@@ -100,8 +101,8 @@ def test_rule_choice_per_cpu(tiny_config):
     """q4f32_1 decode: this rule on CPUs without AMX, DecodeGEMVQ4 (tuned there) with AMX. q4f16_1
     decode: the int8 rule where the CPU has VNNI or is AVX2-only (VPMADDUBSW), this rule on AVX-512
     without VNNI."""
-    f32 = next(iter(_decode(unscheduled_kernels(tiny_config, "q4f32_1", ZEN5)).values()))
-    f16 = next(iter(_decode(unscheduled_kernels(tiny_config, "q4f16_1", ZEN5)).values()))
+    f32 = next(iter(_decode(unscheduled_kernels(tiny_config, quantization("q4f32_1"), ZEN5)).values()))
+    f16 = next(iter(_decode(unscheduled_kernels(tiny_config, quantization("q4f16_1"), ZEN5)).values()))
     for target, f32_rule, f16_rule in ((ZEN5, "DecodeGEMVQ4F32", "DecodeGEMVQ4VNNI"), (HASWELL, "DecodeGEMVQ4F32", "DecodeGEMVQ4VNNI"),
                                        (SKYLAKE, "DecodeGEMVQ4F32", "DecodeGEMVQ4F32"), (SPR, "DecodeGEMVQ4", "DecodeGEMVQ4VNNI")):
         assert schedule_func(f32, target)[1]["rule"] == f32_rule, str(target)
@@ -109,15 +110,15 @@ def test_rule_choice_per_cpu(tiny_config):
     assert DecodeGEMVQ4F32().apply(f32, SPR, False) is None
     assert DecodeGEMVQ4F32(rows=3).apply(f32, ZEN5, False) is None  # rows must divide N
     assert set(DecodeGEMVQ4F32().knob_space(f32, ZEN5)) == {"rows", "prefetch"}
-    prefill = next(f for n, f in unscheduled_kernels(tiny_config, "q4f32_1", ZEN5).items() if "NT_matmul" in n and "seq_len" in f.script())
-    q0 = next(iter(_decode(unscheduled_kernels(tiny_config, "q0f32", ZEN5)).values()))
+    prefill = next(f for n, f in unscheduled_kernels(tiny_config, quantization("q4f32_1"), ZEN5).items() if "NT_matmul" in n and "seq_len" in f.script())
+    q0 = next(iter(_decode(unscheduled_kernels(tiny_config, quantization("q0f32"), ZEN5)).values()))
     assert DecodeGEMVQ4F32().apply(prefill, ZEN5, False) is None and DecodeGEMVQ4F32().apply(q0, ZEN5, False) is None
 
 
 def test_prefetch_in_the_assembly():
     """Each row's words and scales are prefetched (into L2 for the 1B's rows: 9 KiB of activation
     planes per row and more) unless prefetch=0; the inner loop has no unsigned conversion."""
-    funcs = _decode(unscheduled_kernels(load_model_config("llama-3.2-1b"), "q4f32_1", ZEN5))
+    funcs = _decode(unscheduled_kernels(load_model_config("llama-3.2-1b"), quantization("q4f32_1"), ZEN5))
     func = next(f for f in funcs.values() if (match(f).n, match(f).k) == (2048, 8192))
     on = _lib(DecodeGEMVQ4F32().apply(func, ZEN5, False).mod["main"], ZEN5).mod.inspect_source("s")
     off = _lib(DecodeGEMVQ4F32(prefetch=0).apply(func, ZEN5, False).mod["main"], ZEN5).mod.inspect_source("s")

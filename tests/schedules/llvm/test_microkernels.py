@@ -18,6 +18,7 @@ from mlcpipe.schedules.llvm.gemm_q4_vnni import PrefillGEMMQ4VNNI
 from mlcpipe.schedules.llvm.gemv_float import DecodeGEMVFloat
 from mlcpipe.schedules.llvm.gemv_q4_vnni import DecodeGEMVQ4VNNI
 from mlcpipe.schedules.llvm.microkernels import LANES, PREFETCH_AHEAD, STACK_BYTES, default_prefetch, tile_rows
+from mlcpipe.quantization import quantization
 
 ZEN4 = tvm.target.Target({"kind": "llvm", "mcpu": "znver4"})
 SMALL = 4096  # bytes: accumulator-sized (a GEMM task's weight block is larger)
@@ -51,7 +52,7 @@ def _workspace_in_parallel(func, target) -> list[tuple[str, int]]:
 @pytest.fixture(scope="module")
 def full_size():
     config = load_model_config("llama-3.2-1b")
-    return {q: unscheduled_kernels(config, q, ZEN4) for q in ("q4f16_1", "q0f16", "q4f32_1")}
+    return {q: unscheduled_kernels(config, quantization(q), ZEN4) for q in ("q4f16_1", "q0f16", "q4f32_1")}
 
 
 def _kernel(kernels, decode: bool, n: int, k: int):

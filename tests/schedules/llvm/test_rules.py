@@ -19,6 +19,7 @@ from mlcpipe.schedules.analysis import match_nt_matmul as match
 from mlcpipe.schedules.llvm.gemm_dequant import PrefillGEMM
 from mlcpipe.schedules.llvm.gemv_q4 import DecodeGEMVQ4
 from mlcpipe.schedules.llvm.matmul_nt import MatmulNT
+from mlcpipe.quantization import quantization
 
 TARGET = load_target("llvm").tvm_target()
 
@@ -41,7 +42,7 @@ def _check(func, sch, sizes, quant, name):
 
 @pytest.fixture(scope="module")
 def tiny_kernels(tiny_config):
-    return {q: unscheduled_kernels(tiny_config, q, TARGET) for q in ("q4f16_1", "q4f32_1", "q0f16", "q0f32")}
+    return {q: unscheduled_kernels(tiny_config, quantization(q), TARGET) for q in ("q4f16_1", "q4f32_1", "q0f16", "q0f32")}
 
 
 def _matmuls(kernels):
@@ -89,7 +90,7 @@ def test_full_size_kernels_keep_numerics():
     from mlcpipe.config import load_model_config
 
     config = load_model_config("llama-3.2-1b")
-    kernels = unscheduled_kernels(config, "q4f16_1", TARGET)
+    kernels = unscheduled_kernels(config, quantization("q4f16_1"), TARGET)
     by_shape = {}
     for name, func in _matmuls(kernels).items():
         info = match(func)
@@ -111,7 +112,7 @@ def test_decode_gemv_q4_default_rows_follow_the_activation_size():
 
     zen4 = tvm.target.Target({"kind": "llvm", "mcpu": "znver4"})
     spr = tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids"})
-    kernels = unscheduled_kernels(load_model_config("llama-3.2-1b"), "q4f32_1", zen4)
+    kernels = unscheduled_kernels(load_model_config("llama-3.2-1b"), quantization("q4f32_1"), zen4)
     decode = {(match(f).n, match(f).k): f for n, f in _matmuls(kernels).items() if "seq_len" not in f.script()}
     for (n, k), target, rows in (((16384, 2048), zen4, 1), ((2048, 8192), zen4, 4), ((16384, 2048), spr, 2), ((2048, 8192), spr, 2)):
         text = DecodeGEMVQ4().apply(decode[(n, k)], target, False).mod["main"].script()

@@ -22,6 +22,7 @@ from mlcpipe.schedules.llvm.gemv_float import DecodeGEMVFloat
 from mlcpipe.schedules.llvm.gemv_q4_vnni import DecodeGEMVQ4VNNI
 from mlcpipe.schedules.llvm.rope import RopeTable
 from mlcpipe.schedules.llvm.row_norm import RowNorm
+from mlcpipe.quantization import quantization
 
 TARGET = load_target("llvm").tvm_target()
 NO_VNNI = tvm.target.Target({"kind": "llvm", "mcpu": "skylake-avx512"})
@@ -51,7 +52,7 @@ def _outputs(func, args, target=TARGET):
 
 @pytest.fixture(scope="module")
 def kernels(tiny_config):
-    return {q: unscheduled_kernels(tiny_config, q, TARGET) for q in ("q4f16_1", "q4f32_1", "q0f16", "q0f32")}
+    return {q: unscheduled_kernels(tiny_config, quantization(q), TARGET) for q in ("q4f16_1", "q4f32_1", "q0f16", "q0f32")}
 
 
 def _decode(kernels):
@@ -119,7 +120,7 @@ def test_vnni_gemv_full_size_shapes(target):
     from mlcpipe.config import load_model_config
 
     taken = 0
-    for name, func in _decode(unscheduled_kernels(load_model_config("llama-3.2-1b"), "q4f16_1", TARGET)).items():
+    for name, func in _decode(unscheduled_kernels(load_model_config("llama-3.2-1b"), quantization("q4f16_1"), TARGET)).items():
         info = match(func)
         if (info.n, info.k) not in ((16384, 2048), (2048, 8192)):
             continue
@@ -144,7 +145,7 @@ def test_avx2_gemv_group_tail_full_size(knobs, kernels):
     rule = DecodeGEMVQ4VNNI(**knobs)
     grouped = knobs.get("grouped", 1) == 1
     taken = 0
-    for name, func in _decode(unscheduled_kernels(load_model_config("llama-3.2-1b"), "q4f16_1", AVX2)).items():
+    for name, func in _decode(unscheduled_kernels(load_model_config("llama-3.2-1b"), quantization("q4f16_1"), AVX2)).items():
         info = match(func)
         if (info.n, info.k) not in ((16384, 2048), (2048, 8192)):
             continue
@@ -173,7 +174,7 @@ def test_gemv_defaults_follow_the_cpu_and_the_activation_size():
     spr = tvm.target.Target({"kind": "llvm", "mcpu": "sapphirerapids"})
     zen4 = tvm.target.Target({"kind": "llvm", "mcpu": "znver4"})
     assert (gemv_default_rows(spr), gemv_default_rows(zen4), gemv_default_rows(NO_AMX)) == (2, 1, 1)
-    decode = _decode(unscheduled_kernels(load_model_config("llama-3.2-1b"), "q4f16_1", zen4))
+    decode = _decode(unscheduled_kernels(load_model_config("llama-3.2-1b"), quantization("q4f16_1"), zen4))
     by_k = {match(f).k: f for f in decode.values() if match(f).n in (16384, 2048)}
     for target, rows in ((zen4, 1), (spr, 2)):
         for k, hint in ((2048, "prefetcht0"), (8192, "prefetcht1")):
@@ -263,7 +264,7 @@ def test_amx_rule_few_token_branch_is_the_gemv_arithmetic_per_token(quant, low_b
 def test_amx_prefill_full_size_down_proj():
     from mlcpipe.config import load_model_config
 
-    funcs = _prefill(unscheduled_kernels(load_model_config("llama-3.2-1b"), "q4f16_1", TARGET))
+    funcs = _prefill(unscheduled_kernels(load_model_config("llama-3.2-1b"), quantization("q4f16_1"), TARGET))
     name, func = next((n, f) for n, f in funcs.items() if (match(f).n, match(f).k) == (2048, 8192))
     args = random_args(func, {"seq_len": 33}, seed=2)
     want = _outputs(func, args)
