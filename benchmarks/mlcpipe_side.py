@@ -105,6 +105,7 @@ def run(settings, quant: str, rebuild: bool = False):
     import numpy as np
     import tvm
 
+    from mlcpipe.profiler.core import Workload
     from mlcpipe.profiler.measure import profile
     from mlcpipe.runtime import Engine
 
@@ -119,8 +120,7 @@ def run(settings, quant: str, rebuild: bool = False):
     result.prefill_tokens = settings.prefill
     # One low-overhead generation (whole steps timed) and one per-kernel generation, both after a
     # prompt of `context` tokens; the prefill runs above were the warm-up.
-    prof = profile(engine, prompt_len=settings.context, gen_len=settings.decode_steps + 1, runs=1, warmup=0,
-                   seed=settings.seed)
+    prof = profile(engine, Workload(prompt_len=settings.context, gen_len=settings.decode_steps + 1, runs=1, warmup=0, seed=settings.seed))
     result.decode_ms = [s["ms"] for s in prof["steps"] if s["mode"] == "low-overhead" and s["phase"] == "decode"]
     result.tokens = prof["generated_tokens"]
     result.weight_bytes_per_token = int(prof["metrics"]["weight_bytes"])

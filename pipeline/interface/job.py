@@ -309,13 +309,14 @@ class Job:
 
     def _profile(self, entry: dict, engine) -> dict:
         from ..device import RunOptions
+        from ..profiler.core import Workload
         from ..profiler.driver import profile
         from ..profiler.reports import render
         from ..profiler.schema import validate
 
         prompt_len, gen_len, runs = PROFILE_SIZES
         prompt_len = min(prompt_len, engine.context_window - gen_len - 1)
-        data = profile(engine, RunOptions(timed=True), "synthetic", None, prompt_len=prompt_len, gen_len=gen_len, runs=runs)
+        data = profile(engine, RunOptions(timed=True), "synthetic", None, Workload(prompt_len, gen_len, runs))
         data["peak_gbps"] = entry.get("peak_gbps")
         data["timing"] = "host clock around each kernel, the device synchronised before and after it"
         validate(data)

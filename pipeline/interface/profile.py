@@ -37,6 +37,7 @@ def profile(artifact: Path | None, model: str, quant: str | None, target_name: s
     `output` when given, and returned. `progress_bar(length, label)`: a context manager giving an
     object with `update(n)`."""
     from ..artifact import RUN_FIELDS, read_manifest
+    from ..profiler.core import Workload
     from ..profiler.driver import profile as profile_engine
     from ..profiler.reports import render
     from ..profiler.schema import save_profile
@@ -68,8 +69,8 @@ def profile(artifact: Path | None, model: str, quant: str | None, target_name: s
     engine = open_engine(artifact, weights, 0, options)
     try:
         with progress_bar(total, f"profiling {manifest['target']['kind']}") as bar:
-            data = profile_engine(engine, options, weights, llvm_twin, prompt_len=prompt_len, gen_len=gen_len, runs=runs,
-                                 warmup=warmup, progress=lambda label, done, n: bar.update(1))
+            data = profile_engine(engine, options, weights, llvm_twin, Workload(prompt_len, gen_len, runs, warmup),
+                                  progress=lambda label, done, n: bar.update(1))
     finally:
         if hasattr(engine, "close"):
             engine.close()

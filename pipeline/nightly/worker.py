@@ -52,6 +52,7 @@ def _conformance(artifact: Path, settings: dict, out: Path) -> dict[str, Any]:
 
 
 def _profile(artifact: Path, settings: dict, out: Path) -> dict[str, Any]:
+    from ..profiler.core import Workload
     from ..profiler.measure import profile
     from ..profiler.reports import render
     from ..profiler.schema import save_profile
@@ -59,7 +60,7 @@ def _profile(artifact: Path, settings: dict, out: Path) -> dict[str, Any]:
     from ..targets import preset_peak_gbps
 
     engine = Engine(artifact, "synthetic")
-    data = profile(engine, settings["prompt_len"], settings["gen_len"], settings["runs"], settings["warmup"],
+    data = profile(engine, Workload(settings["prompt_len"], settings["gen_len"], settings["runs"], settings["warmup"]),
                    progress=lambda label, done, n: print(f"[profile {done}/{n}] {label}", flush=True))
     data["peak_gbps"] = preset_peak_gbps(data["target_name"])
     save_profile(data, out / "profile.json")

@@ -6,13 +6,38 @@ its device measures."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 import resource
 from collections.abc import Callable
 
 import numpy as np
 
+from ..device import tvm_runtime as rt
 from .schema import overhead_metrics, profile_header
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """What a profile runs, whatever the device: `warmup` + `runs` generations per mode of
+    `gen_len` tokens after a random prompt of `prompt_len` tokens (the same for the same seed)."""
+
+    prompt_len: int = 128
+    gen_len: int = 32
+    runs: int = 3
+    warmup: int = 1
+    seed: int = 0
+
+    def prompt(self, engine) -> list[int]:
+        """The prompt's token ids, checked to fit the engine's context with `gen_len`."""
+        engine.check_tokens([0] * self.prompt_len, self.gen_len)
+        return [int(t) for t in np.random.default_rng(self.seed).integers(0, engine.vocab_size, size=self.prompt_len)]
+
+    def config(self, threads: int | None = None, **extra) -> dict:
+        """The profile document's `config` (schema.py)."""
+        return {"prompt_len": self.prompt_len, "gen_len": self.gen_len, "runs": self.runs, "warmup_runs": self.warmup,
+                "seed": self.seed, "threads": threads, **extra}
 
 
 def alternate(warmup: int, runs: int, modes: list[tuple[str, Callable[[int], None]]],
@@ -26,6 +51,11 @@ def alternate(warmup: int, runs: int, modes: list[tuple[str, Callable[[int], Non
             done += 1
             if progress:
                 progress(label, done, total)
+
+
+def weight_bytes(manifest: dict) -> int:
+    """Bytes of the model's parameters (the manifest's shapes and dtypes): what a decode step reads."""
+    return sum(int(math.prod(p["shape"]) * rt.dtype_bytes(p["dtype"])) for p in manifest["parameters"])
 
 
 def percentiles(values: list[float]) -> dict[str, float]:

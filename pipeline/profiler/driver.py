@@ -7,9 +7,11 @@ from pathlib import Path
 
 from ..backends import backend
 from ..device import RunOptions
+from .core import Workload
 
 
-def profile(engine, options: RunOptions, weights, llvm_twin: Callable[[], Path] | None, **sizes) -> dict:
+def profile(engine, options: RunOptions, weights, llvm_twin: Callable[[], Path] | None, workload: Workload,
+            progress: Callable[[str, int, int], None] | None = None) -> dict:
     """Per-kernel profile of `engine`: in a WebGPU runtime every kernel of the real run timed by
     timestamp queries; in TVM's runtime here the VM instrument; over RPC remote timers on the call
     sequence recorded on an llvm build of the same model (the artifact itself when it is one, else
@@ -18,13 +20,13 @@ def profile(engine, options: RunOptions, weights, llvm_twin: Callable[[], Path] 
     if backend(kind).WEBGPU_RUNTIME:
         from ..runners.webgpu.profile import profile as measure_webgpu
 
-        return measure_webgpu(engine, **sizes)
+        return measure_webgpu(engine, workload, progress)
     if options.remote is None:
         from .measure import profile as measure
 
-        return measure(engine, **sizes)
+        return measure(engine, workload, progress)
     from ..runtime import Engine
     from .remote import profile_remote
 
     twin = engine.artifact if backend(kind).HOST_CPU else llvm_twin()
-    return profile_remote(engine, Engine(twin, weights), **sizes)
+    return profile_remote(engine, Engine(twin, weights), workload, progress)

@@ -25,7 +25,7 @@ from ..device import tvm_runtime as rt
 from ..kernel_inputs import KV_CACHE_CREATE
 from ..runtime import Engine
 
-from .core import alternate, document, kernel_table, measured_ms, metrics
+from .core import Workload, alternate, document, kernel_table, measured_ms, metrics, weight_bytes
 from .schema import run_records
 
 
@@ -231,37 +231,23 @@ def kernel_params(artifact: Path, manifest: dict) -> dict[str, list[str]]:
     return {name: [p["name"] for p in k["signature"]["params"]] for name, k in kernels.items()}
 
 
-def random_prompt(engine: Engine, prompt_len: int, gen_len: int, seed: int) -> list[int]:
-    """`prompt_len` random token ids (the same for the same seed), checked to fit with `gen_len`."""
-    engine.check_tokens([0] * prompt_len, gen_len)
-    return [int(t) for t in np.random.default_rng(seed).integers(0, engine.vocab_size, size=prompt_len)]
-
-
-def record_calls(engine: Engine, prompt_len: int, gen_len: int, seed: int = 0) -> list[RecordedCall]:
+def record_calls(engine: Engine, workload: Workload) -> list[RecordedCall]:
     """One generation as `profile` runs it (same prompt for the same seed), every kernel call
     recorded in call order with its arguments: the call sequence `profile --rpc` times on the remote."""
     recorder = _Recorder({k["name"] for k in engine.manifest["kernels"]}, {}, engine.device, record_calls=True)
     make_kv = _wrapped_kv_cache_factory(engine, recorder)
     engine.vm.set_instrument(recorder.instrument)
     try:
-        run_once(engine, random_prompt(engine, prompt_len, gen_len, seed), gen_len, recorder, make_kv, 0, [])
+        run_once(engine, workload.prompt(engine), workload.gen_len, recorder, make_kv, 0, [])
     finally:
         engine.vm.set_instrument(None)
     return recorder.calls
 
 
-def profile(
-    engine: Engine,
-    prompt_len: int = 128,
-    gen_len: int = 32,
-    runs: int = 3,
-    warmup: int = 1,
-    seed: int = 0,
-    progress: Callable[[str, int, int], None] | None = None,
-) -> dict:
+def profile(engine: Engine, workload: Workload = Workload(), progress: Callable[[str, int, int], None] | None = None) -> dict:
     """Profile `engine`; returns the profile as a JSON-ready dict (schema in `schema.py`)."""
     manifest = engine.manifest
-    prompt = random_prompt(engine, prompt_len, gen_len, seed)
+    prompt, gen_len, warmup = workload.prompt(engine), workload.gen_len, workload.warmup
     kernels = {k["name"] for k in manifest["kernels"]}
     recorder = _Recorder(kernels, uncounted_params(kernel_params(engine.artifact, manifest), manifest), engine.device)
     make_kv = _wrapped_kv_cache_factory(engine, recorder)
@@ -279,16 +265,14 @@ def profile(
         tokens = run_once(engine, prompt, gen_len, recorder, make_kv, run, steps)
 
     try:
-        alternate(warmup, runs, [("low-overhead", low_overhead), ("per-kernel", per_kernel)], progress)
+        alternate(warmup, workload.runs, [("low-overhead", low_overhead), ("per-kernel", per_kernel)], progress)
     finally:
         engine.vm.set_instrument(None)
     per_kernel_total = sum(measured_ms(steps, "prefill", warmup)) + sum(measured_ms(steps, "decode", warmup))
-    weight_bytes = sum(int(int(np.prod(p["shape"])) * rt.dtype_bytes(p["dtype"])) for p in manifest["parameters"])
     roles = {k["name"]: k.get("role", "other") for k in manifest["kernels"]}
     host_cpu = backend(manifest["target"]["kind"]).HOST_CPU
-    config = {"prompt_len": prompt_len, "gen_len": gen_len, "runs": runs, "warmup_runs": warmup, "seed": seed,
-              "threads": rt.num_threads() if host_cpu else None}
+    config = workload.config(rt.num_threads() if host_cpu else None)
     return document(engine, device_description(manifest["target"]["kind"], engine.device), config,
-                    metrics(engine, prompt_len, low_steps, per_kernel_total, warmup, weight_bytes), tokens,
+                    metrics(engine, workload.prompt_len, low_steps, per_kernel_total, warmup, weight_bytes(manifest)), tokens,
                     kernel_table(kernels, roles, recorder.bytes, recorder.shapes),  # every kernel; ones never called: empty
                     run_records(low_steps, steps, recorder.samples, warmup), {"TVM_NUM_THREADS": os.environ.get("TVM_NUM_THREADS")})

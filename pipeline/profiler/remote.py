@@ -25,12 +25,11 @@ from .measure import (
     RecordedCall,
     RecordedTensor,
     kernel_params,
-    random_prompt,
     record_calls,
     run_once,
     uncounted_params,
 )
-from .core import alternate, document, kernel_table, metrics
+from .core import Workload, alternate, document, kernel_table, metrics, weight_bytes
 
 NUMBER = 5  # launches averaged per time_evaluator measurement
 
@@ -110,16 +109,8 @@ class _RemoteCalls:
         return self.cache[key]
 
 
-def profile_remote(
-    engine: Engine,
-    record_engine: Engine,
-    prompt_len: int = 128,
-    gen_len: int = 32,
-    runs: int = 3,
-    warmup: int = 1,
-    seed: int = 0,
-    progress: Callable[[str, int, int], None] | None = None,
-) -> dict:
+def profile_remote(engine: Engine, record_engine: Engine, workload: Workload = Workload(),
+                   progress: Callable[[str, int, int], None] | None = None) -> dict:
     """Profile `engine` (an Engine on an RPC session); `record_engine`: a local llvm Engine of the
     same model and quantization, whose kernel call sequence the per-kernel mode times."""
     from ..rpc import describe, upload_library
@@ -131,8 +122,8 @@ def profile_remote(
         if manifest.get(field) != llvm_manifest.get(field):
             raise ArtifactError(f"{record_engine.artifact}: field '{field}' is {llvm_manifest.get(field)!r}, the artifact's is {manifest.get(field)!r}: both must come from the same model config and quantization")
     where = describe(engine.remote)
-    prompt = random_prompt(engine, prompt_len, gen_len, seed)
-    calls = record_calls(record_engine, prompt_len, gen_len, seed)
+    prompt, gen_len, warmup = workload.prompt(engine), workload.gen_len, workload.warmup
+    calls = record_calls(record_engine, workload)
     mapping = map_kernels(sorted({c.kernel for c in calls}), llvm_manifest, manifest)
     kernels = [mapping[c.kernel] for c in calls]
     started = time.perf_counter()
@@ -152,16 +143,15 @@ def profile_remote(
         tokens = run_once(engine, prompt, gen_len, None, None, run, low_steps)
 
     def per_kernel(run: int) -> None:  # device time of every recorded call, laid end to end
-        steps.extend(_timed_steps(pool, calls, kernels, run, warmup, prompt_len, samples))
+        steps.extend(_timed_steps(pool, calls, kernels, run, warmup, workload.prompt_len, samples))
 
-    alternate(warmup, runs, [("low-overhead", low_overhead), ("per-kernel", per_kernel)], progress)
+    alternate(warmup, workload.runs, [("low-overhead", low_overhead), ("per-kernel", per_kernel)], progress)
     low = [{"mode": "low-overhead", "run": s["run"], "warmup": s["run"] < warmup, "phase": s["phase"], "step": s["step"],
             "tokens": s["tokens"], "start_ms": s["start_ns"] / 1e6, "ms": s["ns"] / 1e6,
             **({"first_token_ms": s["first_token_ns"] / 1e6} if "first_token_ns" in s else {})} for s in low_steps]
     per_kernel_total = sum(s["ms"] for s in steps if not s["warmup"])
     moved, shapes = _moved_bytes(kernels, calls, uncounted_params(params, manifest))
     roles = {k["name"]: k.get("role", "other") for k in manifest["kernels"]}
-    weight_bytes = sum(int(np.prod(p["shape"])) * tvm.runtime.DataType(p["dtype"]).bits // 8 for p in manifest["parameters"])
     method = {
         "kind": "rpc",
         "remote": where,
@@ -174,9 +164,8 @@ def profile_remote(
         "kernel_map": {k: v for k, v in sorted(mapping.items()) if k != v},
         "kernel_library_ms": kernels_load_ms,
     }
-    config = {"prompt_len": prompt_len, "gen_len": gen_len, "runs": runs, "warmup_runs": warmup, "seed": seed, "threads": None}
-    return document(engine, f"{manifest['target']['kind']} device {engine.device} of {where}", config,
-                    metrics(engine, prompt_len, low_steps, per_kernel_total, warmup, weight_bytes), tokens,
+    return document(engine, f"{manifest['target']['kind']} device {engine.device} of {where}", workload.config(),
+                    metrics(engine, workload.prompt_len, low_steps, per_kernel_total, warmup, weight_bytes(manifest)), tokens,
                     kernel_table(roles, roles, moved, shapes), {"steps": low + steps, "samples": samples}, {"remote": where}, method)
 
 

@@ -43,10 +43,11 @@ def artifact(tmp_path_factory):
 
 
 def _profile(artifact):
+    from mlcpipe.profiler.core import Workload
     from mlcpipe.profiler.measure import profile
     from mlcpipe.runtime import Engine
 
-    return profile(Engine(artifact, "synthetic"), prompt_len=16, gen_len=8, runs=3)
+    return profile(Engine(artifact, "synthetic"), Workload(prompt_len=16, gen_len=8, runs=3))
 
 
 @pytest.fixture(scope="module")

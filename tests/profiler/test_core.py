@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from mlcpipe.profiler.core import alternate, document, kernel_table, metrics
+from mlcpipe.profiler.core import Workload, alternate, document, kernel_table, metrics, weight_bytes
 
 
 def test_modes_alternate_run_by_run_with_progress():
@@ -17,6 +17,21 @@ def test_modes_alternate_run_by_run_with_progress():
               lambda label, done, total: ticks.append((label, done, total)))
     assert calls == [("low", 0), ("pk", 0), ("low", 1), ("pk", 1), ("low", 2), ("pk", 2)]
     assert ticks[0] == ("low-overhead", 1, 6) and ticks[-1] == ("per-kernel", 6, 6)
+
+
+def test_one_workload_for_every_driver():
+    """The prompt (seeded, checked against the engine's context), the document's config and the
+    parameters' bytes are the same whichever device profiles."""
+    checked = []
+    engine = SimpleNamespace(vocab_size=50, check_tokens=lambda tokens, new: checked.append((len(tokens), new)))
+    work = Workload(prompt_len=7, gen_len=3, runs=2, warmup=0, seed=4)
+    prompt = work.prompt(engine)
+    assert prompt == [int(t) for t in np.random.default_rng(4).integers(0, 50, size=7)] and checked == [(7, 3)]
+    assert work.prompt(engine) == prompt and Workload(7, 3, seed=5).prompt(engine) != prompt
+    assert work.config(2, adapter="gles") == {"prompt_len": 7, "gen_len": 3, "runs": 2, "warmup_runs": 0, "seed": 4, "threads": 2,
+                                              "adapter": "gles"}
+    manifest = {"parameters": [{"shape": [4, 8], "dtype": "uint32"}, {"shape": [4, 1], "dtype": "float16"}, {"shape": [3], "dtype": "float32"}]}
+    assert weight_bytes(manifest) == 4 * 8 * 4 + 4 * 2 + 3 * 4
 
 
 def _steps(prefill_ns, decode_ns, warmup_prefill_ns):

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from mlcpipe.build import build
+from mlcpipe.profiler.core import Workload
 from mlcpipe.profiler.measure import profile, run_once
 from mlcpipe.profiler.schema import kernel_stats
 from mlcpipe.runtime import Engine
@@ -26,7 +27,7 @@ PROMPT, GEN, RUNS = 16, 8, 2
 @pytest.fixture(scope="module")
 def tiny_profile(tiny_config, tmp_path_factory):
     art = build(tiny_config, quantization("q4f16_1"), load_target("llvm"), output=tmp_path_factory.mktemp("prof") / "art", log=lambda *_: None)
-    return profile(Engine(art, "synthetic"), prompt_len=PROMPT, gen_len=GEN, runs=RUNS, warmup=1)
+    return profile(Engine(art, "synthetic"), Workload(prompt_len=PROMPT, gen_len=GEN, runs=RUNS, warmup=1))
 
 
 def test_iterations_match_the_model(tiny_profile, tiny_config):

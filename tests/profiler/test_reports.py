@@ -50,9 +50,10 @@ def built(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("reports")
     config = load_model_config("llama-tiny")
     art = build(config, quantization("q4f16_1"), load_target("llvm"), output=tmp / "art", log=lambda *_: None)
+    from mlcpipe.profiler.core import Workload
     from mlcpipe.profiler.measure import profile
 
-    prof = profile(Engine(art, "synthetic"), prompt_len=PROMPT_LEN, gen_len=GEN_LEN, runs=RUNS)
+    prof = profile(Engine(art, "synthetic"), Workload(prompt_len=PROMPT_LEN, gen_len=GEN_LEN, runs=RUNS))
     return config, prof
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from mlcpipe.artifact import read_manifest
 from mlcpipe.build import build
+from mlcpipe.profiler.core import Workload
 from mlcpipe.profiler.kernel_map import KernelMapError, map_kernels
 from mlcpipe.profiler.reports import FORMATS, render
 from mlcpipe.runners.webgpu.profile import profile
@@ -40,7 +41,7 @@ def f32_artifacts(tiny_config, tmp_path_factory):
 @pytest.fixture(scope="module")
 def measured(f32_artifacts):
     with WebGPUEngine(f32_artifacts[0], "synthetic", adapter="swiftshader") as engine:
-        return profile(engine, prompt_len=PROMPT, gen_len=GEN, runs=RUNS, warmup=1)
+        return profile(engine, Workload(prompt_len=PROMPT, gen_len=GEN, runs=RUNS, warmup=1))
 
 
 @pytest.mark.dawn

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ...errors import ArtifactError
-from ...profiler.core import alternate, document, kernel_table, measured_ms, metrics
+from ...profiler.core import Workload, alternate, document, kernel_table, measured_ms, metrics
 from ...profiler.measure import kernel_params, uncounted_params
 from ...profiler.schema import run_records
 from .dawn import WebGPUEngine
@@ -49,15 +49,13 @@ def device_description(engine: WebGPUEngine) -> str:
     return f"WebGPU {engine.adapter}: {name} ({info.get('browser') or 'Dawn for node'})"
 
 
-def profile(engine: WebGPUEngine, prompt_len: int = 32, gen_len: int = 8, runs: int = 2, warmup: int = 1,
-            seed: int = 0, progress: Callable[[str, int, int], None] | None = None) -> dict:
+def profile(engine: WebGPUEngine, workload: Workload = Workload(32, 8, 2), progress: Callable[[str, int, int], None] | None = None) -> dict:
     """Profile `engine` (a WebGPUEngine); returns the profile as a JSON-ready dict (schema.py)."""
     if "timestamp-query" not in engine.adapter_info.get("features", []):
         raise ArtifactError(f"--adapter {engine.adapter}: the adapter has no timestamp-query, so kernels cannot be timed; "
                             "use --adapter swiftshader (or a GPU)")
     manifest = engine.manifest
-    engine.check_tokens([0] * prompt_len, gen_len)
-    prompt = [int(t) for t in np.random.default_rng(seed).integers(0, engine.vocab_size, size=prompt_len)]
+    prompt, gen_len, warmup = workload.prompt(engine), workload.gen_len, workload.warmup
     kernels = {k["name"]: k for k in manifest["kernels"]}
     timed = _TimedRuns(engine, prompt, gen_len, kernels, uncounted_params(kernel_params(engine.artifact, manifest), manifest))
     low_steps: list[dict] = []
@@ -69,20 +67,18 @@ def profile(engine: WebGPUEngine, prompt_len: int = 32, gen_len: int = 8, runs: 
         tokens = timed.run(run, True, steps)
 
     try:
-        alternate(warmup, runs, [("low-overhead", lambda run: timed.run(run, False, low_steps)), ("per-kernel", per_kernel)], progress)
+        alternate(warmup, workload.runs, [("low-overhead", lambda run: timed.run(run, False, low_steps)), ("per-kernel", per_kernel)], progress)
     finally:
         engine.timed = False
     per_kernel_total = sum(measured_ms(steps, "prefill", warmup)) + sum(measured_ms(steps, "decode", warmup))
     roles = {name: k.get("role", "other") for name, k in kernels.items()}
-    config = {"prompt_len": prompt_len, "gen_len": gen_len, "runs": runs, "warmup_runs": warmup, "seed": seed,
-              "threads": None, "adapter": engine.adapter}
     method = {"kind": "real run", "timer": "timestamp-query",
               "runtime": f"{engine.adapter_info.get('browser') or 'Dawn (npm webgpu)'} + @mlc-ai/web-runtime",
               "adapter": engine.adapter_info, "bytes": "manifest argument shapes at the step's token count"}
     moved = {key: b for key, (b, _) in timed.moved.items()}
     shapes = {key: sh for key, (_, sh) in timed.moved.items()}
-    return document(engine, device_description(engine), config,
-                    metrics(engine, prompt_len, low_steps, per_kernel_total, warmup, engine.weight_bytes), tokens,
+    return document(engine, device_description(engine), workload.config(adapter=engine.adapter),
+                    metrics(engine, workload.prompt_len, low_steps, per_kernel_total, warmup, engine.weight_bytes), tokens,
                     kernel_table(set(kernels) | {s[0] for s in timed.samples}, roles, moved, shapes),
                     run_records(low_steps, steps, timed.samples, warmup), method=method)
 
