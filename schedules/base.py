@@ -34,6 +34,15 @@ class GPUScheduleRule(dl.ScheduleRule):
         return is_gpu(target)
 
 
+class UntunedRule:
+    """A rule with nothing to tune (the sampler's): `mlcpipe tune` skips the kernels it claims,
+    claimed before any rule with knobs could take them."""
+
+    def knob_space(self, func, target: Target) -> dict:
+        del func, target
+        return {}
+
+
 # ---- target facts -------------------------------------------------------------------------
 def kind_of(target: Target) -> str:
     return target.kind.name

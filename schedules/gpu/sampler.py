@@ -18,7 +18,7 @@ from tvm.target import Target
 from mlcpipe.model.sampler_tir import exchange_rows, exchange_tile, lowest_f32, pair_lo
 
 from ..analysis import sampler_info
-from ..base import GPUScheduleRule, max_threads
+from ..base import GPUScheduleRule, UntunedRule, max_threads
 
 def _reduce_threads(threads: int) -> int:
     """Lanes of a reduction workgroup: a power of two, at most 256."""
@@ -486,14 +486,8 @@ def _one_thread_per_sample(func: tirx.PrimFunc, threads: int) -> s_tir.Schedule:
 
 
 @dataclasses.dataclass
-class SamplerGPU(GPUScheduleRule):
+class SamplerGPU(UntunedRule, GPUScheduleRule):
     threads: int = 0  # lanes per workgroup; 0 = the target's limit
-
-    def knob_space(self, func: tirx.PrimFunc, target: Target) -> dict:
-        """Nothing to tune: `mlcpipe tune` skips the sampler's kernels (they are claimed here, before
-        any rule with knobs could take them)."""
-        del func, target
-        return {}
 
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
         del tunable

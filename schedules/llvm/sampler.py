@@ -14,17 +14,11 @@ from tvm import s_tir, tirx
 from tvm.target import Target
 
 from ..analysis import sampler_info
-from ..base import CPUScheduleRule
+from ..base import CPUScheduleRule, UntunedRule
 
 
 @dataclasses.dataclass
-class SamplerCPU(CPUScheduleRule):
-    def knob_space(self, func: tirx.PrimFunc, target: Target) -> dict:
-        """Nothing to tune: `mlcpipe tune` skips the sampler's kernels (they are claimed here, before
-        any rule with knobs could take them)."""
-        del func, target
-        return {}
-
+class SamplerCPU(UntunedRule, CPUScheduleRule):
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
         del tunable
         if not self.is_target_available(target) or not isinstance(func, tirx.PrimFunc):
