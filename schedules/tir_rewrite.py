@@ -118,3 +118,28 @@ def map_func_exprs(func: tirx.PrimFunc, fn: Callable) -> tirx.PrimFunc:
                             b.match_buffers, b.annotations)
 
     return func.with_body(stmt(func.body))
+
+
+def bind_row_loop(func: tirx.PrimFunc, block: str, threads: int) -> tirx.PrimFunc:
+    """`func`, whose root holds one loop over `block`'s rows, with that loop split into workgroups
+    of `threads` lanes bound to blockIdx.x / threadIdx.x, a row a lane. Built directly: the
+    schedule's `bind` refuses in-place kernels (a block reading and writing one buffer has no
+    compact dataflow), though each row touches its own elements."""
+    sch = s_tir.Schedule(func)
+    (loop,) = sch.get_loops(sch.get_sblock(block))
+    sch.split(loop, [None, threads])
+    split = sch.mod["main"]
+    root = split.body.block
+    if not isinstance(root.body, tirx.For) or not isinstance(root.body.body, tirx.For):
+        raise UnsupportedIR(type(root.body).__name__)
+
+    def bound(loop, tag, body):
+        var = tirx.IterVar(tvm.ir.Range.from_min_extent(loop.min, loop.extent), loop.loop_var, tirx.IterVar.ThreadIndex, tag)
+        return tirx.For(loop.loop_var, loop.min, loop.extent, tirx.ForKind.THREAD_BINDING, body, var, loop.annotations)
+
+    outer, inner = root.body, root.body.body
+    body = bound(outer, "blockIdx.x", bound(inner, "threadIdx.x", inner.body))
+    new_root = s_tir.SBlock(root.iter_vars, root.reads, root.writes, root.name_hint, body, root.init, root.alloc_buffers,
+                            root.match_buffers, root.annotations)
+    return split.with_body(s_tir.SBlockRealize(split.body.iter_values, split.body.predicate, new_root))
+

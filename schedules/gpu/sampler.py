@@ -1,9 +1,10 @@
 """GPU forms of the sampler kernels (pipeline/model/sampler.py): the rule SamplerGPU.
 
-Every kernel the sampler marks (logit bias, penalties, bitmask, the bitonic argsort's steps, the
-softmax / top-p chunk passes) gets a hand-written thread-bound kernel of the same signature and
-contract (checked against the llvm reference by `mlcpipe check`); top_p_pick keeps its reference
-loop, one thread per sample. Launch shapes per kernel: docs/schedules.md.
+The kernels with one row loop (logit bias and penalties: a token a lane; top_p_pick: a sample a
+lane) are their reference loop split over threads (tir_rewrite.bind_row_loop); the others
+(bitmask, the bitonic argsort's steps, the softmax / top-p chunk passes) get a hand-written
+thread-bound kernel of the same signature and contract (checked against the llvm reference by
+`mlcpipe check`). Launch shapes per kernel: docs/schedules.md.
 Knob: threads (lanes per workgroup; 0 = the target's limit: 256 on WebGPU / Metal, 1024 on CUDA).
 """
 
@@ -19,6 +20,7 @@ from mlcpipe.model.sampler_tir import exchange_rows, exchange_tile, lowest_f32, 
 
 from ..analysis import sampler_info
 from ..base import GPUScheduleRule, UntunedRule, max_threads
+from ..tir_rewrite import bind_row_loop
 
 def _reduce_threads(threads: int) -> int:
     """Lanes of a reduction workgroup: a power of two, at most 256."""
@@ -210,54 +212,6 @@ def top_p_chunk_sums_gpu(vocab_size: int, chunk: int, threads: int) -> tirx.Prim
                         T.tvm_storage_sync("shared")
                     if tx == 0:
                         chunk_sums[row, T.Cast("int32", bx % nc)] = red[0]
-
-    return kernel
-
-
-def logit_bias_gpu(vocab_size: int, threads: int) -> tirx.PrimFunc:
-    @T.prim_func(private=True, s_tir=True)
-    def kernel(var_logits: T.handle, var_pos2seq_id: T.handle, var_token_ids: T.handle, var_logit_bias: T.handle):
-        T.func_attr({"tirx.noalias": True})
-        batch_size = T.int64()
-        num_token = T.int64()
-        logits = T.match_buffer(var_logits, (batch_size, vocab_size), "float32")
-        pos2seq_id = T.match_buffer(var_pos2seq_id, (num_token,), "int32")
-        token_ids = T.match_buffer(var_token_ids, (num_token,), "int32")
-        logit_bias = T.match_buffer(var_logit_bias, (num_token,), "float32")
-        for bx in T.thread_binding(T.ceildiv(num_token, threads), thread="blockIdx.x"):
-            for tx in T.thread_binding(threads, thread="threadIdx.x"):
-                with T.sblock("bias"):
-                    t: T.let[T.int32] = T.Cast("int32", bx) * threads + tx
-                    if t < T.Cast("int32", num_token):
-                        logits[pos2seq_id[t], token_ids[t]] = logits[pos2seq_id[t], token_ids[t]] + logit_bias[t]
-
-    return kernel
-
-
-def penalty_gpu(vocab_size: int, threads: int) -> tirx.PrimFunc:
-    @T.prim_func(private=True, s_tir=True)
-    def kernel(var_logits: T.handle, var_seq_ids: T.handle, var_pos2seq_id: T.handle, var_token_ids: T.handle,
-               var_token_cnt: T.handle, var_penalties: T.handle):
-        T.func_attr({"tirx.noalias": True})
-        batch_size = T.int64()
-        num_seq = T.int64()
-        num_token = T.int64()
-        logits = T.match_buffer(var_logits, (batch_size, vocab_size), "float32")
-        seq_ids = T.match_buffer(var_seq_ids, (num_seq,), "int32")
-        pos2seq_id = T.match_buffer(var_pos2seq_id, (num_token,), "int32")
-        token_ids = T.match_buffer(var_token_ids, (num_token,), "int32")
-        token_cnt = T.match_buffer(var_token_cnt, (num_token,), "int32")
-        penalties = T.match_buffer(var_penalties, (num_seq, 3), "float32")
-        for bx in T.thread_binding(T.ceildiv(num_token, threads), thread="blockIdx.x"):
-            for tx in T.thread_binding(threads, thread="threadIdx.x"):
-                with T.sblock("penalty"):
-                    t: T.let[T.int32] = T.Cast("int32", bx) * threads + tx
-                    if t < T.Cast("int32", num_token):
-                        seq: T.let[T.int32] = pos2seq_id[t]
-                        value: T.let[T.float32] = logits[seq_ids[seq], token_ids[t]] - (
-                            penalties[seq, 0] + T.Cast("float32", token_cnt[t]) * penalties[seq, 1])
-                        logits[seq_ids[seq], token_ids[t]] = T.if_then_else(
-                            value < T.float32(0), value * penalties[seq, 2], value / penalties[seq, 2])
 
     return kernel
 
@@ -457,10 +411,6 @@ def gpu_kernel(info: dict, threads: int, kind_of_target: str) -> tirx.PrimFunc |
         return softmax_normalize_gpu(vocab, threads)
     if kind == "top_p_chunk_sums":
         return top_p_chunk_sums_gpu(vocab, info["chunk"], threads)
-    if kind == "apply_logit_bias":
-        return logit_bias_gpu(vocab, threads)
-    if kind == "apply_penalty":
-        return penalty_gpu(vocab, threads)
     if kind == "apply_bitmask":
         return bitmask_gpu(vocab, threads, kind_of_target)
     if kind == "argsort_tiles":
@@ -474,15 +424,10 @@ def gpu_kernel(info: dict, threads: int, kind_of_target: str) -> tirx.PrimFunc |
     return None
 
 
-def _one_thread_per_sample(func: tirx.PrimFunc, threads: int) -> s_tir.Schedule:
-    """top_p_pick: its sample loop split over workgroups of `threads` lanes (each lane walks its
-    sample's chunk sums and then at most two chunks, as the reference does)."""
-    sch = s_tir.Schedule(func)
-    (loop,) = sch.get_loops(sch.get_sblock("pick"))
-    bx, tx = sch.split(loop, [None, threads])
-    sch.bind(bx, "blockIdx.x")
-    sch.bind(tx, "threadIdx.x")
-    return sch
+# kernels whose reference loop is their GPU form, split over threads, a row a lane: kind -> block.
+# top_p_pick: a sample (it walks its chunk sums, then at most two chunks); logit bias, penalty: a
+# token (the runtimes give each token at most once per sequence: no two lanes touch one logit)
+ROW_LOOPS = {"top_p_pick": "pick", "apply_logit_bias": "bias", "apply_penalty": "penalty"}
 
 
 @dataclasses.dataclass
@@ -495,8 +440,8 @@ class SamplerGPU(UntunedRule, GPUScheduleRule):
         if info is None:
             return None
         threads = self.threads or max_threads(target)
-        if info["kind"] == "top_p_pick":
-            return _one_thread_per_sample(func, threads)
+        if info["kind"] in ROW_LOOPS:
+            return s_tir.Schedule(bind_row_loop(func, ROW_LOOPS[info["kind"]], threads))
         new = gpu_kernel(info, threads, target.kind.name)
         if new is None:
             return None
