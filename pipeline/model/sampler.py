@@ -37,6 +37,12 @@ def _attrs(kind: str, **sizes: int) -> dict:
     return {"tirx.noalias": True, "op_pattern": 8, SAMPLER_ATTR: {"kind": kind, **{k: int(v) for k, v in sizes.items()}}}
 
 
+def _dims(*names: str) -> tirx.Var | tuple[tirx.Var, ...]:
+    """A kernel's symbolic extents (int64), named as MLC-LLM's kernels name them."""
+    dims = tuple(tirx.Var(name, "int64") for name in names)
+    return dims if len(dims) > 1 else dims[0]
+
+
 def padded_length(vocab_size: int) -> int:
     """The sort's row length: the smallest power of two >= vocab_size (at least 2)."""
     return max(2, 1 << (int(vocab_size) - 1).bit_length())
@@ -72,14 +78,12 @@ def softmax_chunk_stats(vocab_size: int, chunk: int = SOFTMAX_CHUNK) -> tirx.Pri
     nc = -(-vocab_size // chunk)
     eps = GREEDY_TEMPERATURE
 
+    batch_size = _dims("batch_size")
     @T.prim_func(private=True, s_tir=True)
-    def kernel(var_logits: T.handle, var_temperature: T.handle, var_chunk_max: T.handle, var_chunk_sum: T.handle):
+    def kernel(logits: T.Buffer((batch_size, vocab_size), "float32"),
+               temperature: T.Buffer((batch_size,), "float32"), chunk_max: T.Buffer((batch_size, nc), "float32"),
+               chunk_sum: T.Buffer((batch_size, nc), "float32")):
         T.func_attr(_attrs("softmax_chunk_stats", vocab=vocab_size, chunk=chunk))
-        batch_size = T.int64()
-        logits = T.match_buffer(var_logits, (batch_size, vocab_size), "float32")
-        temperature = T.match_buffer(var_temperature, (batch_size,), "float32")
-        chunk_max = T.match_buffer(var_chunk_max, (batch_size, nc), "float32")
-        chunk_sum = T.match_buffer(var_chunk_sum, (batch_size, nc), "float32")
         scaled = T.alloc_buffer((batch_size, nc, chunk), "float32")
         for b, c, i in T.grid(batch_size, T.int64(nc), T.int64(chunk)):
             with T.sblock("scaled"):
@@ -127,16 +131,12 @@ def softmax_merge(vocab_size: int, chunk: int = SOFTMAX_CHUNK) -> tirx.PrimFunc:
     nc = -(-vocab_size // chunk)
     eps = GREEDY_TEMPERATURE
 
+    batch_size = _dims("batch_size")
     @T.prim_func(private=True, s_tir=True)
-    def kernel(var_chunk_max: T.handle, var_chunk_sum: T.handle, var_temperature: T.handle, var_row_max: T.handle,
-               var_row_sum: T.handle):
+    def kernel(chunk_max: T.Buffer((batch_size, nc), "float32"), chunk_sum: T.Buffer((batch_size, nc), "float32"),
+               temperature: T.Buffer((batch_size,), "float32"), row_max: T.Buffer((batch_size,), "float32"),
+               row_sum: T.Buffer((batch_size,), "float32")):
         T.func_attr(_attrs("softmax_merge", vocab=vocab_size, chunk=chunk))
-        batch_size = T.int64()
-        chunk_max = T.match_buffer(var_chunk_max, (batch_size, nc), "float32")
-        chunk_sum = T.match_buffer(var_chunk_sum, (batch_size, nc), "float32")
-        temperature = T.match_buffer(var_temperature, (batch_size,), "float32")
-        row_max = T.match_buffer(var_row_max, (batch_size,), "float32")
-        row_sum = T.match_buffer(var_row_sum, (batch_size,), "float32")
         for b, c in T.grid(batch_size, T.int64(nc)):
             with T.sblock("row_max"):
                 vb, vc = T.axis.remap("SR", [b, c])
@@ -165,16 +165,12 @@ def softmax_normalize(vocab_size: int) -> tirx.PrimFunc:
     """probs = exp(x - row_max) / row_sum (greedy: 1 / row_sum where x == row_max, else 0)."""
     eps = GREEDY_TEMPERATURE
 
+    batch_size = _dims("batch_size")
     @T.prim_func(private=True, s_tir=True)
-    def kernel(var_logits: T.handle, var_temperature: T.handle, var_row_max: T.handle, var_row_sum: T.handle,
-               var_probs: T.handle):
+    def kernel(logits: T.Buffer((batch_size, vocab_size), "float32"),
+               temperature: T.Buffer((batch_size,), "float32"), row_max: T.Buffer((batch_size,), "float32"),
+               row_sum: T.Buffer((batch_size,), "float32"), probs: T.Buffer((batch_size, vocab_size), "float32")):
         T.func_attr(_attrs("softmax_normalize", vocab=vocab_size))
-        batch_size = T.int64()
-        logits = T.match_buffer(var_logits, (batch_size, vocab_size), "float32")
-        temperature = T.match_buffer(var_temperature, (batch_size,), "float32")
-        row_max = T.match_buffer(var_row_max, (batch_size,), "float32")
-        row_sum = T.match_buffer(var_row_sum, (batch_size,), "float32")
-        probs = T.match_buffer(var_probs, (batch_size, vocab_size), "float32")
         scaled = T.alloc_buffer((batch_size, vocab_size), "float32")
         for b, v in T.grid(batch_size, T.int64(vocab_size)):
             with T.sblock("scaled"):
@@ -198,6 +194,30 @@ def softmax_normalize(vocab_size: int) -> tirx.PrimFunc:
     return kernel
 
 
+@T.macro
+def _copy_entry(dst_k, dst_i, src_k, src_i, b, i):
+    """dst[b, i] = src[b, i] for the (key, index) pair of buffers."""
+    dst_k[b, i] = src_k[b, i]
+    dst_i[b, i] = src_i[b, i]
+
+
+@T.macro
+def _merge_tile(keys, idx, row, base, log_k, steps, pairs, desc_all):
+    """The last `steps` steps (distances 2^(steps - 1) .. 1) of bitonic stage 2^log_k over the
+    `2 pairs` entries from `base` of a row; a pair is descending where `desc_all` says (None:
+    where bit log_k of its position is 0)."""
+    for step in range(steps):
+        for p in range(pairs):
+            log_j: T.let[T.int32] = steps - 1 - step
+            lo: T.let[T.int32] = base + pair_lo(p, log_j)
+            hi: T.let[T.int32] = lo + T.shift_left(1, log_j)
+            if desc_all is None:
+                desc: T.let[T.bool] = T.bitwise_and(lo, T.shift_left(1, log_k)) == 0
+                exchange_rows(keys, idx, row, lo, hi, desc)
+            else:
+                exchange_rows(keys, idx, row, lo, hi, desc_all)
+
+
 def argsort_tiles(vocab_size: int, out_len: int) -> tirx.PrimFunc:
     """The padded row (probs, then the lowest float32 with indices >= V) with every tile bitonic-
     sorted: stages k = 2 .. tile of the network over the whole row (a pair (i, i + j) is put in
@@ -206,13 +226,11 @@ def argsort_tiles(vocab_size: int, out_len: int) -> tirx.PrimFunc:
     padded, tile = padded_length(vocab_size), sort_tile(vocab_size)
     log_tile = tile.bit_length() - 1
 
+    batch_size = _dims("batch_size")
     @T.prim_func(private=True, s_tir=True)
-    def kernel(var_probs: T.handle, var_keys: T.handle, var_idx: T.handle):
+    def kernel(probs: T.Buffer((batch_size, vocab_size), "float32"),
+               keys: T.Buffer((batch_size, out_len), "float32"), idx: T.Buffer((batch_size, out_len), "int32")):
         T.func_attr(_attrs("argsort_tiles", vocab=vocab_size, padded=padded, tile=tile, out_len=out_len))
-        batch_size = T.int64()
-        probs = T.match_buffer(var_probs, (batch_size, vocab_size), "float32")
-        keys = T.match_buffer(var_keys, (batch_size, out_len), "float32")
-        idx = T.match_buffer(var_idx, (batch_size, out_len), "int32")
         work_k = T.alloc_buffer((batch_size, padded), "float32")
         work_i = T.alloc_buffer((batch_size, padded), "int32")
         for b, i in T.grid(batch_size, padded):
@@ -224,18 +242,11 @@ def argsort_tiles(vocab_size: int, out_len: int) -> tirx.PrimFunc:
             with T.sblock("sort"):
                 vb = T.axis.spatial(batch_size, b)
                 for log_k in range(1, log_tile + 1):
-                    for step in range(log_k):
-                        for p in range(padded // 2):
-                            log_j: T.let[T.int32] = log_k - 1 - step
-                            lo: T.let[T.int32] = pair_lo(p, log_j)
-                            hi: T.let[T.int32] = lo + T.shift_left(1, log_j)
-                            desc: T.let[T.bool] = T.bitwise_and(lo, T.shift_left(1, log_k)) == 0
-                            exchange_rows(work_k, work_i, vb, lo, hi, desc)
+                    _merge_tile(work_k, work_i, vb, 0, log_k, log_k, padded // 2, None)
         for b, i in T.grid(batch_size, out_len):
             with T.sblock("store"):
                 vb, vi = T.axis.remap("SS", [b, i])
-                keys[vb, vi] = work_k[vb, vi]
-                idx[vb, vi] = work_i[vb, vi]
+                _copy_entry(keys, idx, work_k, work_i, vb, vi)
 
     return kernel
 
@@ -244,12 +255,11 @@ def argsort_global(vocab_size: int) -> tirx.PrimFunc:
     """One step of the network across tiles, in place: pairs (i, i + sort_j) of stage sort_k."""
     padded, tile = padded_length(vocab_size), sort_tile(vocab_size)
 
+    batch_size = _dims("batch_size")
     @T.prim_func(private=True, s_tir=True)
-    def kernel(var_keys: T.handle, var_idx: T.handle, sort_k: T.int32, sort_j: T.int32):
+    def kernel(keys: T.Buffer((batch_size, padded), "float32"), idx: T.Buffer((batch_size, padded), "int32"),
+               sort_k: T.int32, sort_j: T.int32):
         T.func_attr(_attrs("argsort_global", vocab=vocab_size, padded=padded, tile=tile))
-        batch_size = T.int64()
-        keys = T.match_buffer(var_keys, (batch_size, padded), "float32")
-        idx = T.match_buffer(var_idx, (batch_size, padded), "int32")
         for b, p in T.grid(batch_size, padded // 2):
             with T.sblock("step"):
                 vb, vp = T.axis.remap("SS", [b, p])
@@ -269,52 +279,36 @@ def argsort_merge(vocab_size: int, final: bool) -> tirx.PrimFunc:
     out_len = vocab_size if final else padded
     kind = "argsort_merge_final" if final else "argsort_merge"
 
+    batch_size = _dims("batch_size")
     @T.prim_func(private=True, s_tir=True)
-    def merge_inplace(var_keys: T.handle, var_idx: T.handle, sort_k: T.int32):
+    def merge_inplace(keys: T.Buffer((batch_size, padded), "float32"), idx: T.Buffer((batch_size, padded), "int32"),
+                      sort_k: T.int32):
         T.func_attr(_attrs(kind, vocab=vocab_size, padded=padded, tile=tile, out_len=out_len))
-        batch_size = T.int64()
-        keys = T.match_buffer(var_keys, (batch_size, padded), "float32")
-        idx = T.match_buffer(var_idx, (batch_size, padded), "int32")
         for b, t in T.grid(batch_size, padded // tile):
             with T.sblock("merge"):
                 vb, vt = T.axis.remap("SS", [b, t])
                 desc: T.let[T.bool] = T.bitwise_and(vt * tile, sort_k) == 0
-                for step in range(log_tile):
-                    for p in range(tile // 2):
-                        log_j: T.let[T.int32] = log_tile - 1 - step
-                        lo: T.let[T.int32] = vt * tile + pair_lo(p, log_j)
-                        hi: T.let[T.int32] = lo + T.shift_left(1, log_j)
-                        exchange_rows(keys, idx, vb, lo, hi, desc)
+                _merge_tile(keys, idx, vb, vt * tile, log_tile, log_tile, tile // 2, desc)
 
     @T.prim_func(private=True, s_tir=True)
-    def merge_final(var_keys: T.handle, var_idx: T.handle, var_out_keys: T.handle, var_out_idx: T.handle):
+    def merge_final(keys: T.Buffer((batch_size, padded), "float32"), idx: T.Buffer((batch_size, padded), "int32"),
+                    out_keys: T.Buffer((batch_size, vocab_size), "float32"),
+                    out_idx: T.Buffer((batch_size, vocab_size), "int32")):
         T.func_attr(_attrs(kind, vocab=vocab_size, padded=padded, tile=tile, out_len=out_len))
-        batch_size = T.int64()
-        keys = T.match_buffer(var_keys, (batch_size, padded), "float32")
-        idx = T.match_buffer(var_idx, (batch_size, padded), "int32")
-        out_keys = T.match_buffer(var_out_keys, (batch_size, vocab_size), "float32")
-        out_idx = T.match_buffer(var_out_idx, (batch_size, vocab_size), "int32")
         work_k = T.alloc_buffer((batch_size, padded), "float32")
         work_i = T.alloc_buffer((batch_size, padded), "int32")
         for b, i in T.grid(batch_size, padded):
             with T.sblock("load"):
                 vb, vi = T.axis.remap("SS", [b, i])
-                work_k[vb, vi] = keys[vb, vi]
-                work_i[vb, vi] = idx[vb, vi]
+                _copy_entry(work_k, work_i, keys, idx, vb, vi)
         for b, t in T.grid(batch_size, padded // tile):
             with T.sblock("merge"):
                 vb, vt = T.axis.remap("SS", [b, t])
-                for step in range(log_tile):
-                    for p in range(tile // 2):
-                        log_j: T.let[T.int32] = log_tile - 1 - step
-                        lo: T.let[T.int32] = vt * tile + pair_lo(p, log_j)
-                        hi: T.let[T.int32] = lo + T.shift_left(1, log_j)
-                        exchange_rows(work_k, work_i, vb, lo, hi, T.bool(True))
+                _merge_tile(work_k, work_i, vb, vt * tile, log_tile, log_tile, tile // 2, T.bool(True))
         for b, i in T.grid(batch_size, vocab_size):
             with T.sblock("store"):
                 vb, vi = T.axis.remap("SS", [b, i])
-                out_keys[vb, vi] = work_k[vb, vi]
-                out_idx[vb, vi] = work_i[vb, vi]
+                _copy_entry(out_keys, out_idx, work_k, work_i, vb, vi)
 
     return merge_final if final else merge_inplace
 
@@ -323,20 +317,18 @@ def top_p_chunk_sums(vocab_size: int, chunk: int = TOP_P_CHUNK) -> tirx.PrimFunc
     """Sums of `chunk` consecutive sorted probabilities per row (the coarse level of the CDF)."""
     nc = -(-vocab_size // chunk)
 
+    batch_size = _dims("batch_size")
     @T.prim_func(private=True, s_tir=True)
-    def kernel(var_sorted_probs: T.handle, var_chunk_sums: T.handle):
+    def kernel(sorted_probs: T.Buffer((batch_size, vocab_size), "float32"),
+               chunk_sums: T.Buffer((batch_size, nc), "float32")):
         T.func_attr(_attrs("top_p_chunk_sums", vocab=vocab_size, chunk=chunk))
-        batch_size = T.int64()
-        sorted_probs = T.match_buffer(var_sorted_probs, (batch_size, vocab_size), "float32")
-        chunk_sums = T.match_buffer(var_chunk_sums, (batch_size, nc), "float32")
         for b, c, i in T.grid(batch_size, T.int64(nc), T.int64(chunk)):
             with T.sblock("chunk_sums"):
                 vb, vc, vi = T.axis.remap("SSR", [b, c, i])
                 with T.init():
                     chunk_sums[vb, vc] = T.float32(0)
-                chunk_sums[vb, vc] = chunk_sums[vb, vc] + T.if_then_else(
-                    vc * chunk + vi < vocab_size, sorted_probs[vb, T.min(vc * chunk + vi, vocab_size - 1)], T.float32(0)
-                )
+                chunk_sums[vb, vc] += T.if_then_else(vc * chunk + vi < vocab_size, sorted_probs[vb, T.min(vc * chunk + vi, vocab_size - 1)],
+                                                     T.float32(0))
 
     return kernel
 
@@ -347,19 +339,15 @@ def top_p_pick(vocab_size: int, chunk: int = TOP_P_CHUNK) -> tirx.PrimFunc:
     chunk (running sum from the chunk's prefix)."""
     nc = -(-vocab_size // chunk)
 
+    batch_size, num_samples = _dims("batch_size", "num_samples")
     @T.prim_func(private=True, s_tir=True)
-    def kernel(var_sorted_probs: T.handle, var_sorted_indices: T.handle, var_chunk_sums: T.handle,
-               var_uniform_samples: T.handle, var_sample_indices: T.handle, var_top_p: T.handle, var_tokens: T.handle):
+    def kernel(sorted_probs: T.Buffer((batch_size, vocab_size), "float32"),
+               sorted_indices: T.Buffer((batch_size, vocab_size), "int32"),
+               chunk_sums: T.Buffer((batch_size, nc), "float32"),
+               uniform_samples: T.Buffer((num_samples,), "float32"),
+               sample_indices: T.Buffer((num_samples,), "int32"), top_p: T.Buffer((batch_size,), "float32"),
+               tokens: T.Buffer((num_samples,), "int32")):
         T.func_attr(_attrs("top_p_pick", vocab=vocab_size, chunk=chunk))
-        batch_size = T.int64()
-        num_samples = T.int64()
-        sorted_probs = T.match_buffer(var_sorted_probs, (batch_size, vocab_size), "float32")
-        sorted_indices = T.match_buffer(var_sorted_indices, (batch_size, vocab_size), "int32")
-        chunk_sums = T.match_buffer(var_chunk_sums, (batch_size, nc), "float32")
-        uniform_samples = T.match_buffer(var_uniform_samples, (num_samples,), "float32")
-        sample_indices = T.match_buffer(var_sample_indices, (num_samples,), "int32")
-        top_p = T.match_buffer(var_top_p, (batch_size,), "float32")
-        tokens = T.match_buffer(var_tokens, (num_samples,), "int32")
         for s in range(num_samples):
             with T.sblock("pick"):
                 vs = T.axis.spatial(num_samples, s)
@@ -416,15 +404,11 @@ def top_p_pick(vocab_size: int, chunk: int = TOP_P_CHUNK) -> tirx.PrimFunc:
 
 
 def apply_logit_bias(vocab_size: int) -> tirx.PrimFunc:
+    batch_size, num_token = _dims("batch_size", "num_token")
     @T.prim_func(private=True, s_tir=True)
-    def kernel(var_logits: T.handle, var_pos2seq_id: T.handle, var_token_ids: T.handle, var_logit_bias: T.handle):
+    def kernel(logits: T.Buffer((batch_size, vocab_size), "float32"), pos2seq_id: T.Buffer((num_token,), "int32"),
+               token_ids: T.Buffer((num_token,), "int32"), logit_bias: T.Buffer((num_token,), "float32")):
         T.func_attr(_attrs("apply_logit_bias", vocab=vocab_size))
-        batch_size = T.int64()
-        num_token = T.int64()
-        logits = T.match_buffer(var_logits, (batch_size, vocab_size), "float32")
-        pos2seq_id = T.match_buffer(var_pos2seq_id, (num_token,), "int32")
-        token_ids = T.match_buffer(var_token_ids, (num_token,), "int32")
-        logit_bias = T.match_buffer(var_logit_bias, (num_token,), "float32")
         for t in range(num_token):
             with T.sblock("bias"):
                 vt = T.axis.spatial(num_token, t)
@@ -434,19 +418,13 @@ def apply_logit_bias(vocab_size: int) -> tirx.PrimFunc:
 
 
 def apply_penalty(vocab_size: int) -> tirx.PrimFunc:
+    batch_size, num_seq, num_token = _dims("batch_size", "num_seq", "num_token")
     @T.prim_func(private=True, s_tir=True)
-    def kernel(var_logits: T.handle, var_seq_ids: T.handle, var_pos2seq_id: T.handle, var_token_ids: T.handle,
-               var_token_cnt: T.handle, var_penalties: T.handle):
+    def kernel(logits: T.Buffer((batch_size, vocab_size), "float32"), seq_ids: T.Buffer((num_seq,), "int32"),
+               pos2seq_id: T.Buffer((num_token,), "int32"), token_ids: T.Buffer((num_token,), "int32"),
+               token_cnt: T.Buffer((num_token,), "int32"),
+               penalties: T.Buffer((num_seq, PENALTY_COLUMNS), "float32")):
         T.func_attr(_attrs("apply_penalty", vocab=vocab_size))
-        batch_size = T.int64()
-        num_seq = T.int64()
-        num_token = T.int64()
-        logits = T.match_buffer(var_logits, (batch_size, vocab_size), "float32")
-        seq_ids = T.match_buffer(var_seq_ids, (num_seq,), "int32")
-        pos2seq_id = T.match_buffer(var_pos2seq_id, (num_token,), "int32")
-        token_ids = T.match_buffer(var_token_ids, (num_token,), "int32")
-        token_cnt = T.match_buffer(var_token_cnt, (num_token,), "int32")
-        penalties = T.match_buffer(var_penalties, (num_seq, PENALTY_COLUMNS), "float32")
         for t in range(num_token):
             with T.sblock("penalty"):
                 vt = T.axis.spatial(num_token, t)
@@ -462,14 +440,11 @@ def apply_penalty(vocab_size: int) -> tirx.PrimFunc:
 def apply_bitmask(vocab_size: int) -> tirx.PrimFunc:
     words = -(-vocab_size // 32)
 
+    batch_size, num_seq = _dims("batch_size", "num_seq")
     @T.prim_func(private=True, s_tir=True)
-    def kernel(var_logits: T.handle, var_seq_ids: T.handle, var_bitmask: T.handle):
+    def kernel(logits: T.Buffer((batch_size, vocab_size), "float32"), seq_ids: T.Buffer((num_seq,), "int32"),
+               bitmask: T.Buffer((batch_size, words), "int32")):
         T.func_attr(_attrs("apply_bitmask", vocab=vocab_size))
-        batch_size = T.int64()
-        num_seq = T.int64()
-        logits = T.match_buffer(var_logits, (batch_size, vocab_size), "float32")
-        seq_ids = T.match_buffer(var_seq_ids, (num_seq,), "int32")
-        bitmask = T.match_buffer(var_bitmask, (batch_size, words), "int32")
         for s, v in T.grid(num_seq, vocab_size):
             with T.sblock("bitmask"):
                 vs, vv = T.axis.remap("SS", [s, v])

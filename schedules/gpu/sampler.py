@@ -2,9 +2,9 @@
 
 The kernels with one row loop (logit bias and penalties: a token a lane; top_p_pick: a sample a
 lane) are their reference loop split over threads (tir_rewrite.bind_row_loop); the others
-(bitmask, the bitonic argsort's steps, the softmax / top-p chunk passes) get a hand-written
-thread-bound kernel of the same signature and contract (checked against the llvm reference by
-`mlcpipe check`). Launch shapes per kernel: docs/schedules.md.
+(bitmask, the bitonic argsort's steps, the softmax / top-p chunk passes) get a thread-bound body
+put under the reference's own parameters, so the signature is defined once (the contract is
+checked against the llvm reference by `mlcpipe check`). Launch shapes per kernel: docs/schedules.md.
 Knob: threads (lanes per workgroup; 0 = the target's limit: 256 on WebGPU / Metal, 1024 on CUDA).
 """
 
@@ -16,263 +16,222 @@ from tvm import s_tir, tirx
 from tvm.script import tirx as T
 from tvm.target import Target
 
+from mlcpipe.model.sampler_spec import GREEDY_TEMPERATURE
 from mlcpipe.model.sampler_tir import exchange_rows, exchange_tile, lowest_f32, pair_lo
 
 from ..analysis import sampler_info
 from ..base import GPUScheduleRule, UntunedRule, max_threads
 from ..tir_rewrite import bind_row_loop
 
-def _reduce_threads(threads: int) -> int:
-    """Lanes of a reduction workgroup: a power of two, at most 256."""
-    out = 1
-    while out * 2 <= min(threads, 256):
-        out *= 2
-    return out
+EPS = GREEDY_TEMPERATURE
 
 
-def softmax_chunk_stats_gpu(vocab_size: int, chunk: int, threads: int, kind: str) -> tirx.PrimFunc:
-    """One workgroup per (row, chunk): a max then a sum over the chunk, tree-reduced in
-    workgroup memory."""
-    lowest = lowest_f32(exact_literal=kind == "cuda")
-    lanes = _reduce_threads(threads)
-    nc = -(-vocab_size // chunk)
-    per_lane = -(-chunk // lanes)
-    levels = lanes.bit_length() - 1
-    eps = 1e-5
+def _rows(buf) -> tirx.PrimExpr:
+    """A parameter buffer's first extent (batch_size, num_seq)."""
+    return buf.ty.shape[0]
 
-    @T.prim_func(private=True, s_tir=True)
-    def kernel(var_logits: T.handle, var_temperature: T.handle, var_chunk_max: T.handle, var_chunk_sum: T.handle):
-        T.func_attr({"tirx.noalias": True})
-        batch_size = T.int64()
-        logits = T.match_buffer(var_logits, (batch_size, vocab_size), "float32")
-        temperature = T.match_buffer(var_temperature, (batch_size,), "float32")
-        chunk_max = T.match_buffer(var_chunk_max, (batch_size, nc), "float32")
-        chunk_sum = T.match_buffer(var_chunk_sum, (batch_size, nc), "float32")
-        for bx in T.thread_binding(batch_size * nc, thread="blockIdx.x"):
+
+def _launch(name: str, blocks, lanes: int, body) -> tirx.PrimFunc:
+    """A parameterless kernel (its body reads the reference's parameter buffers from its
+    closure; SamplerGPU puts it under the reference's signature): `blocks` workgroups of `lanes`
+    threads running the macro `body(bx, tx)` in one block."""
+
+    @T.prim_func(private=True, s_tir=True, check_well_formed=False)
+    def kernel():
+        for bx in T.thread_binding(blocks, thread="blockIdx.x"):
             for tx in T.thread_binding(lanes, thread="threadIdx.x"):
-                with T.sblock("stats"):
-                    red = T.sblock_alloc_buffer((lanes,), "float32", scope="shared")
-                    acc = T.sblock_alloc_buffer((1,), "float32", scope="local")
-                    row: T.let[T.int32] = T.Cast("int32", bx // nc)
-                    start: T.let[T.int32] = T.Cast("int32", bx % nc) * chunk
-                    temp: T.let[T.float32] = temperature[row]
-                    acc[0] = lowest
-                    for e in range(per_lane):
-                        if e * lanes + tx < chunk and start + e * lanes + tx < vocab_size:
-                            acc[0] = T.max(acc[0], T.if_then_else(
-                                temp > T.float32(eps), logits[row, start + e * lanes + tx] / temp,
-                                logits[row, start + e * lanes + tx]))
-                    red[tx] = acc[0]
-                    T.tvm_storage_sync("shared")
-                    for level in range(levels):
-                        if tx < T.shift_right(lanes, level + 1):
-                            red[tx] = T.max(red[tx], red[tx + T.shift_right(lanes, level + 1)])
-                        T.tvm_storage_sync("shared")
-                    top: T.let[T.float32] = red[0]
-                    T.tvm_storage_sync("shared")
-                    acc[0] = T.float32(0)
-                    for e in range(per_lane):
-                        if e * lanes + tx < chunk and start + e * lanes + tx < vocab_size:
-                            x: T.let[T.float32] = T.if_then_else(
-                                temp > T.float32(eps), logits[row, start + e * lanes + tx] / temp,
-                                logits[row, start + e * lanes + tx])
-                            acc[0] = acc[0] + T.if_then_else(
-                                x == top, T.float32(1),
-                                T.if_then_else(temp > T.float32(eps), T.exp(x - top), T.float32(0)))
-                    red[tx] = acc[0]
-                    T.tvm_storage_sync("shared")
-                    for level in range(levels):
-                        if tx < T.shift_right(lanes, level + 1):
-                            red[tx] = red[tx] + red[tx + T.shift_right(lanes, level + 1)]
-                        T.tvm_storage_sync("shared")
-                    if tx == 0:
-                        chunk_max[row, T.Cast("int32", bx % nc)] = top
-                        chunk_sum[row, T.Cast("int32", bx % nc)] = red[0]
+                with T.sblock(name):
+                    body(bx, tx)
 
     return kernel
 
 
-def softmax_merge_gpu(vocab_size: int, chunk: int, threads: int, kind: str) -> tirx.PrimFunc:
+def _launch_entries(name: str, rows, count: int, threads: int, body) -> tirx.PrimFunc:
+    """One thread per (row, entry < count) of `rows` rows: the macro `body(row, entry)` (int32s)."""
+    per_row = -(-count // threads)
+
+    @T.macro
+    def entries(bx, tx):
+        row: T.let[T.int32] = T.Cast("int32", bx // per_row)
+        entry: T.let[T.int32] = T.Cast("int32", bx % per_row) * threads + tx
+        if entry < count:
+            body(row, entry)
+
+    return _launch(name, rows * per_row, threads, entries)
+
+
+def _launch_groups(name: str, rows, groups: int, lanes: int, body) -> tirx.PrimFunc:
+    """One workgroup of `lanes` per (row, group < groups): the macro `body(tx, red, acc, row, group)`
+    with `red` (a float32 per lane, workgroup memory) and `acc` (one float32, the lane's own)."""
+
+    @T.macro
+    def grouped(bx, tx):
+        red = T.sblock_alloc_buffer((lanes,), "float32", scope="shared")
+        acc = T.sblock_alloc_buffer((1,), "float32", scope="local")
+        row: T.let[T.int32] = T.Cast("int32", bx // groups)
+        group: T.let[T.int32] = T.Cast("int32", bx % groups)
+        body(tx, red, acc, row, group)
+
+    return _launch(name, rows * groups, lanes, grouped)
+
+
+def _reduce_lanes(threads: int) -> tuple[int, int]:
+    """(lanes, log2 lanes) of a reduction workgroup: a power of two, at most 256."""
+    lanes = 1
+    while lanes * 2 <= min(threads, 256):
+        lanes *= 2
+    return lanes, lanes.bit_length() - 1
+
+
+def _chunk_shape(info: dict, threads: int) -> tuple[int, int, int, int, int, int]:
+    """(vocab, chunk, lanes, log2 lanes, chunks per row, entries per lane) of a chunk reduction."""
+    vocab, chunk = info["vocab"], info["chunk"]
+    lanes, levels = _reduce_lanes(threads)
+    return vocab, chunk, lanes, levels, -(-vocab // chunk), -(-chunk // lanes)
+
+
+def _add(a, b):
+    return a + b
+
+
+@T.macro
+def _tree(red, tx, lanes, levels, value, op):
+    """red[0] = op over the workgroup's lanes of each lane's `value`, a tree in workgroup memory."""
+    red[tx] = value
+    T.tvm_storage_sync("shared")
+    for level in range(levels):
+        if tx < T.shift_right(lanes, level + 1):
+            red[tx] = op(red[tx], red[tx + T.shift_right(lanes, level + 1)])
+        T.tvm_storage_sync("shared")
+
+
+def _tempered(x, temp):
+    """A logit at temperature `temp` (greedy rows: the logit itself)."""
+    return tirx.if_then_else(temp > tirx.const(EPS, "float32"), x / temp, x)
+
+
+def _exp_term(x, top, temp, weight):
+    """`weight` x exp(x - top): exactly `weight` at the maximum, 0 elsewhere in greedy rows."""
+    greedy_zero = tirx.if_then_else(temp > tirx.const(EPS, "float32"), weight * T.exp(x - top), tirx.const(0, "float32"))
+    return tirx.if_then_else(tirx.EQ(x, top), weight, greedy_zero)
+
+
+def softmax_chunk_stats_gpu(params, info: dict, threads: int, kind: str) -> tirx.PrimFunc:
+    """One workgroup per (row, chunk): a max then a sum over the chunk."""
+    logits, temperature, chunk_max, chunk_sum = params
+    vocab, chunk, lanes, levels, nc, per_lane = _chunk_shape(info, threads)
+    lowest = lowest_f32(exact_literal=kind == "cuda")
+
+    @T.macro
+    def body(tx, red, acc, row, c):
+        start: T.let[T.int32] = c * chunk
+        temp: T.let[T.float32] = temperature[row]
+        acc[0] = lowest
+        for e in range(per_lane):
+            if e * lanes + tx < chunk and start + e * lanes + tx < vocab:
+                acc[0] = T.max(acc[0], _tempered(logits[row, start + e * lanes + tx], temp))
+        _tree(red, tx, lanes, levels, acc[0], T.max)
+        top: T.let[T.float32] = red[0]
+        T.tvm_storage_sync("shared")
+        acc[0] = T.float32(0)
+        for e in range(per_lane):
+            if e * lanes + tx < chunk and start + e * lanes + tx < vocab:
+                x: T.let[T.float32] = _tempered(logits[row, start + e * lanes + tx], temp)
+                acc[0] = acc[0] + _exp_term(x, top, temp, T.float32(1))
+        _tree(red, tx, lanes, levels, acc[0], _add)
+        if tx == 0:
+            chunk_max[row, c] = top
+            chunk_sum[row, c] = red[0]
+
+    return _launch_groups("stats", _rows(logits), nc, lanes, body)
+
+
+def softmax_merge_gpu(params, info: dict, threads: int, kind: str) -> tirx.PrimFunc:
     """One workgroup per row over its chunk statistics."""
+    chunk_max, chunk_sum, temperature, row_max, row_sum = params
     lowest = lowest_f32(exact_literal=kind == "cuda")
-    lanes = _reduce_threads(threads)
-    nc = -(-vocab_size // chunk)
+    _, _, lanes, levels, nc, _ = _chunk_shape(info, threads)
     per_lane = -(-nc // lanes)
-    levels = lanes.bit_length() - 1
-    eps = 1e-5
 
-    @T.prim_func(private=True, s_tir=True)
-    def kernel(var_chunk_max: T.handle, var_chunk_sum: T.handle, var_temperature: T.handle, var_row_max: T.handle,
-               var_row_sum: T.handle):
-        T.func_attr({"tirx.noalias": True})
-        batch_size = T.int64()
-        chunk_max = T.match_buffer(var_chunk_max, (batch_size, nc), "float32")
-        chunk_sum = T.match_buffer(var_chunk_sum, (batch_size, nc), "float32")
-        temperature = T.match_buffer(var_temperature, (batch_size,), "float32")
-        row_max = T.match_buffer(var_row_max, (batch_size,), "float32")
-        row_sum = T.match_buffer(var_row_sum, (batch_size,), "float32")
-        for bx in T.thread_binding(batch_size, thread="blockIdx.x"):
-            for tx in T.thread_binding(lanes, thread="threadIdx.x"):
-                with T.sblock("merge"):
-                    red = T.sblock_alloc_buffer((lanes,), "float32", scope="shared")
-                    acc = T.sblock_alloc_buffer((1,), "float32", scope="local")
-                    row: T.let[T.int32] = T.Cast("int32", bx)
-                    temp: T.let[T.float32] = temperature[row]
-                    acc[0] = lowest
-                    for e in range(per_lane):
-                        if e * lanes + tx < nc:
-                            acc[0] = T.max(acc[0], chunk_max[row, e * lanes + tx])
-                    red[tx] = acc[0]
-                    T.tvm_storage_sync("shared")
-                    for level in range(levels):
-                        if tx < T.shift_right(lanes, level + 1):
-                            red[tx] = T.max(red[tx], red[tx + T.shift_right(lanes, level + 1)])
-                        T.tvm_storage_sync("shared")
-                    top: T.let[T.float32] = red[0]
-                    T.tvm_storage_sync("shared")
-                    acc[0] = T.float32(0)
-                    for e in range(per_lane):
-                        if e * lanes + tx < nc:
-                            acc[0] = acc[0] + T.if_then_else(
-                                chunk_max[row, e * lanes + tx] == top, chunk_sum[row, e * lanes + tx],
-                                T.if_then_else(temp > T.float32(eps),
-                                               chunk_sum[row, e * lanes + tx] * T.exp(chunk_max[row, e * lanes + tx] - top),
-                                               T.float32(0)))
-                    red[tx] = acc[0]
-                    T.tvm_storage_sync("shared")
-                    for level in range(levels):
-                        if tx < T.shift_right(lanes, level + 1):
-                            red[tx] = red[tx] + red[tx + T.shift_right(lanes, level + 1)]
-                        T.tvm_storage_sync("shared")
-                    if tx == 0:
-                        row_max[row] = top
-                        row_sum[row] = red[0]
+    @T.macro
+    def body(tx, red, acc, row, _):
+        temp: T.let[T.float32] = temperature[row]
+        acc[0] = lowest
+        for e in range(per_lane):
+            if e * lanes + tx < nc:
+                acc[0] = T.max(acc[0], chunk_max[row, e * lanes + tx])
+        _tree(red, tx, lanes, levels, acc[0], T.max)
+        top: T.let[T.float32] = red[0]
+        T.tvm_storage_sync("shared")
+        acc[0] = T.float32(0)
+        for e in range(per_lane):
+            if e * lanes + tx < nc:
+                acc[0] = acc[0] + _exp_term(chunk_max[row, e * lanes + tx], top, temp, chunk_sum[row, e * lanes + tx])
+        _tree(red, tx, lanes, levels, acc[0], _add)
+        if tx == 0:
+            row_max[row] = top
+            row_sum[row] = red[0]
 
-    return kernel
+    return _launch_groups("merge", _rows(chunk_max), 1, lanes, body)
 
 
-def softmax_normalize_gpu(vocab_size: int, threads: int) -> tirx.PrimFunc:
+def softmax_normalize_gpu(params, info: dict, threads: int, kind: str) -> tirx.PrimFunc:
     """One thread per probability."""
-    eps = 1e-5
+    logits, temperature, row_max, row_sum, probs = params
 
-    @T.prim_func(private=True, s_tir=True)
-    def kernel(var_logits: T.handle, var_temperature: T.handle, var_row_max: T.handle, var_row_sum: T.handle,
-               var_probs: T.handle):
-        T.func_attr({"tirx.noalias": True})
-        batch_size = T.int64()
-        logits = T.match_buffer(var_logits, (batch_size, vocab_size), "float32")
-        temperature = T.match_buffer(var_temperature, (batch_size,), "float32")
-        row_max = T.match_buffer(var_row_max, (batch_size,), "float32")
-        row_sum = T.match_buffer(var_row_sum, (batch_size,), "float32")
-        probs = T.match_buffer(var_probs, (batch_size, vocab_size), "float32")
-        for bx in T.thread_binding(batch_size * T.ceildiv(vocab_size, threads), thread="blockIdx.x"):
-            for tx in T.thread_binding(threads, thread="threadIdx.x"):
-                with T.sblock("probs"):
-                    row: T.let[T.int32] = T.Cast("int32", bx // T.ceildiv(vocab_size, threads))
-                    v: T.let[T.int32] = T.Cast("int32", bx % T.ceildiv(vocab_size, threads)) * threads + tx
-                    if v < vocab_size:
-                        temp: T.let[T.float32] = temperature[row]
-                        x: T.let[T.float32] = T.if_then_else(temp > T.float32(eps), logits[row, v] / temp, logits[row, v])
-                        probs[row, v] = T.if_then_else(
-                            x == row_max[row], T.float32(1) / row_sum[row],
-                            T.if_then_else(temp > T.float32(eps), T.exp(x - row_max[row]) / row_sum[row], T.float32(0)))
+    @T.macro
+    def body(row, v):
+        temp: T.let[T.float32] = temperature[row]
+        probs[row, v] = _exp_term(_tempered(logits[row, v], temp), row_max[row], temp, T.float32(1)) / row_sum[row]
 
-    return kernel
+    return _launch_entries("probs", _rows(logits), info["vocab"], threads, body)
 
 
-def top_p_chunk_sums_gpu(vocab_size: int, chunk: int, threads: int) -> tirx.PrimFunc:
+def top_p_chunk_sums_gpu(params, info: dict, threads: int, kind: str) -> tirx.PrimFunc:
     """One workgroup per (row, chunk), tree sum in workgroup memory."""
-    lanes = _reduce_threads(threads)
-    nc = -(-vocab_size // chunk)
-    per_lane = -(-chunk // lanes)
-    levels = lanes.bit_length() - 1
+    sorted_probs, chunk_sums = params
+    vocab, chunk, lanes, levels, nc, per_lane = _chunk_shape(info, threads)
 
-    @T.prim_func(private=True, s_tir=True)
-    def kernel(var_sorted_probs: T.handle, var_chunk_sums: T.handle):
-        T.func_attr({"tirx.noalias": True})
-        batch_size = T.int64()
-        sorted_probs = T.match_buffer(var_sorted_probs, (batch_size, vocab_size), "float32")
-        chunk_sums = T.match_buffer(var_chunk_sums, (batch_size, nc), "float32")
-        for bx in T.thread_binding(batch_size * nc, thread="blockIdx.x"):
-            for tx in T.thread_binding(lanes, thread="threadIdx.x"):
-                with T.sblock("chunk_sums"):
-                    red = T.sblock_alloc_buffer((lanes,), "float32", scope="shared")
-                    acc = T.sblock_alloc_buffer((1,), "float32", scope="local")
-                    row: T.let[T.int32] = T.Cast("int32", bx // nc)
-                    start: T.let[T.int32] = T.Cast("int32", bx % nc) * chunk
-                    acc[0] = T.float32(0)
-                    for e in range(per_lane):
-                        if e * lanes + tx < chunk and start + e * lanes + tx < vocab_size:
-                            acc[0] = acc[0] + sorted_probs[row, start + e * lanes + tx]
-                    red[tx] = acc[0]
-                    T.tvm_storage_sync("shared")
-                    for level in range(levels):
-                        if tx < T.shift_right(lanes, level + 1):
-                            red[tx] = red[tx] + red[tx + T.shift_right(lanes, level + 1)]
-                        T.tvm_storage_sync("shared")
-                    if tx == 0:
-                        chunk_sums[row, T.Cast("int32", bx % nc)] = red[0]
+    @T.macro
+    def body(tx, red, acc, row, c):
+        start: T.let[T.int32] = c * chunk
+        acc[0] = T.float32(0)
+        for e in range(per_lane):
+            if e * lanes + tx < chunk and start + e * lanes + tx < vocab:
+                acc[0] = acc[0] + sorted_probs[row, start + e * lanes + tx]
+        _tree(red, tx, lanes, levels, acc[0], _add)
+        if tx == 0:
+            chunk_sums[row, c] = red[0]
 
-    return kernel
+    return _launch_groups("chunk_sums", _rows(sorted_probs), nc, lanes, body)
 
 
-def bitmask_gpu(vocab_size: int, threads: int, kind: str) -> tirx.PrimFunc:
+def bitmask_gpu(params, info: dict, threads: int, kind: str) -> tirx.PrimFunc:
+    """One thread per (sequence, vocabulary entry)."""
+    logits, seq_ids, bitmask = params
     lowest = lowest_f32(exact_literal=kind == "cuda")
-    words = -(-vocab_size // 32)
-    blocks_per_seq = -(-vocab_size // threads)
 
-    @T.prim_func(private=True, s_tir=True)
-    def kernel(var_logits: T.handle, var_seq_ids: T.handle, var_bitmask: T.handle):
-        T.func_attr({"tirx.noalias": True})
-        batch_size = T.int64()
-        num_seq = T.int64()
-        logits = T.match_buffer(var_logits, (batch_size, vocab_size), "float32")
-        seq_ids = T.match_buffer(var_seq_ids, (num_seq,), "int32")
-        bitmask = T.match_buffer(var_bitmask, (batch_size, words), "int32")
-        for bx in T.thread_binding(num_seq * blocks_per_seq, thread="blockIdx.x"):
-            for tx in T.thread_binding(threads, thread="threadIdx.x"):
-                with T.sblock("bitmask"):
-                    row: T.let[T.int32] = seq_ids[T.Cast("int32", bx // blocks_per_seq)]
-                    v: T.let[T.int32] = T.Cast("int32", bx % blocks_per_seq) * threads + tx
-                    if v < vocab_size:
-                        if T.bitwise_and(T.shift_right(bitmask[row, v // 32], v % 32), 1) == 0:
-                            logits[row, v] = lowest
+    @T.macro
+    def body(seq, v):
+        row: T.let[T.int32] = seq_ids[seq]
+        if T.bitwise_and(T.shift_right(bitmask[row, v // 32], v % 32), 1) == 0:
+            logits[row, v] = lowest
 
-    return kernel
+    return _launch_entries("bitmask", _rows(seq_ids), info["vocab"], threads, body)
 
 
-def argsort_global_gpu(padded: int, threads: int) -> tirx.PrimFunc:
-    half = padded // 2
-    blocks_per_row = -(-half // threads)
+def argsort_global_gpu(params, info: dict, threads: int, kind: str) -> tirx.PrimFunc:
+    """One thread per compare-exchange pair of a step whose pairs span tiles."""
+    keys, idx, sort_k, sort_j = params
 
-    @T.prim_func(private=True, s_tir=True)
-    def kernel(var_keys: T.handle, var_idx: T.handle, sort_k: T.int32, sort_j: T.int32):
-        T.func_attr({"tirx.noalias": True})
-        batch_size = T.int64()
-        keys = T.match_buffer(var_keys, (batch_size, padded), "float32")
-        idx = T.match_buffer(var_idx, (batch_size, padded), "int32")
-        for bx in T.thread_binding(batch_size * blocks_per_row, thread="blockIdx.x"):
-            for tx in T.thread_binding(threads, thread="threadIdx.x"):
-                with T.sblock("step"):
-                    b: T.let[T.int32] = T.Cast("int32", bx // blocks_per_row)
-                    p: T.let[T.int32] = T.Cast("int32", bx % blocks_per_row) * threads + tx
-                    if p < half:
-                        lo: T.let[T.int32] = T.floordiv(p, sort_j) * sort_j * 2 + T.floormod(p, sort_j)
-                        hi: T.let[T.int32] = lo + sort_j
-                        desc: T.let[T.bool] = T.bitwise_and(lo, sort_k) == 0
-                        exchange_rows(keys, idx, b, lo, hi, desc)
+    @T.macro
+    def body(b, p):
+        lo: T.let[T.int32] = T.floordiv(p, sort_j) * sort_j * 2 + T.floormod(p, sort_j)
+        hi: T.let[T.int32] = lo + sort_j
+        desc: T.let[T.bool] = T.bitwise_and(lo, sort_k) == 0
+        exchange_rows(keys, idx, b, lo, hi, desc)
 
-    return kernel
-
-
-def _tile_threads(tile: int, threads: int) -> int:
-    return max(1, min(tile // 2, threads))
-
-
-def _tile_shape(tile: int, threads: int) -> tuple[int, int, int, int]:
-    """(lanes, log2 tile, entries each lane loads / stores, pairs each lane compare-exchanges per step)."""
-    lanes = _tile_threads(tile, threads)
-    return lanes, tile.bit_length() - 1, tile // lanes, tile // 2 // lanes
+    return _launch_entries("step", _rows(keys), info["padded"] // 2, threads, body)
 
 
 @T.macro
@@ -293,135 +252,92 @@ def _sort_steps(sk, si, tx, threads, pairs, log_k, base, desc_all):
         T.tvm_storage_sync("shared")
 
 
-@T.macro
-def _load_tile(sk, si, keys, idx, b, base, tx, threads, per_thread):
-    for e in range(per_thread):
-        sk[e * threads + tx] = keys[b, base + e * threads + tx]
-        si[e * threads + tx] = idx[b, base + e * threads + tx]
-    T.tvm_storage_sync("shared")
+def _tile_kernel(rows, info: dict, threads: int, first_stage: int, load, desc, store) -> tirx.PrimFunc:
+    """One workgroup per tile held in workgroup memory: `load(sk, si, b, base, i)` each of its
+    entries, bitonic stages 2^first_stage .. tile (pairs descending where `desc(base)` says, None:
+    by position), `store(sk, si, b, base, i)` each entry; each of the lanes compare-exchanges
+    tile / 2 / lanes disjoint pairs per step, a barrier between steps."""
+    tile, tiles = info["tile"], info["padded"] // info["tile"]
+    lanes = max(1, min(tile // 2, threads))
+    log_tile, per_lane, pairs = tile.bit_length() - 1, tile // lanes, tile // 2 // lanes
+
+    @T.macro
+    def body(bx, tx):
+        sk = T.sblock_alloc_buffer((tile,), "float32", scope="shared")
+        si = T.sblock_alloc_buffer((tile,), "int32", scope="shared")
+        b: T.let[T.int32] = T.Cast("int32", bx // tiles)
+        base: T.let[T.int32] = T.Cast("int32", bx % tiles) * tile
+        for e in range(per_lane):
+            load(sk, si, b, base, e * lanes + tx)
+        T.tvm_storage_sync("shared")
+        if first_stage == log_tile:
+            _sort_steps(sk, si, tx, lanes, pairs, log_tile, base, desc(base))
+        else:
+            for log_k in range(first_stage, log_tile + 1):
+                _sort_steps(sk, si, tx, lanes, pairs, log_k, base, desc(base))
+        for e in range(per_lane):
+            store(sk, si, b, base, e * lanes + tx)
+
+    return _launch("tile", rows * tiles, lanes, body)
 
 
-@T.macro
-def _store_tile(sk, si, keys, idx, b, base, tx, threads, per_thread, bound):
-    """The tile back to (keys, idx) at `base`, entries from `bound` on left out (None: all)."""
-    for e in range(per_thread):
-        if bound is None:
-            keys[b, base + e * threads + tx] = sk[e * threads + tx]
-            idx[b, base + e * threads + tx] = si[e * threads + tx]
-        elif base + e * threads + tx < bound:
-            keys[b, base + e * threads + tx] = sk[e * threads + tx]
-            idx[b, base + e * threads + tx] = si[e * threads + tx]
+def _tile_io(keys, idx, bound=None):
+    """(load, store) macros between a tile and the (keys, idx) rows; store leaves out entries from
+    `bound` on (None: none)."""
+
+    def kept(pos):
+        return tirx.const(True, "bool") if bound is None else tirx.LT(pos, bound)
+
+    @T.macro
+    def load(sk, si, b, base, i):
+        sk[i] = keys[b, base + i]
+        si[i] = idx[b, base + i]
+
+    @T.macro
+    def store(sk, si, b, base, i):
+        if kept(base + i):
+            keys[b, base + i] = sk[i]
+            idx[b, base + i] = si[i]
+
+    return load, store
 
 
-def argsort_tiles_gpu(vocab_size: int, padded: int, tile: int, out_len: int, threads: int, kind: str) -> tirx.PrimFunc:
+def argsort_tiles_gpu(params, info: dict, threads: int, kind: str) -> tirx.PrimFunc:
     """Load a tile (probs, padding), run stages k = 2 .. tile in workgroup memory, store."""
+    probs, keys, idx = params
+    vocab = info["vocab"]
     lowest = lowest_f32(exact_literal=kind == "cuda")
-    threads, log_tile, per_thread, pairs = _tile_shape(tile, threads)
-    tiles = padded // tile
 
-    @T.prim_func(private=True, s_tir=True)
-    def kernel(var_probs: T.handle, var_keys: T.handle, var_idx: T.handle):
-        T.func_attr({"tirx.noalias": True})
-        batch_size = T.int64()
-        probs = T.match_buffer(var_probs, (batch_size, vocab_size), "float32")
-        keys = T.match_buffer(var_keys, (batch_size, out_len), "float32")
-        idx = T.match_buffer(var_idx, (batch_size, out_len), "int32")
-        for bx in T.thread_binding(batch_size * tiles, thread="blockIdx.x"):
-            for tx in T.thread_binding(threads, thread="threadIdx.x"):
-                with T.sblock("tile"):
-                    sk = T.sblock_alloc_buffer((tile,), "float32", scope="shared")
-                    si = T.sblock_alloc_buffer((tile,), "int32", scope="shared")
-                    b: T.let[T.int32] = T.Cast("int32", bx // tiles)
-                    base: T.let[T.int32] = T.Cast("int32", bx % tiles) * tile
-                    for e in range(per_thread):
-                        sk[e * threads + tx] = T.if_then_else(
-                            base + e * threads + tx < vocab_size,
-                            probs[b, T.min(base + e * threads + tx, vocab_size - 1)], lowest)
-                        si[e * threads + tx] = base + e * threads + tx
-                    T.tvm_storage_sync("shared")
-                    for log_k in range(1, log_tile + 1):
-                        _sort_steps(sk, si, tx, threads, pairs, log_k, base, None)
-                    _store_tile(sk, si, keys, idx, b, base, tx, threads, per_thread, out_len)
+    @T.macro
+    def load(sk, si, b, base, i):
+        sk[i] = T.if_then_else(base + i < vocab, probs[b, T.min(base + i, vocab - 1)], lowest)
+        si[i] = base + i
 
-    return kernel
+    return _tile_kernel(_rows(probs), info, threads, 1, load, lambda base: None, _tile_io(keys, idx, info["out_len"])[1])
 
 
-def argsort_merge_gpu(padded: int, tile: int, threads: int) -> tirx.PrimFunc:
+def argsort_merge_gpu(params, info: dict, threads: int, kind: str) -> tirx.PrimFunc:
     """Steps j = tile/2 .. 1 of stage sort_k inside each tile, in place."""
-    threads, log_tile, per_thread, pairs = _tile_shape(tile, threads)
-    tiles = padded // tile
-
-    @T.prim_func(private=True, s_tir=True)
-    def kernel(var_keys: T.handle, var_idx: T.handle, sort_k: T.int32):
-        T.func_attr({"tirx.noalias": True})
-        batch_size = T.int64()
-        keys = T.match_buffer(var_keys, (batch_size, padded), "float32")
-        idx = T.match_buffer(var_idx, (batch_size, padded), "int32")
-        for bx in T.thread_binding(batch_size * tiles, thread="blockIdx.x"):
-            for tx in T.thread_binding(threads, thread="threadIdx.x"):
-                with T.sblock("merge"):
-                    sk = T.sblock_alloc_buffer((tile,), "float32", scope="shared")
-                    si = T.sblock_alloc_buffer((tile,), "int32", scope="shared")
-                    b: T.let[T.int32] = T.Cast("int32", bx // tiles)
-                    base: T.let[T.int32] = T.Cast("int32", bx % tiles) * tile
-                    desc: T.let[T.bool] = T.bitwise_and(base, sort_k) == 0
-                    _load_tile(sk, si, keys, idx, b, base, tx, threads, per_thread)
-                    _sort_steps(sk, si, tx, threads, pairs, log_tile, base, desc)
-                    _store_tile(sk, si, keys, idx, b, base, tx, threads, per_thread, None)
-
-    return kernel
+    keys, idx, sort_k = params
+    load, store = _tile_io(keys, idx)
+    return _tile_kernel(_rows(keys), info, threads, info["tile"].bit_length() - 1, load,
+                        lambda base: tirx.EQ(tirx.bitwise_and(base, sort_k), tirx.const(0, "int32")), store)
 
 
-def argsort_merge_final_gpu(vocab_size: int, padded: int, tile: int, threads: int) -> tirx.PrimFunc:
+def argsort_merge_final_gpu(params, info: dict, threads: int, kind: str) -> tirx.PrimFunc:
     """The last stage (k = padded: all descending) inside each tile, into the (b, V) outputs."""
-    threads, log_tile, per_thread, pairs = _tile_shape(tile, threads)
-    tiles = padded // tile
-
-    @T.prim_func(private=True, s_tir=True)
-    def kernel(var_keys: T.handle, var_idx: T.handle, var_out_keys: T.handle, var_out_idx: T.handle):
-        T.func_attr({"tirx.noalias": True})
-        batch_size = T.int64()
-        keys = T.match_buffer(var_keys, (batch_size, padded), "float32")
-        idx = T.match_buffer(var_idx, (batch_size, padded), "int32")
-        out_keys = T.match_buffer(var_out_keys, (batch_size, vocab_size), "float32")
-        out_idx = T.match_buffer(var_out_idx, (batch_size, vocab_size), "int32")
-        for bx in T.thread_binding(batch_size * tiles, thread="blockIdx.x"):
-            for tx in T.thread_binding(threads, thread="threadIdx.x"):
-                with T.sblock("merge"):
-                    sk = T.sblock_alloc_buffer((tile,), "float32", scope="shared")
-                    si = T.sblock_alloc_buffer((tile,), "int32", scope="shared")
-                    b: T.let[T.int32] = T.Cast("int32", bx // tiles)
-                    base: T.let[T.int32] = T.Cast("int32", bx % tiles) * tile
-                    _load_tile(sk, si, keys, idx, b, base, tx, threads, per_thread)
-                    _sort_steps(sk, si, tx, threads, pairs, log_tile, base, T.bool(True))
-                    _store_tile(sk, si, out_keys, out_idx, b, base, tx, threads, per_thread, vocab_size)
-
-    return kernel
+    keys, idx, out_keys, out_idx = params
+    return _tile_kernel(_rows(keys), info, threads, info["tile"].bit_length() - 1, _tile_io(keys, idx)[0],
+                        lambda base: T.bool(True), _tile_io(out_keys, out_idx, info["vocab"])[1])
 
 
-def gpu_kernel(info: dict, threads: int, kind_of_target: str) -> tirx.PrimFunc | None:
-    """The hand-written GPU form of the sampler kernel described by `info`, or None where dlight
-    schedules the reference kernel."""
-    kind, vocab = info["kind"], info["vocab"]
-    if kind == "softmax_chunk_stats":
-        return softmax_chunk_stats_gpu(vocab, info["chunk"], threads, kind_of_target)
-    if kind == "softmax_merge":
-        return softmax_merge_gpu(vocab, info["chunk"], threads, kind_of_target)
-    if kind == "softmax_normalize":
-        return softmax_normalize_gpu(vocab, threads)
-    if kind == "top_p_chunk_sums":
-        return top_p_chunk_sums_gpu(vocab, info["chunk"], threads)
-    if kind == "apply_bitmask":
-        return bitmask_gpu(vocab, threads, kind_of_target)
-    if kind == "argsort_tiles":
-        return argsort_tiles_gpu(vocab, info["padded"], info["tile"], info["out_len"], threads, kind_of_target)
-    if kind == "argsort_global":
-        return argsort_global_gpu(info["padded"], threads)
-    if kind == "argsort_merge":
-        return argsort_merge_gpu(info["padded"], info["tile"], threads)
-    if kind == "argsort_merge_final":
-        return argsort_merge_final_gpu(vocab, info["padded"], info["tile"], threads)
-    return None
+# kind -> the builder of its GPU body from the reference's parameters (MLC-LLM's order)
+GPU_BODIES = {
+    "softmax_chunk_stats": softmax_chunk_stats_gpu, "softmax_merge": softmax_merge_gpu,
+    "softmax_normalize": softmax_normalize_gpu, "top_p_chunk_sums": top_p_chunk_sums_gpu,
+    "apply_bitmask": bitmask_gpu, "argsort_tiles": argsort_tiles_gpu, "argsort_global": argsort_global_gpu,
+    "argsort_merge": argsort_merge_gpu, "argsort_merge_final": argsort_merge_final_gpu,
+}
 
 
 # kernels whose reference loop is their GPU form, split over threads, a row a lane: kind -> block.
@@ -442,10 +358,7 @@ class SamplerGPU(UntunedRule, GPUScheduleRule):
         threads = self.threads or max_threads(target)
         if info["kind"] in ROW_LOOPS:
             return s_tir.Schedule(bind_row_loop(func, ROW_LOOPS[info["kind"]], threads))
-        new = gpu_kernel(info, threads, target.kind.name)
-        if new is None:
+        build = GPU_BODIES.get(info["kind"])
+        if build is None:
             return None
-        for key, value in func.attrs.items():
-            if key not in new.attrs:
-                new = new.with_attr(key, value)
-        return s_tir.Schedule(new)
+        return s_tir.Schedule(func.with_body(build(func.params, info, threads, target.kind.name).body))

@@ -363,3 +363,24 @@ def test_rule_lists_per_target():
     from mlcpipe.schedules import RULES
 
     assert RULES["webgpu"][1] == GEMVDequant.for_target("webgpu")
+
+
+def test_sampler_gpu_forms_keep_the_reference_signature():
+    """One definition per sampler kernel: every GPU form (hand-written body or bound reference
+    loop) has the reference's own parameters and attributes, thread-bound, on each GPU target."""
+    from mlcpipe.model import sampler
+
+    vocab = 5000  # pads to 8192: 4 sort tiles, a softmax chunk remainder
+    refs = [sampler.softmax_chunk_stats(vocab), sampler.softmax_merge(vocab), sampler.softmax_normalize(vocab),
+            sampler.argsort_tiles(vocab, sampler.padded_length(vocab)), sampler.argsort_global(vocab),
+            sampler.argsort_merge(vocab, False), sampler.argsort_merge(vocab, True), sampler.top_p_chunk_sums(vocab),
+            sampler.top_p_pick(vocab), sampler.apply_logit_bias(vocab), sampler.apply_penalty(vocab), sampler.apply_bitmask(vocab)]
+    for rules, kind in ((CUDA_RULES, "cuda"), (METAL_RULES, "metal"), (WEBGPU_RULES, "webgpu")):
+        target = load_target(kind).tvm_target()
+        for ref in refs:
+            gpu = rules[0].apply(ref, target, False).mod["main"]
+            name = ref.attrs["mlcpipe.sampler"]["kind"]
+            assert len(gpu.params) == len(ref.params) and all(a.same_as(b) for a, b in zip(gpu.params, ref.params)), (kind, name)
+            assert dict(gpu.attrs) == dict(ref.attrs), (kind, name)
+            script = gpu.script()
+            assert 'thread="blockIdx.x"' in script and 'thread="threadIdx.x"' in script, (kind, name)
