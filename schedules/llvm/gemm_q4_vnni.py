@@ -2,8 +2,9 @@
 
 The activation becomes int8 planes per token and weight group (plane 0: llama.cpp's Q8, plane 1:
 the rounding residual); each task repacks 16 `row_vecs` weight rows' nibbles; a group's u8 x s8
-products sum exactly in int32 (AVX2: in int16 pair sums, widened once per group), then one FMA
-into f32. Only f16-activation models (q4f16_1).
+products sum exactly in int32 (AVX2: in int16 pair sums, widened once per group), then per plane
+one FMS with the (token, group) terms precomputed per call (x_terms) and one FMA with the row
+scales into f32. Only f16-activation models (q4f16_1).
 Handles: llvm with AVX512-VNNI, AVX-VNNI, AVX2 or aarch64 dotprod; many-token NT matmul, group size
 % 8 == 0, N % 16 == 0. Knobs: block_m (tokens per micro-kernel), row_vecs (16-row vectors per
 task; None: the ISA's), planes (1 = Q8, the default; 2 = ~16-bit), low_batch (up to this many
@@ -60,7 +61,7 @@ class PrefillGEMMQ4VNNI(CPUScheduleRule):
                 or block_m * row_vecs > MAX_TILE[isa] or self.prefetch not in (0, 1)):
             return None
         sch = s_tir.Schedule(_build(info, block_m, row_vecs, self.planes, self.low_batch, isa, self.prefetch))
-        for name in ("amax", "x_q", "x_sum"):
+        for name in ("amax", "x_q", "x_sum", "x_terms"):
             sch.parallel(sch.get_loops(sch.get_sblock(name))[0])
         return schedule_extern_epilogue(sch, "gemm_vnni", LANES)
 
@@ -76,6 +77,12 @@ def _applicable(func, target):
     if info.group_size % 8 or info.k % info.group_size or info.n % LANES:
         return None
     return info
+
+
+def _fold_term(amax, xsum, p, t, g, e):
+    """x_terms[p, t, g, e]: e = 0: a_p; e = 1: 7 x sum x a_p (f32)."""
+    unit = amax[t, g] * tirx.Select(p == 0, tirx.const(1.0 / 127.0, "float32"), tirx.const(1.0 / (127.0 * RESIDUAL), "float32"))
+    return tirx.Select(e == 0, unit, (xsum[p, t, g] * 7).astype("float32") * unit)
 
 
 def _build(info, block_m: int, row_vecs: int, planes: int, low_batch: int, isa: str, prefetch: int) -> tirx.PrimFunc:
@@ -94,7 +101,10 @@ def _build(info, block_m: int, row_vecs: int, planes: int, low_batch: int, isa: 
     xq = te.compute((stored, padded, k), plane, name="x_q")
     j = te.reduce_axis((0, group), "j")
     xsum = te.compute((stored, padded, groups), lambda p, t, g: te.sum(xq[p, t, g * group + j].astype("int32"), axis=j), name="x_sum")
-    ins = [xq, amax, xsum, w, s]
+    # per (plane, token, group): the plane's unit a_p (amax / 127, / RESIDUAL for plane 1) and the
+    # q - 7 offset in that unit (7 x sum x a_p): the fold is one FMS per plane, no scalar work
+    terms = te.compute((stored, padded, groups, 2), lambda p, t, g, e: _fold_term(amax, xsum, p, t, g, e), name="x_terms")
+    ins = [xq, terms, w, s]
 
     def body(i, o):
         many = _kernel(info, padded, block_m, row_vecs, planes, stored, isa, prefetch, *i, o[0])
@@ -112,7 +122,7 @@ def _build(info, block_m: int, row_vecs: int, planes: int, low_batch: int, isa: 
     return rebuild(info, inputs, mm)
 
 
-def _kernel(info, padded, block_m, row_vecs, planes, stored, isa, prefetch, xq, amax, xsum, weight, scale, out):
+def _kernel(info, padded, block_m, row_vecs, planes, stored, isa, prefetch, xq, terms, weight, scale, out):
     n_total, k, group = info.n, info.k, info.group_size
     groups = k // group
     quads = k // 4
@@ -172,14 +182,14 @@ def _kernel(info, padded, block_m, row_vecs, planes, stored, isa, prefetch, xq, 
     def fold(facc, iaccs, sc, mb, g):
         for m in range(block_m):
             t = mb * block_m + m
-            a = T.broadcast(amax[t, g] * T.float32(1.0 / 127.0), LANES)
             for v in range(row_vecs):
                 lanes = T.ramp((m * row_vecs + v) * LANES, 1, LANES)
-                dots = T.Cast("float32x16", group_sum(iaccs[0], m, v)) - T.broadcast(T.Cast("float32", xsum[0, t, g] * 7), LANES)
-                if planes == 2:
-                    dots = dots + (T.Cast("float32x16", group_sum(iaccs[1], m, v)) - T.broadcast(T.Cast("float32", xsum[1, t, g] * 7), LANES)) * T.broadcast(
-                        T.float32(1.0 / RESIDUAL), LANES)
-                T.buffer_store(facc, facc[lanes] + dots * (sc[T.ramp((g * row_vecs + v) * LANES, 1, LANES)] * a), [lanes])
+                dots = None
+                for p in range(planes):
+                    unit, offset = (T.broadcast(terms[p, t, g, e], LANES) for e in (0, 1))
+                    term = T.Cast("float32x16", group_sum(iaccs[p], m, v)) * unit - offset
+                    dots = term if dots is None else dots + term
+                T.buffer_store(facc, facc[lanes] + dots * sc[T.ramp((g * row_vecs + v) * LANES, 1, LANES)], [lanes])
 
     def store(facc, task, mb):
         for m in range(block_m):
