@@ -5,8 +5,9 @@ One SMMLA multiplies a 2 x 8 int8 block of two tokens by an 8 x 2 block of two w
 a 2 x 2 int32 tile: 32 products per instruction, twice SDOT's 16. The activation becomes the
 same int8 planes as PrefillGEMMQ4VNNI (microkernels.q8_planes), stored per token pair as
 [pair, k / 8, 2 tokens, 8 bytes]; each task repacks 2 `row_pairs` weight rows' nibbles as
-[row pair, k / 8, 2 rows, 8 bytes]; a group's products sum exactly in int32, then one FMA per
-lane into f32 (the VNNI rule's arithmetic, in the same order).
+[row pair, k / 8, 2 rows, 8 bytes]; a group's products sum exactly in int32, then per plane one
+FMS with the precomputed terms (microkernels.q8_fold_terms) and one FMA with the row scales into
+f32: the VNNI rule's arithmetic, in the same order.
 Handles: llvm for aarch64 with i8mm; many-token NT matmul, f16 activations, q4 weights, group
 size % 8 == 0, N % (2 row_pairs) == 0. Knobs: token_pairs, row_pairs (the micro-kernel's tile
 of 2 x 2 tiles), planes (1 = Q8, the default; 2 = ~16-bit), low_batch (up to this many tokens
@@ -23,7 +24,7 @@ from tvm.target import Target, codegen
 
 from ..analysis import match_on_cpu
 from ..base import CPUScheduleRule, is_cpu
-from .microkernels import RESIDUAL, q8_planes, rebuild, schedule_extern_epilogue
+from .microkernels import q8_fold_terms, q8_planes, rebuild, schedule_extern_epilogue
 
 SMMLA = "llvm.aarch64.neon.smmla.v4i32.v16i8"  # (i32x4 acc, i8x16 a, i8x16 b): acc[2i + j] += a row i . b row j (8 bytes each)
 NEON_REGISTERS = 32
@@ -61,7 +62,7 @@ class PrefillGEMMQ4I8MM(CPUScheduleRule):
                 or self.low_batch < 0 or not tile_fits(self.token_pairs, self.row_pairs, self.planes)):
             return None
         sch = s_tir.Schedule(_build(info, self.token_pairs, self.row_pairs, self.planes, self.low_batch))
-        for name in ("amax", "x_q", "x_sum"):
+        for name in ("amax", "x_q", "x_sum", "x_terms"):
             sch.parallel(sch.get_loops(sch.get_sblock(name))[0])
         return schedule_extern_epilogue(sch, "gemm_i8mm", 16)
 
@@ -91,7 +92,7 @@ def _build(info, token_pairs: int, row_pairs: int, planes: int, low_batch: int) 
     j = te.reduce_axis((0, group), "j")
     xsum = te.compute((stored, padded, k // group), lambda p, t, g: te.sum(
         xq[p, t // 2, (g * group + j) // 8, t % 2, (g * group + j) % 8].astype("int32"), axis=j), name="x_sum")
-    ins = [xq, amax, xsum, inputs[info.param_index(info.weight)], inputs[info.param_index(info.scale)]]
+    ins = [xq, q8_fold_terms(amax, xsum), inputs[info.param_index(info.weight)], inputs[info.param_index(info.scale)]]
 
     def body(i, o):
         many = _kernel(info, padded, token_pairs, row_pairs, planes, stored, *i, o[0])
@@ -113,7 +114,7 @@ def _pairs(lo, hi):
     return T.Shuffle([T.broadcast(lo, 2), T.broadcast(hi, 2)], [0, 1, 2, 3])
 
 
-def _kernel(info, padded, token_pairs, row_pairs, planes, stored, xq, amax, xsum, weight, scale, out):
+def _kernel(info, padded, token_pairs, row_pairs, planes, stored, xq, terms, weight, scale, out):
     n_total, k, group = info.n, info.k, info.group_size
     groups = k // group
     blocks = k // 8  # 8-byte k blocks: one SMMLA step
@@ -157,17 +158,14 @@ def _kernel(info, padded, token_pairs, row_pairs, planes, stored, xq, amax, xsum
     def fold(facc, iaccs, sc, tb, g):
         for i in range(token_pairs):
             t0 = (tb * token_pairs + i) * 2
-            a = _pairs(amax[t0, g] * T.float32(1.0 / 127.0), amax[t0 + 1, g] * T.float32(1.0 / 127.0))
-
-            def sums(p):
-                return _pairs(T.Cast("float32", xsum[p, t0, g] * 7), T.Cast("float32", xsum[p, t0 + 1, g] * 7))
-
             for r in range(row_pairs):
                 lanes = tile(i, r)
-                dots = T.Cast("float32x4", iaccs[0][lanes]) - sums(0)
-                if planes == 2:
-                    dots = dots + (T.Cast("float32x4", iaccs[1][lanes]) - sums(1)) * T.broadcast(T.float32(1.0 / RESIDUAL), 4)
-                T.buffer_store(facc, facc[lanes] + dots * (sc[T.ramp((g * row_pairs + r) * 4, 1, 4)] * a), [lanes])
+                dots = None
+                for p in range(planes):
+                    unit, offset = (_pairs(terms[p, t0, g, e], terms[p, t0 + 1, g, e]) for e in (0, 1))
+                    term = T.Cast("float32x4", iaccs[p][lanes]) * unit - offset
+                    dots = term if dots is None else dots + term
+                T.buffer_store(facc, facc[lanes] + dots * sc[T.ramp((g * row_pairs + r) * 4, 1, 4)], [lanes])
 
     def store(facc, task, tb):
         for i in range(token_pairs):

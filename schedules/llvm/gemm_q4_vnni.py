@@ -22,7 +22,7 @@ from tvm.target import Target
 
 from ..analysis import match_on_cpu
 from ..base import CPUScheduleRule, is_cpu
-from .microkernels import (LANES, RESIDUAL, avx2_madd16, avx2_widen, int8_dot, int8_isa, prefetch_next_task, q8_planes, rebuild,
+from .microkernels import (LANES, avx2_madd16, avx2_widen, int8_dot, int8_isa, prefetch_next_task, q8_fold_terms, q8_planes, rebuild,
                            schedule_extern_epilogue)
 
 # (block_m, row_vecs) when the knobs say 0; the most block_m x row_vecs whose f32 and two planes'
@@ -79,12 +79,6 @@ def _applicable(func, target):
     return info
 
 
-def _fold_term(amax, xsum, p, t, g, e):
-    """x_terms[p, t, g, e]: e = 0: a_p; e = 1: 7 x sum x a_p (f32)."""
-    unit = amax[t, g] * tirx.Select(p == 0, tirx.const(1.0 / 127.0, "float32"), tirx.const(1.0 / (127.0 * RESIDUAL), "float32"))
-    return tirx.Select(e == 0, unit, (xsum[p, t, g] * 7).astype("float32") * unit)
-
-
 def _build(info, block_m: int, row_vecs: int, planes: int, low_batch: int, isa: str, prefetch: int) -> tirx.PrimFunc:
     inputs = info.placeholders()
     x = inputs[info.param_index(info.x)]
@@ -101,10 +95,7 @@ def _build(info, block_m: int, row_vecs: int, planes: int, low_batch: int, isa: 
     xq = te.compute((stored, padded, k), plane, name="x_q")
     j = te.reduce_axis((0, group), "j")
     xsum = te.compute((stored, padded, groups), lambda p, t, g: te.sum(xq[p, t, g * group + j].astype("int32"), axis=j), name="x_sum")
-    # per (plane, token, group): the plane's unit a_p (amax / 127, / RESIDUAL for plane 1) and the
-    # q - 7 offset in that unit (7 x sum x a_p): the fold is one FMS per plane, no scalar work
-    terms = te.compute((stored, padded, groups, 2), lambda p, t, g, e: _fold_term(amax, xsum, p, t, g, e), name="x_terms")
-    ins = [xq, terms, w, s]
+    ins = [xq, q8_fold_terms(amax, xsum), w, s]
 
     def body(i, o):
         many = _kernel(info, padded, block_m, row_vecs, planes, stored, isa, prefetch, *i, o[0])

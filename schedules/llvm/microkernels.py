@@ -490,6 +490,18 @@ def q8_planes(x: te.Tensor, tokens, padded, k: int, group: int):
     return amax, plane
 
 
+def q8_fold_terms(amax: te.Tensor, xsum: te.Tensor) -> te.Tensor:
+    """x_terms [plane, padded, K/G, 2] of the int8 GEMMs: e = 0: the plane's unit a_p (amax / 127,
+    / RESIDUAL for plane 1); e = 1: the q - 7 offset in that unit (7 x sum x a_p). A plane's fold
+    is then one FMS (int sum x a_p - offset), with no per-token scalar work in the kernel."""
+
+    def term(p, t, g, e):
+        unit = amax[t, g] * tirx.Select(p == 0, tirx.const(1.0 / 127.0, "float32"), tirx.const(1.0 / (127.0 * RESIDUAL), "float32"))
+        return tirx.Select(e == 0, unit, (xsum[p, t, g] * 7).astype("float32") * unit)
+
+    return te.compute((*xsum.shape, 2), term, name="x_terms")
+
+
 def chunk_scales(info, scale):
     """(scales(n, c), index(c)) for q4 rows in chunks of 16 packed words: row n's group scale of
     each word of chunk c as f32x16, and the index of the chunk's first scale in a row of `scale`."""
