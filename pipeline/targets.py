@@ -67,14 +67,14 @@ def cpu_flags(cpuinfo: str) -> set[str]:
     return set()
 
 
-def _llvm_features_present(cpu: str, triple: str, table: dict[str, str], flags: set[str]) -> bool:
-    """Every feature LLVM gives `cpu` (of those in `table`) is one the CPU reports."""
+def _llvm_features(cpu: str, triple: str, table: dict[str, str]) -> set[str] | None:
+    """The features of `table` LLVM gives `cpu`; None for a name LLVM does not know."""
     from tvm.target import Target, codegen
 
     if not codegen.llvm_is_valid_cpu(cpu, triple):
-        return False
+        return None
     target = Target({"kind": "llvm", "mtriple": triple, "mcpu": cpu})
-    return all(flag in flags for feature, flag in table.items() if codegen.target_has_features(feature, target))
+    return {feature for feature in table if codegen.target_has_features(feature, target)}
 
 
 HOST_CPU_ENV = "MLCPIPE_HOST_CPU"  # an LLVM CPU name `auto` stands for (e.g. haswell: AVX2 code on any AVX2 host)
@@ -95,7 +95,9 @@ def _host_from_env() -> HostCPU | None:
 def detect_host(cpuinfo: str | None = None, llvm_cpu: str | None = None, machine: str | None = None) -> HostCPU:
     """The host CPU as LLVM names it (`llvm_get_system_cpu`), taken when every feature LLVM gives
     that name is in the CPU's /proc/cpuinfo flags (a VM can hide features LLVM's CPUID model
-    assumes); else x86: the most capable named CPU the flags allow; aarch64: `generic` with the
+    assumes) and, on x86, the flags' own best name adds none (a VM can report a family/model whose
+    name lacks what the flags have: model 167, "rocketlake", with AMX and AVX512-FP16); else x86:
+    the most capable named CPU the flags allow; aarch64: `generic` with the
     flags' dotprod / i8mm / bf16 / fullfp16 / sve as `mattr`. A given `cpuinfo` describes another
     machine: LLVM's answer for this one is not asked, and the machine follows the text. Without
     one, MLCPIPE_HOST_CPU (an LLVM CPU name) overrides the detection: the suite and `auto` builds
@@ -115,14 +117,16 @@ def detect_host(cpuinfo: str | None = None, llvm_cpu: str | None = None, machine
     flags = cpu_flags(cpuinfo)
     arm = machine in ("aarch64", "arm64")
     triple, table = ("aarch64-linux-gnu", _ARM_FEATURE_FLAGS) if arm else ("x86_64-linux-gnu", _X86_FEATURE_FLAGS)
-    if llvm_cpu and llvm_cpu != "generic" and _llvm_features_present(llvm_cpu, triple, table, flags):
-        return HostCPU(llvm_cpu)
+    has = {feature for feature, flag in table.items() if flag in flags}
+    named = _llvm_features(llvm_cpu, triple, table) if llvm_cpu and llvm_cpu != "generic" else None
     if arm:
-        return HostCPU("generic", tuple(f"+{feature}" for feature, flag in table.items() if flag in flags and feature != "neon"), "flags")
-    for needed, cpu in _X86_CPUS:
-        if needed <= flags:
-            return HostCPU(cpu, source="flags")
-    return HostCPU("x86-64", source="flags")
+        if named is not None and named <= has:
+            return HostCPU(llvm_cpu)
+        return HostCPU("generic", tuple(f"+{feature}" for feature in table if feature in has and feature != "neon"), "flags")
+    by_flags = next((cpu for needed, cpu in _X86_CPUS if needed <= flags), "x86-64")
+    if named is not None and named <= has and not (_llvm_features(by_flags, triple, table) or set()) - named:
+        return HostCPU(llvm_cpu)
+    return HostCPU(by_flags, source="flags")
 
 
 def detect_host_cpu(cpuinfo: str | None = None) -> str:

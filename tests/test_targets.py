@@ -49,6 +49,16 @@ def test_a_name_whose_features_the_cpu_lacks_is_not_taken():
     assert detect_host(cpuinfo("znver4-epyc-genoa"), llvm_cpu="znver5", machine="x86_64").mcpu != "znver5"  # no avx_vnni
 
 
+def test_a_name_that_lacks_what_the_flags_have_is_not_taken():
+    # a VM reporting family 6 model 167 (LLVM: "rocketlake") on a CPU with AMX and AVX512-FP16
+    host = detect_host(cpuinfo("sapphirerapids-vm-model167"), llvm_cpu="rocketlake", machine="x86_64")
+    assert host == HostCPU("sapphirerapids", source="flags")
+    target = Target({"kind": "llvm", "mtriple": "x86_64-linux-gnu", "mcpu": host.mcpu})
+    assert all(codegen.target_has_features(f, target) for f in ("amx-bf16", "amx-int8", "avx512fp16"))
+    # a name with every feature of the flags' pick is kept (Zen 4's over cooperlake)
+    assert detect_host(cpuinfo("znver4-epyc-genoa"), llvm_cpu="znver4", machine="x86_64") == HostCPU("znver4")
+
+
 def test_aarch64_without_a_name_gets_its_features():
     host = detect_host(cpuinfo("neoverse-v1-graviton3"), llvm_cpu="generic", machine="aarch64")
     assert host.mcpu == "generic" and set(host.mattr) == {"+fullfp16", "+dotprod", "+i8mm", "+bf16", "+sve"}
