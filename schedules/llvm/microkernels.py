@@ -127,7 +127,7 @@ class RowGEMVRule(CPUScheduleRule, abc.ABC):
     """Base of the explicit-vector GEMV rules: knobs rows and prefetch; subclasses give
     `applicable(func, target) -> NTMatmul | None` and `build(info) -> PrimFunc`."""
 
-    rows: int | None = None  # rows per parallel task, interleaved (None: gemv_default_rows)
+    rows: int | None = None  # rows per parallel task, interleaved (None: default_rows)
     prefetch: int | None = None  # software-prefetch each weight stream this many rows ahead (0: off; None: default_prefetch)
 
     @abc.abstractmethod
@@ -137,6 +137,9 @@ class RowGEMVRule(CPUScheduleRule, abc.ABC):
     @abc.abstractmethod
     def build(self, info, target: Target) -> tirx.PrimFunc | None:
         """The rebuilt kernel (extern_gemv), or None when the knobs do not fit."""
+
+    def default_rows(self, target: Target) -> int:
+        return gemv_default_rows(target)
 
     def knob_space(self, func: tirx.PrimFunc, target: Target) -> dict[str, list]:
         info = self.applicable(func, target)
@@ -149,7 +152,7 @@ class RowGEMVRule(CPUScheduleRule, abc.ABC):
     def apply(self, func: tirx.PrimFunc, target: Target, tunable: bool) -> s_tir.Schedule | None:
         del tunable
         info = self.applicable(func, target)
-        rows = self.rows or gemv_default_rows(target)
+        rows = self.rows or self.default_rows(target)
         if info is None or info.n % rows:
             return None
         prefetch = default_prefetch(info) if self.prefetch is None else self.prefetch

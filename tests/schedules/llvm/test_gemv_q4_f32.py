@@ -18,6 +18,7 @@ from mlcpipe.tuning.knobs import unscheduled_kernels
 from mlcpipe.schedules import schedule_func
 from mlcpipe.schedules.analysis import match_nt_matmul as match
 from mlcpipe.schedules.llvm.gemv_q4_f32 import DecodeGEMVQ4F32
+from mlcpipe.schedules.llvm.gemv_q4_vnni import DecodeGEMVQ4VNNI
 from mlcpipe.quantization import quantization
 
 from tests.helpers.cpu_reference import activation_and_weight
@@ -98,16 +99,16 @@ def test_gemv_at_1b_shapes(target):
 
 
 def test_rule_choice_per_cpu(tiny_config):
-    """q4f32_1 decode: this rule on CPUs without AMX, DecodeGEMVQ4 (tuned there) with AMX. q4f16_1
+    """q4f32_1 decode: this rule on every CPU, AMX ones included (one row per task there too). q4f16_1
     decode: the int8 rule where the CPU has VNNI or is AVX2-only (VPMADDUBSW), this rule on AVX-512
     without VNNI."""
     f32 = next(iter(_decode(unscheduled_kernels(tiny_config, quantization("q4f32_1"), ZEN5)).values()))
     f16 = next(iter(_decode(unscheduled_kernels(tiny_config, quantization("q4f16_1"), ZEN5)).values()))
     for target, f32_rule, f16_rule in ((ZEN5, "DecodeGEMVQ4F32", "DecodeGEMVQ4VNNI"), (HASWELL, "DecodeGEMVQ4F32", "DecodeGEMVQ4VNNI"),
-                                       (SKYLAKE, "DecodeGEMVQ4F32", "DecodeGEMVQ4F32"), (SPR, "DecodeGEMVQ4", "DecodeGEMVQ4VNNI")):
+                                       (SKYLAKE, "DecodeGEMVQ4F32", "DecodeGEMVQ4F32"), (SPR, "DecodeGEMVQ4F32", "DecodeGEMVQ4VNNI")):
         assert schedule_func(f32, target)[1]["rule"] == f32_rule, str(target)
         assert schedule_func(f16, target)[1]["rule"] == f16_rule, str(target)
-    assert DecodeGEMVQ4F32().apply(f32, SPR, False) is None
+    assert DecodeGEMVQ4F32().default_rows(SPR) == 1 and DecodeGEMVQ4VNNI().default_rows(SPR) == 2  # AMX: only the f32 rule's is 1
     assert DecodeGEMVQ4F32(rows=3).apply(f32, ZEN5, False) is None  # rows must divide N
     assert set(DecodeGEMVQ4F32().knob_space(f32, ZEN5)) == {"rows", "prefetch"}
     prefill = next(f for n, f in unscheduled_kernels(tiny_config, quantization("q4f32_1"), ZEN5).items() if "NT_matmul" in n and "seq_len" in f.script())

@@ -149,7 +149,7 @@ def test_registry_order_and_knob_spaces(tiny_kernels):
     has = tvm.target.codegen.target_has_features
     f32 = "PrefillGEMMF32" if has("avx512f", TARGET) or (has("avx2", TARGET) and has("fma", TARGET)) else "PrefillGEMM"  # f32 register tiles, else portable
     amx = "PrefillGEMMAMX" if has("amx-bf16", TARGET) else f32
-    q4_gemv = "DecodeGEMVQ4" if has("amx-tile", TARGET) else "DecodeGEMVQ4F32"  # f32 arithmetic: as tuned on AMX CPUs, else prefetched rows
+    q4_gemv = "DecodeGEMVQ4F32"  # f32 arithmetic, prefetched rows, on every CPU
     int8 = has("avx512vnni", TARGET) or has("avxvnni", TARGET) or (has("avx2", TARGET) and not has("avx512f", TARGET))
     vnni = "DecodeGEMVQ4VNNI" if int8 else q4_gemv
     # q4 prefill of f16 models: AMX where the CPU has it, else int8 dot products (VNNI, AVX2's VPMADDUBSW), else f32
