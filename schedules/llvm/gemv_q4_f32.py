@@ -6,7 +6,7 @@ group scales once per 16 words; f32 products and sums) as explicit vectors on mi
 row_loop, which interleaves rows and software-prefetches each row's words and scales ahead: the
 weights of the 1B's down_proj (K = 8192) did not stream at the bandwidth bound through
 DecodeGEMVQ4's loop nest. Takes q4f32_1, and q4f16_1 where the CPU has no int8 dot product
-(DecodeGEMVQ4VNNI comes first), on every CPU, AMX ones included (rows: 1 by default; 1.4-1.9x DecodeGEMVQ4 on Sapphire Rapids).
+(DecodeGEMVQ4VNNI comes first), on every CPU, AMX ones included (rows: 1 by default; measured: docs/schedules.md).
 Handles: llvm, one activation row, static N and K, K % 128 == 0, G / 8 dividing 16 or 16 dividing
 G / 8, N % rows == 0. Knobs: rows (rows per task, interleaved), prefetch (rows ahead; 0 = off).
 """
