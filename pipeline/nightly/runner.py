@@ -40,9 +40,10 @@ from .verify import verify_artifact
 RESULT = "result.json"
 LOG_TAIL_LINES = 20
 HEARTBEAT_SECONDS = 30.0
-# How often the main thread wakes while cells run. Ctrl-C's SIGINT may land on a cell thread; Python
-# runs its handler in the main thread only when that thread next runs, and a wait blocked for a
-# whole heartbeat let a build finish and replace its cell before the KeyboardInterrupt came.
+# How often the main thread wakes while cells run. Cell threads block SIGINT, so Ctrl-C interrupts
+# the main thread's wait; this bounds the delay should the signal land on another thread (Python
+# runs handlers in the main thread only, and a wait blocked for a whole heartbeat let a build
+# finish and replace its cell before the KeyboardInterrupt came).
 SIGNAL_POLL_SECONDS = 0.2
 CHECK_REPORTS = ("conformance.json", "conformance.txt", "profile.json", "profile.md")
 REBUILD_DIFFERS = "rebuild-differs"  # a cell's second build's copy of each file that differed
@@ -54,6 +55,14 @@ class CellError(RuntimeError):
 
 class CellInterrupted(CellError):
     """A cell stopped by Ctrl-C (or its worker by SIGINT): nothing of it is kept."""
+
+
+def _cell_thread_init() -> None:
+    """Cell threads block SIGINT: Ctrl-C goes to the main thread, which stops the workers, and a
+    worker inherits the block until it ignores SIGINT (worker.main). A worker that took Ctrl-C
+    during its start-up (a KeyboardInterrupt in `site`, exit 1) was reported as a failed cell and
+    replaced the previous result."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
 
 
 class _BuildsAndProfiles:
@@ -341,7 +350,8 @@ class Runner:
         n = len(self.cells)
         self.echo(f"[nightly] {n} cells, {self.jobs} jobs; out {self.out}; cache {self.cache_dir}")
         records: dict[str, dict] = {}
-        pool = concurrent.futures.ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="cell")
+        pool = concurrent.futures.ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="cell",
+                                                     initializer=_cell_thread_init)
         futures: dict[concurrent.futures.Future, Cell] = {}
         try:  # Ctrl-C while the cells are submitted (a thread's start is a wait) is handled too
             for cell in self.cells:

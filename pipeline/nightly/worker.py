@@ -110,8 +110,10 @@ def main(argv: list[str]) -> int:
     _die_with_parent()
     # Ctrl-C reaches the whole foreground group; the nightly process alone decides (it stops its
     # workers with SIGTERM): a worker that turned SIGINT into an error mid-build would be reported
-    # as a failed cell and replace the previous result
+    # as a failed cell and replace the previous result. It starts with SIGINT blocked (the cell
+    # thread's mask); ignoring it discards one that came during start-up, then it is unblocked.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
     if len(argv) != 1:
         print("usage: python -m mlcpipe.nightly.worker SPEC.json", file=sys.stderr)
         return 2
