@@ -57,7 +57,7 @@ class CellInterrupted(CellError):
     """A cell stopped by Ctrl-C (or its worker by SIGINT): nothing of it is kept."""
 
 
-def _cell_thread_init() -> None:
+def cell_thread_init() -> None:
     """Cell threads block SIGINT: Ctrl-C goes to the main thread, which stops the workers, and a
     worker inherits the block until it ignores SIGINT (worker.main). A worker that took Ctrl-C
     during its start-up (a KeyboardInterrupt in `site`, exit 1) was reported as a failed cell and
@@ -351,7 +351,7 @@ class Runner:
         self.echo(f"[nightly] {n} cells, {self.jobs} jobs; out {self.out}; cache {self.cache_dir}")
         records: dict[str, dict] = {}
         pool = concurrent.futures.ThreadPoolExecutor(max_workers=self.jobs, thread_name_prefix="cell",
-                                                     initializer=_cell_thread_init)
+                                                     initializer=cell_thread_init)
         futures: dict[concurrent.futures.Future, Cell] = {}
         try:  # Ctrl-C while the cells are submitted (a thread's start is a wait) is handled too
             for cell in self.cells:

@@ -504,13 +504,13 @@ def test_ctrl_c_as_a_worker_starts_leaves_it_running(tmp_path, monkeypatch):
     monkeypatch.setattr(runner_module.subprocess, "Popen", popen)
     cell = SimpleNamespace(model_source="llama-tiny", quant="q4f32_1", target=SimpleNamespace(preset="llvm", options={}))
     (tmp_path / "work").mkdir()
-    with concurrent.futures.ThreadPoolExecutor(1, initializer=runner_module._cell_thread_init) as pool, \
+    with concurrent.futures.ThreadPoolExecutor(1, initializer=runner_module.cell_thread_init) as pool, \
             open(tmp_path / "log", "w") as log:
         result = pool.submit(runner._worker, cell, log, tmp_path / "work").result(timeout=300)
     assert result == {}, (tmp_path / "log").read_text()[-3000:]
     probe = ("import signal, sys; from mlcpipe.nightly import worker; sys.argv[1:] = []; worker.main([]) == 2 or "
              "sys.exit(3); print(signal.getsignal(signal.SIGINT) is signal.SIG_IGN, "
              "signal.SIGINT in signal.pthread_sigmask(signal.SIG_BLOCK, []))")
-    with concurrent.futures.ThreadPoolExecutor(1, initializer=runner_module._cell_thread_init) as pool:
+    with concurrent.futures.ThreadPoolExecutor(1, initializer=runner_module.cell_thread_init) as pool:
         done = pool.submit(subprocess.run, [sys.executable, "-c", probe], capture_output=True, text=True, timeout=120).result()
     assert done.stdout.split() == ["True", "False"], done.stderr[-2000:]
