@@ -5,13 +5,14 @@
 #   mesa-vulkan-drivers lavapipe: runs WebGPU kernels on the CPU (mlcpipe check, tests)
 #   libegl1 libegl-mesa0 libegl-dev  Mesa's EGL: Dawn's OpenGL ES adapter on llvmpipe (--adapter gles)
 #   chromium            its SwiftShader Vulkan ICD (--adapter swiftshader) and headless pages (--browser)
+#   gcc                 the host C compiler (tests build small shared objects with it)
 #   qemu-user gcc-aarch64-linux-gnu  run aarch64 builds of the CPU rules under emulation (tests, qemu marker)
 # then `npm ci`: the WebGPU runner's npm packages (webgpu = Dawn for node, @mlc-ai/web-runtime,
 # puppeteer-core), pinned by package-lock.json. No browser is downloaded.
 # CUDA builds need nvcc (the CUDA toolkit), which is not a Debian package here.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-packages=(lld emscripten nodejs mesa-vulkan-drivers libegl1 libegl-mesa0 libegl-dev chromium qemu-user gcc-aarch64-linux-gnu)
+packages=(gcc lld emscripten nodejs mesa-vulkan-drivers libegl1 libegl-mesa0 libegl-dev chromium qemu-user gcc-aarch64-linux-gnu)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
