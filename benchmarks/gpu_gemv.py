@@ -1,11 +1,12 @@
 """Decode GEMV bandwidth of Llama-3.2-1B (q4f16_1) on CUDA: our GEMVDequant vs dlight's GEMV.
 
-    python -m benchmarks.gpu_gemv [--quant q4f16_1] [--repeat 200] [--peak 3350]
+    python -m benchmarks.gpu_gemv [--quant q4f16_1] [--repeat 200] [--peak GBPS]
 
 For each decode GEMV kernel (qkv, o_proj, gate_up, down, lm_head) both schedules are compiled
 for the CUDA device present (`arch` from the device's compute capability), checked against each
 other, and timed with `time_evaluator`; bytes moved = weights + scales + activations + outputs,
-printed as GB/s and as a share of the peak (H100 SXM HBM3: 3350 GB/s).
+printed as GB/s and as a share of the peak (default: the device's datasheet figure, e.g. H100 SXM
+3350 GB/s, H200 4800 GB/s).
 
 Without a CUDA device it says so in one line and instead checks our rule's numerics for the same
 kernels through WebGPU on lavapipe (when the wgpu package is installed), then exits 0.
@@ -63,6 +64,13 @@ def run_cuda(args) -> int:
     target = tvm.target.Target({**spec.target, "arch": f"sm_{major}{minor}", "host": {"kind": "llvm"}})
     ours = GEMVDequant.for_target("cuda")
     theirs = dl.gpu.GEMV()
+    if args.peak is None:
+        from mlcpipe.device.cuda import datasheet_gbps
+
+        args.peak = datasheet_gbps(dev.device_name)
+        if args.peak is None:
+            print(f"error: no datasheet bandwidth known for {dev.device_name!r}; give --peak GBPS", file=sys.stderr)
+            return 2
     print(f"device: {dev.device_name}, sm_{major}{minor}; peak {args.peak:.0f} GB/s; {args.quant}")
     print(f"{'kernel':44} {'role':8} {'MB':>7} {'ours us':>9} {'GB/s':>7} {'%peak':>6} {'dlight us':>9} {'GB/s':>7} {'%peak':>6}  launch (ours)")
     rng = np.random.default_rng(0)
@@ -137,7 +145,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quant", default="q4f16_1")
     parser.add_argument("--repeat", type=int, default=100)
-    parser.add_argument("--peak", type=float, default=3350.0, help="peak bandwidth in GB/s (H100 SXM: 3350)")
+    parser.add_argument("--peak", type=float, default=None, help="peak bandwidth in GB/s (default: the device's datasheet figure)")
     parser.add_argument("--with-lm-head", action="store_true", help="lavapipe check: also run the 128256-row lm_head (slow on the CPU)")
     args = parser.parse_args(argv)
     import tvm

@@ -7,7 +7,8 @@
 - prefill of 128 and 1024 tokens on a fresh sequence (median of RUNS after a warm-up);
 - the decode GEMVs of each artifact (fused dequantize-NT_matmul with one token): per-launch time
   from CUDA-graph replays of launches over rotated weight copies (4x the L2 in all, so weights
-  come from HBM as in the model), GB/s of every argument moved, against the peak;
+  come from HBM as in the model), GB/s of every argument moved, against the GPU's datasheet peak
+  and the device-to-device copy measured in the same run (`copy_gbps`);
 - CUDA-graph decode: the bundle's `cuda_graph` build (TVM's RewriteCUDAGraph) is a row of its own;
 - where does the GPU time go: every kernel's device time (CUPTI, through torch.profiler) over
   PROFILED_STEPS decode steps and one prefill of the longest PREFILL, next to the wall time.
@@ -23,6 +24,7 @@ and `render`; standalone on a GPU machine with a bundle:
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import statistics
@@ -51,7 +53,8 @@ def _median_ms(samples: list[float]) -> float:
 # ---- mlcpipe ---------------------------------------------------------------------------------------
 
 def mlcpipe_side(engine, artifact: Path, peak_gbps: float | None) -> dict:
-    """Prefill, decode and GEMV bandwidth of one artifact's Engine on its device."""
+    """Prefill, decode and GEMV bandwidth of one artifact's Engine on its device (against the
+    peak and the device-to-device copy measured once per process)."""
     out: dict = {"prefill_ms": {}, "engine": f"mlcpipe {engine.manifest['quantization']}"}
     chunk = engine.prefill_chunk
     engine.prefill_chunk = out["prefill_chunk"] = int(engine.config["prefill_chunk_size"])  # the KV cache of reset() takes it
@@ -60,7 +63,8 @@ def mlcpipe_side(engine, artifact: Path, peak_gbps: float | None) -> dict:
     finally:
         engine.prefill_chunk = chunk
         engine.reset()
-    out["gemv"] = gemv_bandwidth(artifact, engine.device, peak_gbps)
+    out["copy_gbps"] = copy_gbps()
+    out["gemv"] = gemv_bandwidth(artifact, engine.device, peak_gbps, out["copy_gbps"])
     return out
 
 
@@ -155,7 +159,7 @@ def decode_gemvs(artifact: Path) -> list[tuple[str, str, dict]]:
     return out
 
 
-def gemv_bandwidth(artifact: Path, device, peak_gbps: float | None) -> list[dict]:
+def gemv_bandwidth(artifact: Path, device, peak_gbps: float | None, copy_gbps: float | None = None) -> list[dict]:
     """Per decode GEMV: µs per launch and GB/s, from a CUDA graph of GEMV_LAUNCHES launches over
     weight copies rotated through L2_FACTOR x the L2 (TVM's launches join the graph through
     tvm_ffi's torch stream); without torch, TVM's time evaluator on one input set (L2-warm)."""
@@ -179,7 +183,8 @@ def gemv_bandwidth(artifact: Path, device, peak_gbps: float | None) -> list[dict
             us, method = statistics.median(evaluate(*sets[0])) * 1e6, "time evaluator, one input set (L2-warm)"
         gbps = nbytes / (us * 1e-6) / 1e9
         rows.append({"kernel": name, "role": role, "bytes": nbytes, "us": round(us, 3), "gbps": round(gbps, 1),
-                     "pct_of_peak": round(100 * gbps / peak_gbps, 1) if peak_gbps else None, "method": method})
+                     "pct_of_peak": round(100 * gbps / peak_gbps, 1) if peak_gbps else None,
+                     "pct_of_copy": round(100 * gbps / copy_gbps, 1) if copy_gbps else None, "method": method})
     return rows
 
 
@@ -231,6 +236,32 @@ def time_candidates(library, kernel: dict, device, tolerance: float, rounds: int
     method = (f"CUDA graph of {GEMV_LAUNCHES} launches, {len(sets)} rotated input copies" if torch is not None
               else "time evaluator, one input set (L2-warm)") + f"; median of {rounds} interleaved rounds"
     return {"candidates": results, "method": method, "bytes": nbytes}
+
+
+COPY_BYTES = 2**30  # the copy bandwidth's buffer: far beyond any L2
+
+
+@functools.cache
+def copy_gbps(repeat: int = 10) -> float | None:
+    """The GPU's device-to-device copy bandwidth through PyTorch (bytes read + written, best of
+    `repeat` after a warm-up): the ceiling measured in the same run; None without torch or CUDA."""
+    torch, _ = _torch_cuda()
+    if torch is None:
+        return None
+    src = torch.empty(COPY_BYTES, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = math.inf
+    for _ in range(repeat):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        torch.cuda.synchronize()
+        best = min(best, start.elapsed_time(end) * 1e-3)
+    del src, dst
+    torch.cuda.empty_cache()
+    return round(2 * COPY_BYTES / best / 1e9, 1)
 
 
 def _torch_cuda():
@@ -385,7 +416,7 @@ def render(results: dict, top: int = 12) -> str:
     """Markdown tables of the job's bench results (results[artifact]["bench"], results["pytorch"])."""
     rows = ["| engine | decode ms/token (forward) | decode tok/s | greedy step ms | prefill 128 ms | prefill 1024 ms | logits vs llvm: rel L2 (max rel) |",
             "|---|---|---|---|---|---|---|"]
-    gemvs = ["| artifact | kernel | role | MB | µs | GB/s | % of peak | method |", "|---|---|---|---|---|---|---|---|"]
+    gemvs = ["| artifact | kernel | role | MB | µs | GB/s | % of peak | % of copy | method |", "|---|---|---|---|---|---|---|---|---|"]
     for name, record in results.items():
         bench = record.get("bench") or {}
         if name == "pytorch":
@@ -412,9 +443,13 @@ def render(results: dict, top: int = 12) -> str:
                     f"{bench['prefill_ms'].get('128', '-')} | {bench['prefill_ms'].get('1024', '-')} | {versus} |")
         for g in bench.get("gemv", []):
             gemvs.append(f"| {name} | {g['kernel']} | {g['role']} | {g['bytes'] / 1e6:.2f} | {g['us']} | {g['gbps']} | "
-                         f"{g['pct_of_peak'] if g['pct_of_peak'] is not None else '-'} | {g['method']} |")
+                         f"{_or_dash(g['pct_of_peak'])} | {_or_dash(g.get('pct_of_copy'))} | {g['method']} |")
     return ("## Benchmark (same run)\n\n" + "\n".join(rows) + "\n\n### Decode GEMVs\n\n" + "\n".join(gemvs) + "\n"
             + render_kernels(results, top))
+
+
+def _or_dash(value) -> str:
+    return "-" if value is None else str(value)
 
 
 def render_kernels(results: dict, top: int = 12) -> str:

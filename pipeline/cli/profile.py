@@ -27,7 +27,7 @@ def _progress_bar(length: int, label: str):
 @click.option("--runs", default=None, show_default="3; webgpu 2", type=click.IntRange(min=1))
 @click.option("--warmup", default=1, show_default=True, type=click.IntRange(min=0))
 @click.option("--format", "fmt", type=click.Choice(PROFILE_FORMATS), default=None, show_default="md; phase with --browser")
-@click.option("--peak-gbps", type=float, default=None, help="Peak memory bandwidth for the bandwidth columns (default: target preset).")
+@click.option("--peak-gbps", type=float, default=None, help="Peak memory bandwidth for the bandwidth columns (default: a local GPU's datasheet figure by its name, else the target preset's).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None, help="Write the report here (default: stdout).")
 @click.option("--save-json", type=click.Path(path_type=Path), default=None, help="Also keep the raw profile JSON here.")
 @device_options

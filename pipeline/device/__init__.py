@@ -16,7 +16,7 @@ import importlib
 from ..backends import KINDS
 
 INTERFACE = (
-    "runs_here", "local_device", "timing_device", "timing_cold_bytes",
+    "runs_here", "local_device", "local_peak_gbps", "timing_device", "timing_cold_bytes",
     "RPC_DEVICE", "RPC_DEVICE_HINT", "HOST_MEMORY", "PROFILE_DEFAULTS", "NIGHTLY_PROFILE",
 )
 

@@ -10,6 +10,10 @@ RPC_DEVICE_HINT = ""
 HOST_MEMORY = False  # a GPU's own memory: the KV cache is checked against what its device API says is free
 PROFILE_DEFAULTS = (128, 32, 3)  # prompt tokens, generated tokens, measured runs
 NIGHTLY_PROFILE = True  # where a GPU is present
+# HBM bandwidth in GB/s by the vendor's datasheets; the first fragment found in the device's name
+# wins (GH200 before H200, the H100 PCIe and NVL parts before the SXM one)
+DATASHEET_GBPS = (("GH200 144G", 4900.0), ("GH200", 4000.0), ("H200", 4800.0), ("H100 PCIe", 2000.0), ("H100 NVL", 3900.0),
+                  ("H100", 3350.0), ("A100-SXM4-80GB", 2039.0), ("A100 80GB PCIe", 1935.0), ("A100", 1555.0))
 
 
 def cuda_device():
@@ -17,6 +21,12 @@ def cuda_device():
     from . import tvm_runtime as rt
 
     return rt.device("cuda", 0, RUNTIME_LIBRARIES, (CUDART,))
+
+
+def datasheet_gbps(name: str) -> float | None:
+    """The datasheet memory bandwidth of the GPU called `name` (as its driver names it), None when unknown."""
+    low = name.lower()
+    return next((gbps for fragment, gbps in DATASHEET_GBPS if fragment.lower() in low), None)
 
 
 def runs_here() -> bool:
@@ -42,10 +52,17 @@ def timing_device():
     import tvm
 
     if not tvm.cuda().exist:
-        raise ValueError("tune --target cuda: no CUDA device on this machine (run it where a GPU is, e.g. the lent H100)")
+        raise ValueError("tune --target cuda: no CUDA device on this machine (run it where a GPU is, e.g. the lent H100 / H200)")
     return tvm.cuda()
 
 
 def timing_cold_bytes() -> int:
-    """0: one input set per timing (GPU timings on inputs beyond an H100's 50 MB L2 are untested)."""
+    """0: one input set per timing (GPU timings on inputs beyond a Hopper's 50-60 MB L2 are untested)."""
     return 0
+
+
+def local_peak_gbps() -> float | None:
+    """The datasheet bandwidth of the GPU here (None without one, or for a GPU not in DATASHEET_GBPS)."""
+    from . import tvm_runtime as rt
+
+    return datasheet_gbps(rt.device_name(cuda_device())) if runs_here() else None

@@ -40,3 +40,8 @@ def timing_cold_bytes() -> int:
         factor = {"K": 1 << 10, "M": 1 << 20}.get(size[-1:], 1)
         llc = max(llc, int(size.rstrip("KM") or 0) * factor)
     return 2 * (llc or 32 << 20)
+
+
+def local_peak_gbps() -> float | None:
+    """None: a CPU's bandwidth is measured (benchmarks) or the target preset's, never looked up."""
+    return None

@@ -34,3 +34,8 @@ def timing_device():
 def timing_cold_bytes() -> int:
     """0: one input set per timing (not timed here)."""
     return 0
+
+
+def local_peak_gbps() -> float | None:
+    """None: no Mac runs here; reports use the target preset's figure."""
+    return None

@@ -30,3 +30,8 @@ def timing_device():
 def timing_cold_bytes() -> int:
     """0: one input set per timing (not timed here)."""
     return 0
+
+
+def local_peak_gbps() -> float | None:
+    """None: an adapter does not say its memory's bandwidth; reports use the target preset's figure."""
+    return None

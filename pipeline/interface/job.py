@@ -132,12 +132,13 @@ def load_bundle(path: Path) -> dict:
 def environment() -> dict:
     env = {"python": platform.python_version(), "numpy": np.__version__, "cpu": _cpu_model(), "cpus": os.cpu_count(),
            "tvm_runtime": str(rt.library_dir())}
-    from ..device.cuda import cuda_device, runs_here as cuda_present
+    from ..device.cuda import cuda_device, datasheet_gbps, runs_here as cuda_present
 
     if cuda_present():
         gpu = cuda_device()
         env["gpu"] = rt.device_name(gpu)
         env["gpu_memory_gib"] = round(rt.total_memory(gpu) / 2**30, 1)
+        env["gpu_peak_gbps"] = datasheet_gbps(env["gpu"])  # None: the target preset's figure (each artifact's peak_gbps)
     else:
         env["gpu"] = "none (no CUDA device TVM's runtime can use)"
     try:
@@ -173,6 +174,18 @@ class Job:
         self.profiles: dict[str, dict] = {}
         self.sections: list[str] = []
         self.tuning: dict | None = None  # the tune steps' tuning database
+        self.peaks: dict[str, float | None] = {}  # target kind -> its device's bandwidth here (None: unknown)
+
+    def peak_gbps(self, entry: dict) -> float | None:
+        """The bandwidth an entry's % of peak columns are against: its device's here where known
+        (a GPU's datasheet figure by its name; the bundle's cuda preset assumes an H100), else the
+        target preset's the bundle recorded."""
+        from ..device import device
+
+        kind = entry["kind"]
+        if kind not in self.peaks:
+            self.peaks[kind] = device(kind).local_peak_gbps()
+        return self.peaks[kind] or entry.get("peak_gbps")
 
     def left_s(self) -> float:
         return self.deadline - time.monotonic()
@@ -317,7 +330,7 @@ class Job:
         prompt_len, gen_len, runs = PROFILE_SIZES
         prompt_len = min(prompt_len, engine.context_window - gen_len - 1)
         data = profile(engine, RunOptions(timed=True), "synthetic", None, Workload(prompt_len, gen_len, runs))
-        data["peak_gbps"] = entry.get("peak_gbps")
+        data["peak_gbps"] = self.peak_gbps(entry)
         data["timing"] = "host clock around each kernel, the device synchronised before and after it"
         validate(data)
         self.profiles[entry["name"]] = data
@@ -332,7 +345,7 @@ class Job:
     def _bench_mlcpipe(self, entry: dict, engine) -> dict:
         from benchmarks import llm_gpu
 
-        return {"ok": True, **llm_gpu.mlcpipe_side(engine, self.root / entry["dir"], entry.get("peak_gbps"))}
+        return {"ok": True, **llm_gpu.mlcpipe_side(engine, self.root / entry["dir"], self.peak_gbps(entry))}
 
     def _bench_peers(self, entries: list[dict]) -> dict:
         from benchmarks import llm_gpu

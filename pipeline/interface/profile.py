@@ -74,6 +74,8 @@ def profile(artifact: Path | None, model: str, quant: str | None, target_name: s
     finally:
         if hasattr(engine, "close"):
             engine.close()
+    if peak_gbps is None and rpc is None and rpc_tracker is None:  # ran here: the device's own figure, where known
+        peak_gbps = device.local_peak_gbps()
     if peak_gbps is None:
         from ..targets import preset_peak_gbps
 

@@ -67,7 +67,7 @@ def test_rel_l2():
 
 def _bench_record(quant: str, variant: str = "") -> dict:
     gemv = [{"kernel": f"fused_dequantize{i}_NT_matmul{i}_cast{i}_add", "role": role, "bytes": 18_912_000, "us": 14.002,
-             "gbps": 1350.6, "pct_of_peak": 40.3, "method": "CUDA graph, 12 rotated copies"}
+             "gbps": 1350.6, "pct_of_peak": 40.3, "pct_of_copy": 31.4, "method": "CUDA graph, 12 rotated copies"}
             for i, role in enumerate(("qkv", "o_proj", "gate_up", "down", "lm_head"))]
     kernels = {f"fused_dequantize{i}_NT_matmul{i}_cast{i}_add_kernel": {"calls_per_step": 16.0, "us_per_step": 100.0 - i}
                for i in range(20)}
@@ -90,3 +90,42 @@ def test_stdout_tables_fit_the_device_tools_output_tail():
     printed = bench_tables(results, top=5) + "\n" + summary_table(results)
     assert "### Where the GPU time goes" in printed and "| mlcpipe q4f16_1 (cuda-graph) (llama-3.2-1b) |" in printed
     assert len(printed) < 11_000, len(printed)
+
+
+def test_the_peak_is_the_gpus_own_by_its_name():
+    """The bundle's cuda preset assumes an H100 (3350 GB/s); the lent machine may be an H200 (4800):
+    the % of peak columns use the datasheet figure of the GPU the job finds, the preset's only for
+    an unknown GPU or a CPU artifact."""
+    from mlcpipe.device.cuda import datasheet_gbps
+    from mlcpipe.interface.job import Job
+
+    assert datasheet_gbps("NVIDIA H200") == 4800.0 and datasheet_gbps("NVIDIA H200 NVL") == 4800.0
+    assert datasheet_gbps("NVIDIA H100 80GB HBM3") == 3350.0 and datasheet_gbps("NVIDIA H100 PCIe") == 2000.0
+    assert datasheet_gbps("NVIDIA H100 NVL") == 3900.0 and datasheet_gbps("NVIDIA GH200 480GB") == 4000.0
+    assert datasheet_gbps("NVIDIA A100-SXM4-80GB") == 2039.0 and datasheet_gbps("NVIDIA A100-PCIE-40GB") == 1555.0
+    assert datasheet_gbps("NVIDIA GeForce RTX 4090") is None
+    job = Job.__new__(Job)  # the method alone: no bundle needed
+    job.peaks = {"cuda": datasheet_gbps("NVIDIA H200")}  # what device("cuda").local_peak_gbps() says on the lent H200
+    assert job.peak_gbps({"kind": "cuda", "peak_gbps": 3350.0}) == 4800.0
+    assert job.peak_gbps({"kind": "llvm", "peak_gbps": 25.0}) == 25.0 and job.peaks["llvm"] is None
+    job.peaks = {"cuda": datasheet_gbps("NVIDIA GeForce RTX 4090")}
+    assert job.peak_gbps({"kind": "cuda", "peak_gbps": 3350.0}) == 3350.0
+    job.peaks = {}  # this machine: no GPU, the preset's figure
+    assert job.peak_gbps({"kind": "cuda", "peak_gbps": 3350.0}) == 3350.0 and job.peaks["cuda"] is None
+
+
+def test_gemv_table_has_the_copy_column():
+    text = llm_gpu.render({"a": _bench_record("q4f16_1")})
+    header = next(line for line in text.splitlines() if line.startswith("| artifact | kernel |"))
+    assert "| % of peak | % of copy |" in header
+    assert "| 1350.6 | 40.3 | 31.4 | CUDA graph" in text
+    try:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    except ImportError:
+        cuda = False
+    if not cuda:  # no CUDA here: no ceiling measured, the column says "-"
+        assert llm_gpu.copy_gbps() is None
+    else:
+        assert llm_gpu.copy_gbps() > 100.0
