@@ -52,6 +52,7 @@ def _conformance(artifact: Path, settings: dict, out: Path) -> dict[str, Any]:
 
 
 def _profile(artifact: Path, settings: dict, out: Path) -> dict[str, Any]:
+    from ..device import device
     from ..profiler.core import Workload
     from ..profiler.measure import profile
     from ..profiler.reports import render
@@ -62,7 +63,8 @@ def _profile(artifact: Path, settings: dict, out: Path) -> dict[str, Any]:
     engine = Engine(artifact, "synthetic")
     data = profile(engine, Workload(settings["prompt_len"], settings["gen_len"], settings["runs"], settings["warmup"]),
                    progress=lambda label, done, n: print(f"[profile {done}/{n}] {label}", flush=True))
-    data["peak_gbps"] = preset_peak_gbps(data["target_name"])
+    # the device's own figure where known (a GPU by its name), else the preset's
+    data["peak_gbps"] = device(engine.manifest["target"]["kind"]).local_peak_gbps() or preset_peak_gbps(data["target_name"])
     save_profile(data, out / "profile.json")
     from ..artifact import write_file_atomic
 
