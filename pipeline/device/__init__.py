@@ -44,3 +44,11 @@ def device(kind: str):
 def kinds_with(attribute: str) -> tuple[str, ...]:
     """The target kinds whose device module's `attribute` is true (e.g. "NIGHTLY_PROFILE"), in KINDS order."""
     return tuple(kind for kind in KINDS if getattr(device(kind), attribute))
+
+
+def peak_gbps(kind: str, target_name: str, here: bool = True) -> float | None:
+    """Memory bandwidth for the % of peak columns: the device's own where the artifact ran here and
+    it is known (a GPU's datasheet figure by its name), else the target preset's."""
+    from ..targets import preset_peak_gbps
+
+    return (device(kind).local_peak_gbps() if here else None) or preset_peak_gbps(target_name)

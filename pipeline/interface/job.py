@@ -174,7 +174,6 @@ class Job:
         self.profiles: dict[str, dict] = {}
         self.sections: list[str] = []
         self.tuning: dict | None = None  # the tune steps' tuning database
-        self.peaks: dict[str, float | None] = {}  # target kind -> its device's bandwidth here (None: unknown)
 
     def peak_gbps(self, entry: dict) -> float | None:
         """The bandwidth an entry's % of peak columns are against: its device's here where known
@@ -182,10 +181,7 @@ class Job:
         target preset's the bundle recorded."""
         from ..device import device
 
-        kind = entry["kind"]
-        if kind not in self.peaks:
-            self.peaks[kind] = device(kind).local_peak_gbps()
-        return self.peaks[kind] or entry.get("peak_gbps")
+        return device(entry["kind"]).local_peak_gbps() or entry.get("peak_gbps")
 
     def left_s(self) -> float:
         return self.deadline - time.monotonic()

@@ -74,12 +74,10 @@ def profile(artifact: Path | None, model: str, quant: str | None, target_name: s
     finally:
         if hasattr(engine, "close"):
             engine.close()
-    if peak_gbps is None and rpc is None and rpc_tracker is None:  # ran here: the device's own figure, where known
-        peak_gbps = device.local_peak_gbps()
     if peak_gbps is None:
-        from ..targets import preset_peak_gbps
+        from ..device import peak_gbps as default_peak
 
-        peak_gbps = preset_peak_gbps(data["target_name"])
+        peak_gbps = default_peak(manifest["target"]["kind"], data["target_name"], here=rpc is None and rpc_tracker is None)
     data["peak_gbps"] = peak_gbps
     if save_json:
         save_profile(data, save_json)

@@ -52,19 +52,17 @@ def _conformance(artifact: Path, settings: dict, out: Path) -> dict[str, Any]:
 
 
 def _profile(artifact: Path, settings: dict, out: Path) -> dict[str, Any]:
-    from ..device import device
+    from ..device import peak_gbps
     from ..profiler.core import Workload
     from ..profiler.measure import profile
     from ..profiler.reports import render
     from ..profiler.schema import save_profile
     from ..runtime import Engine
-    from ..targets import preset_peak_gbps
 
     engine = Engine(artifact, "synthetic")
     data = profile(engine, Workload(settings["prompt_len"], settings["gen_len"], settings["runs"], settings["warmup"]),
                    progress=lambda label, done, n: print(f"[profile {done}/{n}] {label}", flush=True))
-    # the device's own figure where known (a GPU by its name), else the preset's
-    data["peak_gbps"] = device(engine.manifest["target"]["kind"]).local_peak_gbps() or preset_peak_gbps(data["target_name"])
+    data["peak_gbps"] = peak_gbps(engine.manifest["target"]["kind"], data["target_name"])
     save_profile(data, out / "profile.json")
     from ..artifact import write_file_atomic
 

@@ -92,10 +92,11 @@ def test_stdout_tables_fit_the_device_tools_output_tail():
     assert len(printed) < 11_000, len(printed)
 
 
-def test_the_peak_is_the_gpus_own_by_its_name():
+def test_the_peak_is_the_gpus_own_by_its_name(monkeypatch):
     """The bundle's cuda preset assumes an H100 (3350 GB/s); the lent machine may be an H200 (4800):
     the % of peak columns use the datasheet figure of the GPU the job finds, the preset's only for
     an unknown GPU or a CPU artifact."""
+    from mlcpipe.device import cuda, peak_gbps, tvm_runtime
     from mlcpipe.device.cuda import datasheet_gbps
     from mlcpipe.interface.job import Job
 
@@ -105,13 +106,14 @@ def test_the_peak_is_the_gpus_own_by_its_name():
     assert datasheet_gbps("NVIDIA A100-SXM4-80GB") == 2039.0 and datasheet_gbps("NVIDIA A100-PCIE-40GB") == 1555.0
     assert datasheet_gbps("NVIDIA GeForce RTX 4090") is None
     job = Job.__new__(Job)  # the method alone: no bundle needed
-    job.peaks = {"cuda": datasheet_gbps("NVIDIA H200")}  # what device("cuda").local_peak_gbps() says on the lent H200
-    assert job.peak_gbps({"kind": "cuda", "peak_gbps": 3350.0}) == 4800.0
-    assert job.peak_gbps({"kind": "llvm", "peak_gbps": 25.0}) == 25.0 and job.peaks["llvm"] is None
-    job.peaks = {"cuda": datasheet_gbps("NVIDIA GeForce RTX 4090")}
-    assert job.peak_gbps({"kind": "cuda", "peak_gbps": 3350.0}) == 3350.0
-    job.peaks = {}  # this machine: no GPU, the preset's figure
-    assert job.peak_gbps({"kind": "cuda", "peak_gbps": 3350.0}) == 3350.0 and job.peaks["cuda"] is None
+    assert job.peak_gbps({"kind": "cuda", "peak_gbps": 3350.0}) == 3350.0  # this machine: no GPU, the preset's figure
+    assert job.peak_gbps({"kind": "llvm", "peak_gbps": 25.0}) == 25.0
+    for name, want in (("NVIDIA H200", 4800.0), ("NVIDIA GeForce RTX 4090", 3350.0)):  # the lent H200; an unknown GPU
+        monkeypatch.setattr(cuda, "runs_here", lambda: True)
+        monkeypatch.setattr(cuda, "cuda_device", lambda: "gpu0")
+        monkeypatch.setattr(tvm_runtime, "device_name", lambda dev, name=name: name if dev == "gpu0" else "?")
+        assert job.peak_gbps({"kind": "cuda", "peak_gbps": 3350.0}) == want
+        assert peak_gbps("cuda", "cuda") == want and peak_gbps("cuda", "cuda", here=False) == 3350.0  # profile / nightly
 
 
 def test_gemv_table_has_the_copy_column():
