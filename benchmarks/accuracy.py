@@ -83,12 +83,11 @@ def _run(config, args, rule, out: Path, prompt, tokens):
     from mlcpipe.build import build
     from mlcpipe.device import RunOptions
     from mlcpipe.interface.job import teacher_forced
-    from mlcpipe.quantization import resolve
     from mlcpipe.runtime import open_engine
     from mlcpipe.targets import load_target
 
     target = load_target("llvm", {"mcpu": args.mcpu} if args.mcpu else None)
-    scheme = resolve(config, args.quant)
+    scheme = config.scheme(args.quant)
     db_path, changed = None, 0
     if rule is not None:
         db_path, changed = _tuning_db(config, scheme, target, rule, out.with_suffix(".json"))

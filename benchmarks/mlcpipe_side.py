@@ -45,11 +45,10 @@ def build_artifact(model: str, quant: str, rebuild: bool = False, log=print) -> 
     """(artifact dir, build seconds, reused?)."""
     from mlcpipe.build import build, default_output
     from mlcpipe.config import load_model_config
-    from mlcpipe.quantization import resolve
     from mlcpipe.targets import HOST_CPU_ENV, load_target
 
     config, target = load_model_config(model), load_target("llvm")
-    scheme = resolve(config, quant)
+    scheme = config.scheme(quant)
     output = default_output(config, scheme, target)
     if not output.is_absolute():
         output = ROOT / output

@@ -46,7 +46,6 @@ def main(argv=None) -> int:
     from mlcpipe.kernel_info import random_args, symbolic_dims
     from mlcpipe.roles import role_of_param
     from mlcpipe.device import device
-    from mlcpipe.quantization import resolve
     from mlcpipe.tuning.knobs import compile_kernel, interleaved_times, run_kernel, time_kernel_ms, unscheduled_kernels
     from mlcpipe.schedules import rule_by_name
     from mlcpipe.schedules.analysis import match_nt_matmul
@@ -69,7 +68,7 @@ def main(argv=None) -> int:
              "|---|---|---|" + "---|" * len(rules) + "---|"]
     for quant in args.quants.split(","):
         config = load_model_config(args.model)
-        kernels = unscheduled_kernels(config, resolve(config, quant), target)
+        kernels = unscheduled_kernels(config, config.scheme(quant), target)
         for name, func in sorted(kernels.items()):
             info = match_nt_matmul(func) if "NT_matmul" in name else None
             role = role_of_param(getattr(info.weight, "name", str(info.weight)), name) if info is not None else None

@@ -31,14 +31,13 @@ def _builds(model: str, quant: str, out_root: Path, log) -> dict[str, Path]:
     from mlcpipe.build import build
     from mlcpipe.config import load_model_config
     from mlcpipe.kernel_info import symbolic_dims
-    from mlcpipe.quantization import resolve
     from mlcpipe.targets import load_target
     from mlcpipe.tuning.knobs import unscheduled_kernels
     from mlcpipe.tuning import TuningDB
     from mlcpipe.schedules.signature import kernel_signature
 
     config, target = load_model_config(model), load_target("llvm")
-    scheme = resolve(config, quant)
+    scheme = config.scheme(quant)
     tiles_only = TuningDB(out_root / "low-batch-0.json")
     for name, func in unscheduled_kernels(config, scheme, target.tvm_target()).items():
         if "NT_matmul" in name and symbolic_dims(func):

@@ -175,7 +175,7 @@ def build(
     manifest_extra: dict[str, Any] | None = None,
     tuning_db: Path | None = None,
 ) -> Path:
-    """Compile `config` at `quant` (its scheme: quantization.resolve) for `target` into an artifact directory; return its path.
+    """Compile `config` at `quant` (its scheme: ModelConfig.scheme) for `target` into an artifact directory; return its path.
 
     With `weights` (a Hugging Face directory or "synthetic") the converted weights are written
     to `<artifact>/params/` as well; without, a rebuild keeps the artifact's existing `params/`

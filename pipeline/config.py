@@ -18,7 +18,9 @@ from typing import Any
 
 import yaml
 
+from .conv_templates import CONV_TEMPLATES
 from .errors import ConfigError
+from .quantization import QUANTIZATIONS, Quantization, quantization
 
 REPO_ROOT = Path(__file__).resolve().parent.parent  # the checkout (installed: site-packages)
 # an installed wheel ships the configs inside the package; a source tree has them beside it
@@ -249,6 +251,14 @@ class ModelConfig:
     def sm_scale(self) -> float:
         return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
+    def scheme(self, name: str) -> Quantization:
+        """The quantization scheme `name` for building this model: known, listed by `quantizations`, fitting the shapes."""
+        scheme = quantization(name)
+        if name not in self.quantizations:
+            raise ConfigError(f"{self.source}: field 'quantizations' does not list {name!r}; listed: {list(self.quantizations)}")
+        scheme.check_shapes(self)
+        return scheme
+
     def layer_is_sliding(self, layer: int) -> bool:
         return bool(self.layer_types) and self.layer_types[layer] == "sliding_attention"
 
@@ -422,8 +432,6 @@ def _bool(path: str, field: str, value: Any) -> bool:
 def parse_conv_template(raw: Any, path: str, vocab_size: int, field: str = "conv_template") -> ConvTemplate:
     """A template name from `pipeline/conv_templates.py`, or a mapping in MLC-LLM's Conversation
     format (required: roles with user and assistant, seps; the rest take MLC-LLM's defaults)."""
-    from .conv_templates import CONV_TEMPLATES
-
     name = None
     if isinstance(raw, str):
         if raw not in CONV_TEMPLATES:
@@ -569,8 +577,6 @@ def _check_shapes(path: str, ints: dict) -> None:
 
 
 def _quantizations(path: str, raw: dict) -> list[str]:
-    from .quantization import QUANTIZATIONS  # local: quantization imports nothing from here
-
     quants = raw["quantizations"]
     if not isinstance(quants, list) or not quants:
         raise _err(path, "quantizations", quants, f"expected a non-empty list from {sorted(QUANTIZATIONS)}")

@@ -10,7 +10,9 @@ import math
 from typing import Any
 
 from .config import LAYER_TYPES, short_repr
+from .conv_templates import CONV_TEMPLATES as TEMPLATES
 from .errors import ConfigError
+from .quantization import QUANTIZATIONS
 
 # config.json's architectures[0] -> mlcpipe architecture, and model_type -> the same
 HF_ARCHITECTURES = {
@@ -137,9 +139,6 @@ def model_yaml(hf: dict, path: str, name: str, generation: dict | None = None) -
     the sliding window), the token ids (generation_config.json's first), the quantizations whose
     group size divides the shapes, and the family's conversation template where its token ids
     exist in the vocabulary (else plain completion)."""
-    from .conv_templates import CONV_TEMPLATES as TEMPLATES
-    from .quantization import QUANTIZATIONS
-
     fields = model_fields(hf, path)
     max_pos = hf.get("max_position_embeddings")
     context = min(max_pos, MAX_CONTEXT) if _int(max_pos) else MAX_CONTEXT

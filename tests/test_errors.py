@@ -51,17 +51,17 @@ def test_unknown_model_name_lists_available():
 
 
 def test_group_size_checked_for_q4(tmp_path):
-    from mlcpipe.quantization import QUANTIZATIONS, resolve
+    from mlcpipe.quantization import QUANTIZATIONS
 
     cfg = load_model_config(str(write_yaml(tmp_path, hidden_size=120, num_attention_heads=4, head_dim=30)))
     with pytest.raises(ConfigError, match=r"field 'hidden_size': got 120; q4f16_1 needs a multiple of its group size 32"):
-        resolve(cfg, "q4f16_1")
-    assert resolve(cfg, "q0f16") is QUANTIZATIONS["q0f16"]  # unquantized takes any size
+        cfg.scheme("q4f16_1")
+    assert cfg.scheme("q0f16") is QUANTIZATIONS["q0f16"]  # unquantized takes any size
 
 
 def test_the_interface_resolves_a_quantization_once(tmp_path):
     """A name becomes its scheme (one line naming the allowed ones otherwise); the model must list it."""
-    from mlcpipe.quantization import GroupQuantize, quantization, resolve
+    from mlcpipe.quantization import GroupQuantize, quantization
 
     assert isinstance(quantization("q4f16_1"), GroupQuantize) and quantization("q4f16_1").model_dtype == "float16"
     with pytest.raises(ConfigError, match=r"^--quant 'q3f16_0': unknown quantization; allowed: \['q0f16', 'q0f32', 'q4f16_1', 'q4f32_1'\]$"):
@@ -70,7 +70,7 @@ def test_the_interface_resolves_a_quantization_once(tmp_path):
         quantization("q9", "art: manifest field 'quantization'")
     cfg = load_model_config(str(write_yaml(tmp_path, quantizations=["q0f16"])))
     with pytest.raises(ConfigError, match=r"field 'quantizations' does not list 'q4f16_1'; listed: \['q0f16'\]"):
-        resolve(cfg, "q4f16_1")
+        cfg.scheme("q4f16_1")
 
 
 def test_llvm_target_names_the_cpu():

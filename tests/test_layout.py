@@ -2,8 +2,8 @@
 layers, no private names across modules.
 
 Read with `ast` (nothing is imported): every `import` / `from ... import`, at module level or
-inside a function, is an edge of the graph (those under `if TYPE_CHECKING:` never run: not
-edges), and so is a load by name, `importlib.import_module(f"{__name__}.{kind}")` (the package's
+inside a function or under `if TYPE_CHECKING:` (a type-only import is a dependency too), is an
+edge of the graph, and so is a load by name, `importlib.import_module(f"{__name__}.{kind}")` (the package's
 `backend(kind)` / `device(kind)`): an edge to every submodule of the package. Importing a.b.c also
 runs the packages a and a.b, unless the importer is inside them. A name starting with one underscore is private to its
 module: another module may not import it (`from m import _x`) nor reach it (`m._x`); tests use
@@ -92,7 +92,6 @@ class _Imports(ast.NodeVisitor):
         self.edges: set[str] = set()
         self.private: set[str] = set()
         self.aliases: dict[str, str] = {}  # local name -> internal module it is bound to
-        self.type_checking = False  # inside `if TYPE_CHECKING:`
 
     def _edge(self, target: str, lineno: int) -> None:
         while target and target not in MODULES:
@@ -101,8 +100,6 @@ class _Imports(ast.NodeVisitor):
             return
         if _private_module_reach(self.name, target):
             self.private.add(f"{self.name}:{lineno} imports private module {target}")
-        if self.type_checking:
-            return
         self.edges.add(target)
         # importing a.b.c runs the __init__ of a.b and a unless the importer is already inside them
         parent = target.rpartition(".")[0]
@@ -122,19 +119,6 @@ class _Imports(ast.NodeVisitor):
                 if module.rpartition(".")[0] == self.name:
                     self._edge(module, node.lineno)
         self.generic_visit(node)
-
-    def visit_If(self, node: ast.If) -> None:
-        test = node.test
-        name = test.id if isinstance(test, ast.Name) else test.attr if isinstance(test, ast.Attribute) else ""
-        if name != "TYPE_CHECKING":
-            self.generic_visit(node)
-            return
-        self.type_checking = True
-        for child in node.body:
-            self.visit(child)
-        self.type_checking = False
-        for child in node.orelse:
-            self.visit(child)
 
     def visit_Import(self, node: ast.Import) -> None:
         for alias in node.names:
@@ -270,7 +254,7 @@ def test_the_scanner_finds_edges_cycles_and_private_names():
     # the package pipeline.passes runs too; pipeline itself holds the importer
     assert {"pipeline.passes.pipeline", "pipeline.passes", "pipeline.profiler.measure", "pipeline.weights",
             "pipeline.backends.cuda", "schedules.analysis"} <= scan.edges  # import names mapped to their folders
-    assert "pipeline.build" not in scan.edges and "pipeline" not in scan.edges
+    assert "pipeline.build" in scan.edges and "pipeline" not in scan.edges  # a type-only import is an edge too
     assert {line.split(" ", 1)[1] for line in scan.private} == {
         "imports pipeline.passes.pipeline._hidden", "uses pipeline.profiler.measure._secret"}
     outsider = _scan_source("tests.test_x", "from pipeline.profiler.reports._common import ROLES\n")
@@ -380,7 +364,7 @@ def test_the_quantization_name_scan_finds_lookups_and_str_parameters():
 
 def test_below_the_interface_quantizations_travel_as_schemes():
     """The interface (and the benchmarks, scripts) turn a name into its scheme once
-    (pipeline.quantization.resolve / quantization); every layer below takes the scheme."""
+    (ModelConfig.scheme / quantization.quantization); every layer below takes the scheme."""
     interface = next(i for i, (layer, _) in enumerate(LAYERS) if layer == "interface")
     offenders = []
     for name, path in sorted(MODULES.items()):

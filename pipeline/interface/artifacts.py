@@ -16,7 +16,6 @@ from ..artifact import write_lock
 from ..config import ModelConfig, artifacts_root, load_model_config
 from ..errors import ArtifactError
 from ..nightly.cache import artifact_entry, cache_inputs, digest, lookup_artifact
-from ..quantization import resolve
 from ..targets import load_target
 
 
@@ -30,7 +29,7 @@ def ensure_artifact(model: str | ModelConfig, quant: str, target_name: str, cach
     """The cached artifact whose key matches today's inputs, else a fresh build into the cache
     (`overrides`: preset keys set on top of the preset, as `build`'s options set them)."""
     config = model if isinstance(model, ModelConfig) else load_model_config(model)
-    resolve(config, quant)  # one line now, not a failed child build
+    config.scheme(quant)  # one line now, not a failed child build
     target = load_target(target_name, overrides)
     inputs = cache_inputs(config, quant, target)
     key = digest(inputs)
@@ -62,5 +61,5 @@ def _build(config_path: str, quant: str, target_name: str, output: str, extra: d
     from ..build import build
 
     config = load_model_config(config_path)
-    build(config, resolve(config, quant), load_target(target_name, overrides), output=Path(output), manifest_extra=extra,
+    build(config, config.scheme(quant), load_target(target_name, overrides), output=Path(output), manifest_extra=extra,
           log=lambda _m: None)

@@ -22,11 +22,10 @@ def build(model: str, quant: str, target_name: str, *, mcpu: str | None = None, 
     """Compile `model` into an artifact directory; returns its path."""
     from ..build import build as compile_model
     from ..config import load_model_config
-    from ..quantization import resolve
     from ..targets import load_target
 
     config = load_model_config(model)
-    scheme = resolve(config, quant)
+    scheme = config.scheme(quant)
     target = load_target(target_name, target_overrides(mcpu, arch, fatbin_archs, cuda_graph))
     if tuning_db is not None and not tuning_db.is_file():
         raise OptionValueError(f"{tuning_db}: no such file", "--tuning-db")

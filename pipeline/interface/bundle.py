@@ -35,7 +35,6 @@ from ..artifact import BUNDLE_INDEX, RUN_FIELDS, atomic_directory, file_digests,
 from ..config import REPO_ROOT, artifacts_root, load_model_config, short_repr
 from .job import BUNDLE_FORMAT, teacher_forced
 from ..errors import ArtifactError, OptionValueError
-from ..quantization import resolve
 
 DEFAULT_SETS = ("llama-3.2-1b:q4f16_1,q4f32_1,q0f16", "llama-tiny:q4f16_1")
 DEFAULT_GRAPH = ("llama-3.2-1b:q4f16_1",)  # also built with cuda_graph, for decode with and without
@@ -62,7 +61,7 @@ def parse_sets(texts: tuple[str, ...] | list[str], flag: str = "--set") -> list[
             raise OptionValueError(f"{short_repr(text)}: expected MODEL:QUANT[,QUANT...], e.g. llama-tiny:q4f16_1", flag)
         config = load_model_config(model)
         for quant in (q.strip() for q in quants.split(",") if q.strip()):
-            resolve(config, quant)
+            config.scheme(quant)
             pairs.append((model, quant))
     return pairs
 
@@ -241,7 +240,7 @@ def _tune_candidates(model: str, quant: str, kind: str, overrides: dict, root: P
     rel = f"tune/{model}-{quant}"
     log(f"[mlcpipe] compiling the knob candidates of {model} {quant} for {kind} (at most {budget} per kernel)")
     config = load_model_config(model)
-    index = prepare(config, resolve(config, quant), target, root / rel, budget=budget, log=log)
+    index = prepare(config, config.scheme(quant), target, root / rel, budget=budget, log=log)
     return {"name": _entry_name(model, quant, kind, "tune"), "model": model, "quantization": quant, "kind": kind, "dir": rel,
             "kernels": len(index["kernels"])}
 

@@ -10,8 +10,7 @@ def convert_weights(model: str, quant: str, source: str, output: Path, seed: int
                     log: Callable[[str], None] = print, allow_unused: bool = False) -> Path:
     """Quantize `source` ('synthetic' or a HF checkpoint dir) into `output`; returns it."""
     from ..config import load_model_config
-    from ..quantization import resolve
     from ..weights import convert_weights as run_convert
 
     config = load_model_config(model)
-    return run_convert(config, resolve(config, quant), source, output, seed=seed, log=log, allow_unused=allow_unused)
+    return run_convert(config, config.scheme(quant), source, output, seed=seed, log=log, allow_unused=allow_unused)

@@ -15,13 +15,12 @@ def tune(model: str, quant: str, target_name: str, *, mcpu: str | None = None, a
     """Tune the kernels matching `pattern`; returns the report (table and a summary line)."""
     from ..config import load_model_config
     from ..conformance import kernel_pattern
-    from ..quantization import resolve
     from ..targets import load_target
     from ..tuning import TuningDB, default_db_path
 
     kernel_pattern(pattern)
     config = load_model_config(model)
-    scheme = resolve(config, quant)
+    scheme = config.scheme(quant)
     target = load_target(target_name, target_overrides(mcpu, arch))
     db = TuningDB.load(db_path or default_db_path(target.name))
     if tuner == "metaschedule":

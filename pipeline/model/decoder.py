@@ -7,8 +7,6 @@ signatures) and `create_paged_kv_cache`, parameters packed into one tuple argume
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from tvm import relax as rx
 from tvm import te, tirx
 from tvm.relax.frontend import nn
@@ -16,10 +14,8 @@ from tvm.relax.frontend.nn import op
 from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache, RopeMode, TIRPagedKVCache
 from tvm.target import Target
 
+from ..config import ModelConfig
 from .layers import Embedding, Linear
-
-if TYPE_CHECKING:  # annotations only: config validates quantizations, which build on these layers
-    from ..config import ModelConfig
 
 
 def rope_te(qkv: te.Tensor, positions: te.Tensor, theta: float, rotated_heads: int) -> te.Tensor:

@@ -10,17 +10,14 @@ converter stores 1 + w (pipeline/model/gemma3_weights.py), so the norms here are
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache
 from tvm.target import Target
 
+from ..config import ModelConfig
 from .decoder import Attention, CausalLM, GatedMLP, rms_norm
 from .llama import LlamaModel
-
-if TYPE_CHECKING:  # annotations only
-    from ..config import ModelConfig
 
 
 class Gemma3DecoderLayer(nn.Module):

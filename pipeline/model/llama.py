@@ -6,17 +6,13 @@ docs/model.md.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from tvm.relax.frontend import nn
 from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache
 from tvm.target import Target
 
+from ..config import ModelConfig
 from .decoder import Attention, CausalLM, GatedMLP, rms_norm
 from .layers import Embedding
-
-if TYPE_CHECKING:  # annotations only: config validates quantizations, which build on these layers
-    from ..config import ModelConfig
 
 
 class LlamaDecoderLayer(nn.Module):

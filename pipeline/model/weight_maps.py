@@ -5,10 +5,8 @@ concatenated along axis 0; `offset` is added to the values: Gemma's norms multip
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:  # annotations only
-    from ..config import ModelConfig
+from ..config import ModelConfig
 
 
 @dataclasses.dataclass(frozen=True)

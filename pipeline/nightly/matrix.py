@@ -11,7 +11,7 @@ from typing import Any
 from ..device import kinds_with
 from ..config import CONFIG_DIR, check_path_name, load_model_config, load_yaml, model_dirs, short_repr, short_text
 from ..errors import ConfigError
-from ..quantization import QUANTIZATIONS, resolve
+from ..quantization import QUANTIZATIONS
 
 DEFAULT_MATRIX = CONFIG_DIR / "nightly.yaml"
 CHECKS = ("conformance", "profile", "reproducibility")
@@ -184,7 +184,7 @@ def load_matrix(path: str | Path | None = None) -> Matrix:
             if quant not in config.quantizations:
                 raise _err(path, f"quantizations[{i}]", quant, f"model {config.name} ({config.source}) lists {list(config.quantizations)}")
             try:
-                resolve(config, quant)
+                config.scheme(quant)
             except ConfigError as exc:
                 raise ConfigError(f"{path}: field 'quantizations[{i}]': {exc}") from None
     cells = []

@@ -83,14 +83,13 @@ def _profile(artifact: Path, settings: dict, out: Path) -> dict[str, Any]:
 def run(spec: dict) -> dict[str, Any]:
     from ..build import build
     from ..config import load_model_config
-    from ..quantization import resolve
     from ..targets import load_target
 
     result: dict[str, Any] = {}
     if spec.get("build"):
         config = load_model_config(spec["model"])
         target = load_target(spec["preset"], spec.get("options") or {})
-        build(config, resolve(config, spec["quant"]), target, output=Path(spec["build"]["output"]),
+        build(config, config.scheme(spec["quant"]), target, output=Path(spec["build"]["output"]),
               manifest_extra=spec["build"].get("manifest_extra"), log=lambda msg: print(msg, flush=True))
     out = Path(spec["checks_out"]) if spec.get("checks_out") else None
     for name, check in (("conformance", _conformance), ("profile", _profile)):

@@ -2,13 +2,13 @@
 
 Each scheme owns its format: the constants it derives from its fields (group_quant.py), the
 dequantize pattern the schedule rules match, and the tolerance its kernels are checked at
-(tolerance.py, one table). The interface turns a name into its scheme once (`resolve`,
+(tolerance.py, one table). The interface turns a name into its scheme once (`ModelConfig.scheme`,
 `quantization`); everything below it takes the scheme.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Union
+from typing import Union
 
 from ..errors import ConfigError
 from .group_quant import DequantizePattern, GroupQuantize
@@ -24,9 +24,6 @@ QUANTIZATIONS = {
 
 Quantization = Union[GroupQuantize, NoQuantize]
 
-if TYPE_CHECKING:
-    from ..config import ModelConfig
-
 
 def quantization(name: str, field: str = "--quant") -> Quantization:
     """The scheme called `name` (from a flag or a record's `field`); one line naming the allowed ones otherwise."""
@@ -35,13 +32,4 @@ def quantization(name: str, field: str = "--quant") -> Quantization:
     return QUANTIZATIONS[name]
 
 
-def resolve(config: ModelConfig, name: str) -> Quantization:
-    """The scheme for building `config`: known, listed by the model's `quantizations`, fitting its shapes."""
-    scheme = quantization(name)
-    if name not in config.quantizations:
-        raise ConfigError(f"{config.source}: field 'quantizations' does not list {name!r}; listed: {list(config.quantizations)}")
-    scheme.check_shapes(config)
-    return scheme
-
-
-__all__ = ["QUANTIZATIONS", "TOLERANCE", "DequantizePattern", "GroupQuantize", "NoQuantize", "Quantization", "quantization", "resolve"]
+__all__ = ["QUANTIZATIONS", "TOLERANCE", "DequantizePattern", "GroupQuantize", "NoQuantize", "Quantization", "quantization"]
