@@ -87,9 +87,23 @@ def _host_from_env() -> HostCPU | None:
     from tvm.target import codegen
 
     triple = codegen.llvm_get_system_triple()
-    if name == "native" or not codegen.llvm_is_valid_cpu(name, triple):
-        raise ConfigError(f"environment {HOST_CPU_ENV}={name!r}: not a CPU LLVM knows for {triple} (e.g. haswell, znver3, sapphirerapids)")
+    problem = f"not a CPU LLVM knows for {triple}" if name == "native" else cpu_problem(name, triple)
+    if problem:
+        raise ConfigError(f"environment {HOST_CPU_ENV}={name!r}: {problem} (e.g. haswell, znver3, sapphirerapids)")
     return HostCPU(name, source="env")
+
+
+def cpu_problem(cpu: str, triple: str) -> str | None:
+    """Why LLVM cannot build `triple` code for `cpu` (a name it does not know, where TVM would
+    build generic code; a 32-bit-only CPU for a 64-bit x86 triple, where LLVM aborts at code
+    generation), or None."""
+    from tvm.target import Target, codegen
+
+    if not codegen.llvm_is_valid_cpu(cpu, triple):
+        return f"not a CPU LLVM knows for {triple}"
+    if triple.startswith("x86_64") and not codegen.target_has_features("64bit", Target({"kind": "llvm", "mtriple": triple, "mcpu": cpu})):
+        return f"a 32-bit-only CPU, and {triple} is 64-bit code"
+    return None
 
 
 def detect_host(cpuinfo: str | None = None, llvm_cpu: str | None = None, machine: str | None = None) -> HostCPU:
@@ -156,7 +170,7 @@ def load_target(name: str, overrides: dict[str, Any] | None = None) -> TargetSpe
     # keys of the preset that are mlcpipe's, not TVM's (e.g. cuda's fatbin_archs)
     options = {key: raw.pop(key) for key in kind_backend.PRESET_OPTIONS if key in raw}
     if kind_backend.HOST_CPU:
-        raw = _resolve_cpu(path, raw, "mcpu")
+        raw = _resolve_cpu(path, raw, "mcpu", "mcpu" in given)
     elif isinstance(raw.get("host"), dict) and "mtriple" not in raw["host"]:
         raw["host"] = _resolve_cpu(path, dict(raw["host"]), "host.mcpu")
     kind_backend.check_preset(path, raw, options, given)
@@ -177,25 +191,24 @@ def preset_peak_gbps(name: str) -> float | None:
     return float(peak) if isinstance(peak, int | float) and not isinstance(peak, bool) and peak > 0 else None
 
 
-def _resolve_cpu(path: Path, raw: dict[str, Any], field: str) -> dict[str, Any]:
+def _resolve_cpu(path: Path, raw: dict[str, Any], field: str, flag: bool = False) -> dict[str, Any]:
+    """`auto` made the host's CPU; a CPU LLVM cannot build for (cpu_problem) refused in one line
+    naming the preset's field, or `--mcpu` where the command line (`flag`) set it."""
     if raw.get("mcpu", "auto") in ("auto", None):
         host = detect_host()
         raw["mcpu"] = host.mcpu
         if host.mattr and "mattr" not in raw:
             raw["mattr"] = list(host.mattr)
-    if raw["mcpu"] == "native":
-        raise ConfigError(
-            f"{path}: field '{field}': got 'native'; name the CPU (e.g. sapphirerapids) or use 'auto' "
-            "(TVM silently builds generic x86-64 code for 'native')"
-        )
+    cpu = raw["mcpu"]
+    where = f"--mcpu {cpu!r}" if flag else f"{path}: field '{field}': got {cpu!r}"
+    if cpu == "native":
+        raise ConfigError(f"{where}; name the CPU (e.g. sapphirerapids) or use 'auto' (TVM silently builds generic x86-64 code for 'native')")
     from tvm.target import codegen
 
     triple = raw.get("mtriple") or codegen.llvm_get_system_triple()
-    if not isinstance(raw["mcpu"], str) or not codegen.llvm_is_valid_cpu(raw["mcpu"], triple):
-        raise ConfigError(
-            f"{path}: field '{field}': got {raw['mcpu']!r}; not a CPU LLVM knows for {triple} "
-            f"(e.g. {detect_host().mcpu}, or 'auto'; TVM would build generic code for it)"
-        )
+    problem = cpu_problem(cpu, triple) if isinstance(cpu, str) else "not a CPU name"
+    if problem:
+        raise ConfigError(f"{where}; {problem} (e.g. {detect_host().mcpu}, or 'auto')")
     return raw
 
 
