@@ -831,6 +831,18 @@ def build_cuda_fatbin_arch_junk(ctx):
              "--output", str(ctx.tmp / "out")], r"--fatbin-archs 'sm_9o': not an arch nvcc compiles for")
 
 
+@case()
+def build_cuda_fatbin_archs_not_archs(ctx):  # was: blamed configs/targets/cuda.yaml for the flag's value
+    return (["build", "--model", "llama-tiny", "--quant", "q4f16_1", "--target", "cuda", "--fatbin-archs", "sm_90,foo",
+             "--output", str(ctx.tmp / "out")], r"^error: --fatbin-archs: got \['sm_90', 'foo'\]; expected a list of sm_XY archs")
+
+
+@case(subprocess_run=True)
+def build_llvm_32_bit_cpu(ctx):  # was: LLVM aborted the process at code generation (exit 1)
+    return (["build", "--model", "llama-tiny", "--quant", "q4f16_1", "--mcpu", "pentium4", "--output", str(ctx.tmp / "out")],
+            r"^error: --mcpu 'pentium4'; a 32-bit-only CPU")
+
+
 # ---- the table -------------------------------------------------------------------------------------------
 
 def _limit(gb: int):

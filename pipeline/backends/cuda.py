@@ -147,11 +147,14 @@ def check_preset(path, raw, options, given) -> None:
     from ..config import short_repr
     from ..errors import ConfigError
 
+    def where(field: str) -> str:
+        return f"--{field.replace('_', '-')}" if field in given else f"{path}: field '{field}'"
+
     archs = options.setdefault("fatbin_archs", [raw.get("arch", "sm_80")])
     if not isinstance(archs, list) or not archs or not all(isinstance(a, str) and a.startswith("sm_") for a in archs):
-        raise ConfigError(f"{path}: field 'fatbin_archs': got {short_repr(archs)}; expected {PRESET_OPTIONS['fatbin_archs']}")
+        raise ConfigError(f"{where('fatbin_archs')}: got {short_repr(archs)}; expected {PRESET_OPTIONS['fatbin_archs']}")
     for field, values in (("arch", [raw.get("arch", "sm_80")]), ("fatbin_archs", archs)):
-        _check_nvcc_archs(f"--{field.replace('_', '-')}" if field in given else f"{path}: field '{field}'", values)
+        _check_nvcc_archs(where(field), values)
     if raw.get("arch") not in archs:
         options["fatbin_archs"] = [*archs, raw.get("arch")]
     if not isinstance(options.get("cuda_graph", False), bool):
