@@ -12,18 +12,25 @@ from __future__ import annotations
 import os
 
 ENV = "TVM_NUM_THREADS"
+PER_CPU = 4  # at most this many threads per CPU: TVM's pool spins, so more only slow it (thousands hang or abort it)
+
+
+def _available() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
 def configure(threads: int | None = None) -> int:
     """Set TVM_NUM_THREADS for this process (before TVM's pool starts) and return the count."""
-    if threads is not None and threads < 1:
-        raise ValueError(f"--threads: got {threads}, expected a positive number of threads")
+    limit = PER_CPU * _available()
+    if threads is not None and not 1 <= threads <= limit:
+        raise ValueError(f"--threads: got {threads}, expected 1 to {limit} ({PER_CPU} per CPU this process may run on)")
     if threads is None:
         current = os.environ.get(ENV, "").strip()
         if current:
-            if not (current.isascii() and current.isdigit() and int(current) > 0):
-                raise ValueError(f"environment {ENV}={os.environ[ENV]!r}: expected a positive number of threads (or unset it)")
+            if not (current.isascii() and current.isdigit() and 1 <= int(current) <= limit):
+                raise ValueError(f"environment {ENV}={os.environ[ENV]!r}: expected a number of threads from 1 to {limit} "
+                                 f"({PER_CPU} per CPU this process may run on), or unset it")
             return int(current)
-        threads = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        threads = _available()
     os.environ[ENV] = str(threads)
     return threads

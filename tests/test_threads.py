@@ -43,3 +43,19 @@ def test_bad_count_is_a_clear_error(monkeypatch):
         threads.configure(0)
     out = subprocess.run([sys.executable, "-m", "mlcpipe.cli", "--threads", "0", "run", "--artifact", "x"], capture_output=True, text=True)
     assert out.returncode == 2 and "--threads" in out.stderr
+
+
+def test_more_threads_than_the_machine_can_spin_are_refused(monkeypatch):
+    """Was: `--threads 100000` aborted in TVM's pool ('terminate called without an active
+    exception', exit 134) and 2000 hung at exit; now one line, before TVM starts."""
+    monkeypatch.delenv(threads.ENV, raising=False)
+    limit = threads.PER_CPU * len(os.sched_getaffinity(0))
+    assert threads.configure(limit) == limit
+    with pytest.raises(ValueError, match=rf"^--threads: got {limit + 1}, expected 1 to {limit} "):
+        threads.configure(limit + 1)
+    out = subprocess.run([sys.executable, "-m", "mlcpipe.cli", "--threads", "100000", "run", "--artifact", "x"], capture_output=True, text=True)
+    assert out.returncode == 2 and out.stderr.strip().splitlines() == [f"error: --threads: got 100000, expected 1 to {limit} "
+                                                                        f"({threads.PER_CPU} per CPU this process may run on)"]
+    env = {**os.environ, threads.ENV: "100000"}
+    out = subprocess.run([sys.executable, "-m", "mlcpipe.cli", "run", "--artifact", "x"], capture_output=True, text=True, env=env)
+    assert out.returncode == 2 and f"environment {threads.ENV}='100000': expected a number of threads from 1 to {limit}" in out.stderr
