@@ -817,6 +817,12 @@ def yaml_keys_of_mixed_types(ctx):
     return _build_yaml(ctx, ctx.model_yaml("1: one\nzz: two\n")), r"model\.yaml: field '1': got 'one'; unknown field"
 
 
+@case()
+def tune_kernels_matching_nothing(ctx):  # was: "0 kernels tuned", exit 0 (check refused the same typo)
+    return (["tune", "--model", "llama-tiny", "--quant", "q4f16_1", "--kernels", "rms_nrom", "--db", str(ctx.tmp / "db.json")],
+            r"^error: --kernels 'rms_nrom': matches none of the \d+ kernels of llama-tiny q4f16_1$")
+
+
 # ---- CUDA archs, checked before nvcc runs ------------------------------------------------------------
 
 @case()

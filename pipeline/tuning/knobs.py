@@ -34,6 +34,16 @@ class TuneError(ValueError):
     pass
 
 
+def matching_kernels(kernels: dict[str, tvm.tirx.PrimFunc], pattern: str | None, what: str) -> list[tuple[str, tvm.tirx.PrimFunc]]:
+    """The kernels (sorted by name) whose name matches `pattern` (all without one); a pattern that
+    matches none is a TuneError naming how many kernels `what` has (a typo, not zero work)."""
+    regex = re.compile(pattern) if pattern else None
+    chosen = [(name, func) for name, func in sorted(kernels.items()) if regex is None or regex.search(name)]
+    if not chosen:
+        raise TuneError(f"--kernels {pattern!r}: matches none of the {len(kernels)} kernels of {what}")
+    return chosen
+
+
 @dataclass
 class KernelTuning:
     kernel: str
@@ -156,11 +166,8 @@ def tune(
     cold_bytes = device_of(target.kind).timing_cold_bytes()
     tvm_target = target.tvm_target()
     kernels = unscheduled_kernels(config, quant, tvm_target)
-    regex = re.compile(pattern) if pattern else None
     results: list[KernelTuning] = []
-    for name, func in sorted(kernels.items()):
-        if regex and not regex.search(name):
-            continue
+    for name, func in matching_kernels(kernels, pattern, f"{config.name} {quant.name}"):
         # every rule that takes the kernel and has knobs competes; the first (what build applies untuned) is the reference
         contenders = [(r, r.knob_space(func, tvm_target)) for r in RULES[target.kind]
                       if hasattr(r, "knob_space") and r.apply(func, tvm_target, False) is not None]

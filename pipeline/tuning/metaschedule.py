@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import re
 import tempfile
 import time
 from collections.abc import Callable
@@ -27,7 +26,7 @@ from ..kernel_info import random_args, symbolic_dims
 from ..quantization import Quantization
 from ..targets import TargetSpec
 from ..threads import configure as configure_threads
-from .knobs import TuneError, compile_kernel, output_mismatch, run_kernel, time_kernel_ms, timing_device, unscheduled_kernels
+from .knobs import TuneError, compile_kernel, matching_kernels, output_mismatch, run_kernel, time_kernel_ms, timing_device, unscheduled_kernels
 from . import TuningDB
 
 
@@ -97,12 +96,9 @@ def tune_metaschedule(
     device = timing_device(target.kind)
     cold_bytes = device_of(target.kind).timing_cold_bytes()  # the same timer as the knob tuner
     tvm_target = target.tvm_target()
-    regex = re.compile(pattern) if pattern else None
     table = db.table(target.target)
     results: list[SearchResult] = []
-    for name, func in sorted(unscheduled_kernels(config, quant, tvm_target).items()):
-        if regex and not regex.search(name):
-            continue
+    for name, func in matching_kernels(unscheduled_kernels(config, quant, tvm_target), pattern, f"{config.name} {quant.name}"):
         if func.attrs is not None and "tirx.is_scheduled" in func.attrs:
             continue  # TVM's own kernels (paged attention, KV-cache copies) come scheduled
         symbolic = symbolic_dims(func)
