@@ -251,9 +251,9 @@ class ModelConfig:
     def sm_scale(self) -> float:
         return (self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
-    def scheme(self, name: str) -> Quantization:
-        """The quantization scheme `name` for building this model: known, listed by `quantizations`, fitting the shapes."""
-        scheme = quantization(name)
+    def scheme(self, name: str, flag: str = "--quant") -> Quantization:
+        """The quantization scheme `name` (from `flag`) for building this model: known, listed by `quantizations`, fitting the shapes."""
+        scheme = quantization(name, flag)
         if name not in self.quantizations:
             raise ConfigError(f"{self.source}: field 'quantizations' does not list {name!r}; listed: {list(self.quantizations)}")
         scheme.check_shapes(self)
@@ -642,7 +642,7 @@ def _architecture_fields(path: str, raw: dict, family: dict, ints: dict) -> dict
             "rope_local_base_freq": _positive_float(path, values, "rope_local_base_freq")}
 
 
-def resolve_model_path(model: str) -> Path:
+def resolve_model_path(model: str, flag: str = "--model") -> Path:
     """A config name from configs/models/ or a path to a YAML file."""
     candidate = Path(model)
     if candidate.suffix in (".yaml", ".yml") or candidate.exists():
@@ -654,9 +654,9 @@ def resolve_model_path(model: str) -> Path:
         if (folder / f"{model}.yaml").is_file():
             return folder / f"{model}.yaml"
     available = sorted({p.stem for folder in folders for p in folder.glob("*.yaml")})
-    raise ConfigError(f"--model {model!r}: no such config in {', '.join(map(str, folders))}; available: {available}")
+    raise ConfigError(f"{flag} {model!r}: no such config in {', '.join(map(str, folders))}; available: {available}")
 
 
-def load_model_config(model: str) -> ModelConfig:
-    path = resolve_model_path(model)
+def load_model_config(model: str, flag: str = "--model") -> ModelConfig:
+    path = resolve_model_path(model, flag)
     return parse_model_config(load_yaml(path, "model config"), str(path))

@@ -59,9 +59,9 @@ def parse_sets(texts: tuple[str, ...] | list[str], flag: str = "--set") -> list[
         model, sep, quants = text.partition(":")
         if not sep or not model or not quants.strip(","):
             raise OptionValueError(f"{short_repr(text)}: expected MODEL:QUANT[,QUANT...], e.g. llama-tiny:q4f16_1", flag)
-        config = load_model_config(model)
+        config = load_model_config(model, flag)
         for quant in (q.strip() for q in quants.split(",") if q.strip()):
-            config.scheme(quant)
+            config.scheme(quant, flag)
             pairs.append((model, quant))
     return pairs
 
@@ -281,6 +281,8 @@ def bundle(out: Path | None = None, sets: list[str] | tuple[str, ...] = DEFAULT_
     if not IN_CHECKOUT:  # it packs the checkout's run-side code (pipeline/, benchmarks/, configs/)
         raise ArtifactError(f"mlcpipe bundle packs the run-side code of a checkout; {REPO_ROOT} is an installed mlcpipe "
                             "(run it from a clone: pip install -e .)")
+    if str(REPO_ROOT) not in sys.path:  # its benchmarks/ (the f32 truth here, the job there) from any working directory
+        sys.path.append(str(REPO_ROOT))
     pairs = parse_sets(sets)
     tune_pairs = parse_sets(tune, "--tune")
     if tune_budget < 1:

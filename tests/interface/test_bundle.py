@@ -154,10 +154,20 @@ def test_bundle_size_limit_and_bad_input(bundle, tmp_path):
     with pytest.raises(ArtifactError, match=r"^bundle .*small: \d+\.\d MiB; allowed at most 1 MiB"):
         make(out, sets=[SET], graph=[], cpu_models=[], python="current", steps=2, max_mib=1, log=lambda *_: None)
     assert not out.exists() and list(tmp_path.iterdir()) == []  # nothing left behind
+    # from another working directory too (was: ModuleNotFoundError for the checkout's benchmarks/, a traceback)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    bad = mlcpipe("bundle", "--set", SET, "--graph", SET, "--cpu-model", "llama-tiny", "--python", "current", "--steps", "2",
+                  "--max-mib", "1", "--out", str(out), cwd=elsewhere)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith(f"error: bundle {out}: "), bad.stderr[-2000:]
+    assert "allowed at most 1 MiB" in bad.stderr and not out.exists() and list(elsewhere.iterdir()) == []
     bad = mlcpipe("bundle", "--set", "llama-tiny", "--out", str(out))
     assert bad.returncode == 2 and "'llama-tiny': expected MODEL:QUANT[,QUANT...]" in bad.stderr
     bad = mlcpipe("bundle", "--set", "llama-tiny:q9", "--out", str(out))
-    assert bad.returncode == 2 and "q9" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == ["error: --set 'q9': unknown quantization; allowed: "
+                                                                       "['q0f16', 'q0f32', 'q4f16_1', 'q4f32_1']"]
+    bad = mlcpipe("bundle", "--set", "nosuch:q4f16_1", "--out", str(out))  # the flag that named it
+    assert bad.returncode == 2 and bad.stderr.startswith("error: --set 'nosuch': no such config in ")
     # a folder mlcpipe did not make is not replaced
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep")
