@@ -92,6 +92,19 @@ def test_webllm_refuses_a_model_dir_without_config_field(webllm_model, tmp_path)
         webllm_complete(artifact, broken, "w5", 1)
 
 
+def test_webllm_refuses_a_model_dir_without_a_tokenizer_it_loads(webllm_model, tmp_path):
+    """MLC's format allows no tokenizer (convert-weights of synthetic weights lists none); WebLLM's
+    reload throws 'Cannot handle tokenizer files' then (was: that line from inside the browser)."""
+    _, artifact, model_dir, _ = webllm_model
+    bare = tmp_path / "model"
+    shutil.copytree(model_dir, bare)
+    data = json.loads((bare / "mlc-chat-config.json").read_text())
+    data["tokenizer_files"] = []
+    (bare / "mlc-chat-config.json").write_text(json.dumps(data))
+    with pytest.raises(RunnerError, match=r"WebLLM needs tokenizer\.json or tokenizer\.model in 'tokenizer_files' \(got \[\]\)"):
+        webllm_complete(artifact, bare, "w5", 1)
+
+
 def test_webllm_refuses_a_non_webgpu_build(webllm_model, tmp_path):
     config, _, model_dir, _ = webllm_model
     llvm = build(config, quantization(QUANT), load_target("llvm"), output=tmp_path / "llvm", **QUIET)

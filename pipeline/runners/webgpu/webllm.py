@@ -18,6 +18,9 @@ from .. import node_modules
 from .dawn import DawnRunner
 
 
+WEBLLM_TOKENIZERS = ("tokenizer.json", "tokenizer.model")  # what WebLLM's reload can load (else UnsupportedTokenizerFilesError)
+
+
 @dataclass(frozen=True)
 class Completion:
     text: str
@@ -36,7 +39,10 @@ def webllm_complete(artifact: str | Path, model_dir: str | Path, prompt: str, ma
     manifest = check_library(artifact)
     if manifest.get("target", {}).get("kind") not in kinds_with("WEBGPU_RUNTIME"):
         raise RunnerError(f"{artifact}: WebLLM runs webgpu builds (lib.wasm); this one is {manifest.get('target', {}).get('kind')!r}")
-    check_model_dir(model_dir)
+    files = check_model_dir(model_dir)["tokenizer_files"]
+    if not set(files) & set(WEBLLM_TOKENIZERS):  # MLC-LLM runs token ids without one; WebLLM's reload throws
+        raise RunnerError(f"{model_dir}: WebLLM needs {' or '.join(WEBLLM_TOKENIZERS)} in 'tokenizer_files' (got {files}); "
+                          "convert-weights from a Hugging Face checkpoint with its tokenizer copies them")
     if not (node_modules() / "@mlc-ai" / "web-llm").is_dir():
         raise RunnerError(f"npm package @mlc-ai/web-llm not found in {node_modules()}: run scripts/setup-debian.sh (npm ci)")
     library = Path(artifact) / manifest["library"]
