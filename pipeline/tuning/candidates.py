@@ -6,11 +6,26 @@ from __future__ import annotations
 
 import itertools
 import random
+import re
 
 import tvm
 
-from ..config import ModelConfig
+from ..config import ModelConfig, short_repr
 from ..quantization import Quantization
+
+
+class TuneError(ValueError):
+    pass
+
+
+def matching_kernels(kernels: dict[str, tvm.tirx.PrimFunc], pattern: str | None, what: str) -> list[tuple[str, tvm.tirx.PrimFunc]]:
+    """The kernels (sorted by name) whose name matches `pattern` (all without one); a pattern that
+    matches none is a TuneError naming how many kernels `what` has (a typo, not zero work)."""
+    regex = re.compile(pattern) if pattern else None
+    chosen = [(name, func) for name, func in sorted(kernels.items()) if regex is None or regex.search(name)]
+    if not chosen:
+        raise TuneError(f"--kernels {short_repr(pattern)}: matches none of the {len(kernels)} kernels of {what}")
+    return chosen
 
 
 def unscheduled_kernels(config: ModelConfig, quant: Quantization, target: tvm.target.Target) -> dict[str, tvm.tirx.PrimFunc]:

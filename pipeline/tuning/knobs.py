@@ -13,7 +13,6 @@ output differs is rejected and reported. Timing needs the target's device (its d
 from __future__ import annotations
 
 import dataclasses
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,22 +25,8 @@ from ..kernel_info import random_args, symbolic_dims
 from ..quantization import Quantization
 from ..targets import TargetSpec
 from . import TuningDB, outputs_differ
-from .candidates import shuffled, unscheduled_kernels  # noqa: F401 - unscheduled_kernels: re-exported for the tuners' callers
+from .candidates import TuneError, matching_kernels, shuffled, unscheduled_kernels  # noqa: F401 - re-exported for the tuners' callers
 
-
-
-class TuneError(ValueError):
-    pass
-
-
-def matching_kernels(kernels: dict[str, tvm.tirx.PrimFunc], pattern: str | None, what: str) -> list[tuple[str, tvm.tirx.PrimFunc]]:
-    """The kernels (sorted by name) whose name matches `pattern` (all without one); a pattern that
-    matches none is a TuneError naming how many kernels `what` has (a typo, not zero work)."""
-    regex = re.compile(pattern) if pattern else None
-    chosen = [(name, func) for name, func in sorted(kernels.items()) if regex is None or regex.search(name)]
-    if not chosen:
-        raise TuneError(f"--kernels {pattern!r}: matches none of the {len(kernels)} kernels of {what}")
-    return chosen
 
 
 @dataclass

@@ -26,7 +26,8 @@ from ..kernel_info import random_args, symbolic_dims
 from ..quantization import Quantization
 from ..targets import TargetSpec
 from ..threads import configure as configure_threads
-from .knobs import TuneError, compile_kernel, matching_kernels, output_mismatch, run_kernel, time_kernel_ms, timing_device, unscheduled_kernels
+from .candidates import TuneError, matching_kernels, unscheduled_kernels
+from .knobs import compile_kernel, output_mismatch, run_kernel, time_kernel_ms, timing_device
 from . import TuningDB
 
 

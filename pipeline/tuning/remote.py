@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,7 +19,7 @@ from ..kernel_info import signature_of, symbolic_dims
 from ..quantization import Quantization
 from ..targets import TargetSpec
 from . import TUNE_FORMAT, target_key
-from .candidates import candidates, unscheduled_kernels
+from .candidates import candidates, matching_kernels, unscheduled_kernels
 
 LIBRARY = "tune.so"
 INDEX = "tune.json"
@@ -37,11 +36,10 @@ def prepare(config: ModelConfig, quant: Quantization, target: TargetSpec, out_di
     from ..backends import backend
 
     tvm_target = target.tvm_target()
-    regex = re.compile(pattern) if pattern else None
     funcs: dict[str, tvm.tirx.PrimFunc] = {}
     kernels = []
-    for name, func in sorted(unscheduled_kernels(config, quant, tvm_target).items()):
-        if (regex and not regex.search(name)) or symbolic_dims(func):
+    for name, func in matching_kernels(unscheduled_kernels(config, quant, tvm_target), pattern, f"{config.name} {quant.name}"):
+        if symbolic_dims(func):
             continue  # the device side times one shape: a symbolic dim has none
         contenders = [(r, r.knob_space(func, tvm_target)) for r in RULES[target.kind]
                       if hasattr(r, "knob_space") and r.apply(func, tvm_target, False) is not None]
