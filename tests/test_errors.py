@@ -4,6 +4,8 @@ no half-written artifact."""
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -128,6 +130,27 @@ def test_cli_build_with_bad_mcpu_leaves_nothing(tmp_path):
     result = mlcpipe("build", "--model", "llama-tiny", "--quant", "q0f32", "--mcpu", "native", "--output", str(out))
     assert result.returncode == 2 and "--mcpu 'native'; name the CPU" in result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_ctrl_c_inside_a_tvm_callback_is_aborted_not_a_traceback():
+    """Ctrl-C while TVM's C++ runs one of our Python passes (the schedule phase) comes back out of
+    the FFI as a bare RuntimeError: the command reports click's "Aborted!", no traceback."""
+    script = """
+import os, signal, tvm
+from mlcpipe.cli import main
+
+@main.command("interrupt-in-a-pass")
+def interrupt_in_a_pass():
+    @tvm.ir.transform.module_pass(opt_level=0)
+    def ctrl_c(mod, ctx):
+        os.kill(os.getpid(), signal.SIGINT)
+        return mod
+    tvm.ir.transform.Sequential([ctrl_c])(tvm.IRModule())
+
+main(["interrupt-in-a-pass"], prog_name="mlcpipe")
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert (result.returncode, result.stderr.strip()) == (1, "Aborted!"), result.stderr[-2000:]
 
 
 def test_weight_errors_name_the_tensor(tiny_config, tmp_path):

@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 
 import click
 
@@ -55,19 +57,56 @@ class Group(click.Group):
 
 
 class UserErrors(click.Group):
-    """Turn known user-facing errors into a one-line message and exit status 2."""
+    """Turn known user-facing errors into a one-line message and exit status 2, and Ctrl-C into
+    click's "Aborted!" wherever it lands."""
 
     command_class = Command
 
     def invoke(self, ctx):
-        try:
-            return super().invoke(ctx)
-        except (ConfigError, ArtifactError, ProfileError, ValueError) as exc:
-            fail(exc)
-        except OSError as exc:  # a full or read-only disk, a vanished directory: the file and the reason
-            fail(f"{exc.filename}: {exc.strerror}" if exc.filename and exc.strerror else (exc.strerror or str(exc) or type(exc).__name__))
-        except MemoryError:
-            fail("out of memory (this machine's memory, or the process's limit, is too small for this step)")
+        with _InterruptWatch() as watch:
+            try:
+                return super().invoke(ctx)
+            except Exception as exc:
+                if watch.interrupted:  # the error is what Ctrl-C became inside a TVM callback
+                    raise KeyboardInterrupt from None
+                _report(exc)
+                raise
+
+
+def _report(exc: Exception) -> None:
+    """Exit with the one-line report of a known user-facing error; return for anything else."""
+    if isinstance(exc, (ConfigError, ArtifactError, ProfileError, ValueError)):
+        fail(exc)
+    if isinstance(exc, OSError):  # a full or read-only disk, a vanished directory: the file and the reason
+        fail(f"{exc.filename}: {exc.strerror}" if exc.filename and exc.strerror else (exc.strerror or str(exc) or type(exc).__name__))
+    if isinstance(exc, MemoryError):
+        fail("out of memory (this machine's memory, or the process's limit, is too small for this step)")
+
+
+class _InterruptWatch:
+    """Notes a Ctrl-C while a command runs. Raised inside a Python callback of TVM's C++ (a pass, a
+    packed function), KeyboardInterrupt comes back out as a bare RuntimeError (tvm_ffi re-raises
+    error kinds it does not know so), which would print a traceback instead of "Aborted!"."""
+
+    def __init__(self):
+        self.interrupted = False
+        self._previous = None
+
+    def _on_sigint(self, signum, frame):
+        self.interrupted = True
+        raise KeyboardInterrupt
+
+    def __enter__(self):
+        # Only Python's own handler is replaced: a caller that ignores SIGINT (a nightly worker)
+        # or handles it keeps its choice.
+        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+        return self
+
+    def __exit__(self, *exc_info):
+        if self._previous is not None:
+            signal.signal(signal.SIGINT, self._previous)
+        return False
 
 
 def device_options(command):
