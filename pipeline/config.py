@@ -300,8 +300,9 @@ _INT_FIELDS = (
 _INT_LIMITS = {
     "hidden_size": 1 << 16, "intermediate_size": 1 << 18, "num_hidden_layers": 1024, "num_attention_heads": 1024,
     "num_key_value_heads": 1024, "head_dim": 1024, "vocab_size": 1 << 22, "context_window_size": 1 << 21,
-    "prefill_chunk_size": 1 << 21, "page_size": 1024,
+    "prefill_chunk_size": 1 << 21,
 }
+PAGE_SIZE = 16  # tokens per KV cache page: the only size TVM 0.27's paged attention kernels index
 _REQUIRED = ("name", "architecture", *_INT_FIELDS, "rms_norm_eps", "rope_theta", "quantizations")
 # Generation defaults: field -> (MLC-LLM's system default, check, what is allowed). The ranges are
 # WebLLM's (postInitAndCheckGenerationConfigValues), which refuses a config outside them.
@@ -505,8 +506,9 @@ def parse_model_config(raw: Any, path: str) -> ModelConfig:
     _check_known_fields(path, raw, family)
     check_path_name(path, "name", raw["name"])
     ints = {field: _positive_int(path, raw, field) for field in _INT_FIELDS}
-    raw_page = raw.get("page_size", 16)
-    page_size = _positive_int(path, {"page_size": raw_page}, "page_size")
+    page_size = raw.get("page_size", PAGE_SIZE)
+    if type(page_size) is not int or page_size != PAGE_SIZE:
+        raise _err(path, "page_size", page_size, f"allowed: {PAGE_SIZE} (TVM's paged KV cache kernels are written for {PAGE_SIZE}-token pages)")
     eps = _positive_float(path, raw, "rms_norm_eps")
     theta = _positive_float(path, raw, "rope_theta")
     _check_shapes(path, ints)

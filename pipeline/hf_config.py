@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .config import LAYER_TYPES, short_repr
+from .config import LAYER_TYPES, PAGE_SIZE, short_repr
 from .conv_templates import CONV_TEMPLATES as TEMPLATES
 from .errors import ConfigError
 from .quantization import QUANTIZATIONS
@@ -161,7 +161,7 @@ def model_yaml(hf: dict, path: str, name: str, generation: dict | None = None) -
     if any(i >= fields["vocab_size"] for i in ids):
         template = "LM"
     return {"name": name, "display_name": name, **fields, "context_window_size": context, "prefill_chunk_size": chunk,
-            "page_size": 16, "quantizations": quants, **tokens, "conv_template": template}
+            "page_size": PAGE_SIZE, "quantizations": quants, **tokens, "conv_template": template}
 
 
 def transformers_fields(cfg) -> tuple[str, dict[str, Any]]:

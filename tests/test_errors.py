@@ -34,6 +34,7 @@ from tests.helpers.cli import mlcpipe, write_yaml
         ({"hidden_sise": 12}, r"field 'hidden_sise': got 12; unknown field"),
         ({"rope_scaling": {"rope_type": "yarn"}}, r"field 'rope_scaling.rope_type': got 'yarn'"),
         ({"prefill_chunk_size": 4096}, r"field 'prefill_chunk_size': got 4096; must be <= context_window_size"),
+        ({"page_size": 8}, r"field 'page_size': got 8; allowed: 16 \(TVM's paged KV cache kernels"),
     ],
 )
 def test_config_errors_name_file_field_value(tmp_path, changes, expected):
