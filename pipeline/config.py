@@ -6,13 +6,13 @@ offending value and what is allowed.
 
 from __future__ import annotations
 
-import math
-
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -147,13 +147,22 @@ def load_yaml(path: Path, what: str = "YAML") -> Any:
         raise ConfigError(f"{path}: invalid YAML: nested too deeply") from None
 
 
+def cache_layer_kinds(num_hidden_layers: int, layer_types: Sequence[str] | None) -> list[str]:
+    """TVM's attention kind of each KV cache layer ("mha", "mha_sliding"). A model whose layers
+    all slide gets one more, unused, "mha" layer: TVM 0.27's runtime allocates the prefill's
+    q/k/v scratch only when some layer is "mha" (without one, the first prefill fails in
+    Tensor::CreateView on a null tensor)."""
+    kinds = ["mha_sliding" if layer_types and layer_types[i] == "sliding_attention" else "mha" for i in range(num_hidden_layers)]
+    return kinds + ["mha"] if "mha" not in kinds else kinds
+
+
 def kv_cache_bytes(model_config: dict, context: int, dtype_bytes: int) -> int:
-    """Bytes of a paged KV cache of `context` tokens: layers x (K, V) x KV heads x head_dim x the
-    pages' tokens x dtype_bytes."""
+    """Bytes of a paged KV cache of `context` tokens: cache layers x (K, V) x KV heads x head_dim
+    x the pages' tokens x dtype_bytes."""
     page = int(model_config.get("page_size", 16))
     tokens = -(-context // page) * page
-    return (int(model_config["num_hidden_layers"]) * 2 * int(model_config["num_key_value_heads"]) * int(model_config["head_dim"])
-            * tokens * dtype_bytes)
+    layers = len(cache_layer_kinds(int(model_config["num_hidden_layers"]), model_config.get("layer_types")))
+    return layers * 2 * int(model_config["num_key_value_heads"]) * int(model_config["head_dim"]) * tokens * dtype_bytes
 
 
 

@@ -14,7 +14,7 @@ from tvm.relax.frontend.nn import op
 from tvm.relax.frontend.nn.llm.kv_cache import PagedKVCache, RopeMode, TIRPagedKVCache
 from tvm.target import Target
 
-from ..config import ModelConfig
+from ..config import ModelConfig, cache_layer_kinds
 from .layers import Embedding, Linear
 
 
@@ -159,7 +159,7 @@ class CausalLM(nn.Module):
         support_sliding_window: tirx.Var,
     ) -> PagedKVCache:
         cfg = self.cfg
-        kinds = ["mha_sliding" if cfg.layer_is_sliding(i) else "mha" for i in range(cfg.num_hidden_layers)]
+        kinds = cache_layer_kinds(cfg.num_hidden_layers, cfg.layer_types)
         return TIRPagedKVCache(
             attn_kind=kinds if "mha_sliding" in kinds else "mha",
             max_batch_size=max_batch_size,
@@ -167,8 +167,8 @@ class CausalLM(nn.Module):
             prefill_chunk_size=prefill_chunk_size,
             page_size=page_size,
             support_sliding_window=support_sliding_window,
-            layer_partition=rx.ShapeExpr([0, cfg.num_hidden_layers]),
-            num_hidden_layers=cfg.num_hidden_layers,
+            layer_partition=rx.ShapeExpr([0, len(kinds)]),
+            num_hidden_layers=len(kinds),
             num_attention_heads=cfg.num_attention_heads,
             num_key_value_heads=cfg.num_key_value_heads,
             qk_head_dim=cfg.head_dim,

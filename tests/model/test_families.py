@@ -6,6 +6,8 @@ prefill chunk and, for Gemma 3, longer than the sliding window."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import yaml
@@ -78,7 +80,26 @@ def _cases(long_ones: set[tuple[str, str]]) -> list:
 
 @pytest.mark.parametrize("family, quant", _cases({("qwen2-tiny", "q0f32"), ("qwen3-tiny", "q0f32")}), indirect=["family"])
 def test_family_matches_transformers(family, quant, tmp_path):
-    cfg, root, model, imported = family
+    _, root, model, imported = family
+    _llvm_matches_transformers(root, model, imported, quant, tmp_path)
+
+
+def test_gemma3_with_every_layer_sliding_matches_transformers(tmp_path):
+    """A Gemma 3 with fewer layers than its pattern (transformers' default pattern 6 on a small
+    test model) has no full-attention layer: TVM's KV cache needs one (config.cache_layer_kinds)."""
+    tiny = load_model_config("gemma3-tiny")
+    cfg = dataclasses.replace(tiny, layer_types=("sliding_attention",) * tiny.num_hidden_layers)
+    model = transformers_checkpoint(tmp_path / "hf", cfg)
+    imported = tmp_path / "model.yaml"
+    done = mlcpipe("import-config", str(tmp_path / "hf"), "-o", str(imported), "--name", "gemma3-sliding")
+    assert done.returncode == 0, done.stderr
+    assert set(yaml.safe_load(imported.read_text())["layer_types"]) == {"sliding_attention"}
+    _llvm_matches_transformers(tmp_path, model, imported, "q0f32", tmp_path)
+
+
+def _llvm_matches_transformers(root, model, imported, quant: str, tmp_path) -> None:
+    """convert-weights, build (llvm) and run the imported checkpoint: its logits at every step
+    match transformers' (of the quantize-dequantized model for q4), and so do its tokens."""
     weights, art = tmp_path / "w", tmp_path / "art"
     for args in (("convert-weights", "--model", str(imported), "--quant", quant, "--source", str(root / "hf"), "--output", str(weights)),
                  ("build", "--model", str(imported), "--quant", quant, "--target", "llvm", "--output", str(art))):
