@@ -54,7 +54,7 @@ class Sampling:
             ("repetition-penalty", self.repetition_penalty > 0, "a number > 0 (1: none)"),
             ("presence-penalty", -2 <= self.presence_penalty <= 2, "a number in [-2, 2]"),
             ("frequency-penalty", -2 <= self.frequency_penalty <= 2, "a number in [-2, 2]"),
-            ("seed", 0 <= self.seed < 2**63, "an integer >= 0"),
+            ("seed", 0 <= self.seed < 2**63, "an integer in [0, 2**63)"),
         )
         for flag, ok, allowed in checks:
             value = getattr(self, flag.replace("-", "_"))

@@ -119,6 +119,7 @@ def test_run_samples_on_the_device_like_numpy(kind, model, artifacts, tmp_path):
     (["--temperature", "-1"], "--temperature -1.0: allowed a number >= 0 (0: greedy)"),
     (["--repetition-penalty", "0"], "--repetition-penalty 0.0: allowed a number > 0 (1: none)"),
     (["--temperature", "nan"], "--temperature nan: allowed a number >= 0 (0: greedy)"),
+    (["--seed", str(2**63)], "--seed 9223372036854775808: allowed an integer in [0, 2**63)"),
 ])
 def test_bad_sampling_flags_are_one_line_errors(flags, message, artifacts, model):
     _, weights, _ = model

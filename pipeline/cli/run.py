@@ -16,7 +16,7 @@ from .common import Command, device_options
 @click.option("--prompt", default=None, help="Text prompt (needs --tokenizer or tokenizer.json in the weights dir).")
 @click.option("--tokenizer", type=click.Path(path_type=Path), default=None, help="tokenizer.json to encode/decode text.")
 @click.option("--max-new-tokens", default=16, show_default=True, type=click.IntRange(min=1))
-@click.option("--weights-seed", default=0, show_default=True, help="Seed for --weights synthetic.")
+@click.option("--weights-seed", type=click.IntRange(min=0), default=None, help="Seed for --weights synthetic (default 0).")
 @click.option("--temperature", type=float, default=None,
               help="Sample on the device with the library's sampler kernels at this temperature (0: greedy). "
                    "Without any sampling flag: greedy.")

@@ -17,7 +17,7 @@ def parse_tokens(text: str) -> list[int]:
 
 
 def run(artifact: Path, weights: str | None = None, *, prompt_tokens: str | None = None, prompt: str | None = None,
-        tokenizer: Path | None = None, max_new_tokens: int = 16, weights_seed: int = 0, sampling: dict | None = None,
+        tokenizer: Path | None = None, max_new_tokens: int = 16, weights_seed: int | None = None, sampling: dict | None = None,
         save_logits: Path | None = None, prefill_chunk: int | None = None, rpc: str | None = None,
         rpc_tracker: str | None = None, rpc_key: str | None = None, adapter: str | None = None,
         browser: bool = False) -> tuple[str | None, list[int]]:
@@ -34,6 +34,8 @@ def run(artifact: Path, weights: str | None = None, *, prompt_tokens: str | None
         check_logits_path(save_logits)
         check_distinct_paths({"--tokenizer": tokenizer}, {"--save-logits": save_logits},
                              {"--artifact": artifact, "--weights": Path(weights) if weights not in (None, "synthetic") else None})
+    if weights_seed is not None and weights != "synthetic":
+        raise OptionError("--weights-seed applies to --weights synthetic only (these weights are read from files)")
     if (prompt_tokens is None) == (prompt is None):
         raise OptionError("give exactly one of --prompt-tokens or --prompt")
     tok = find_tokenizer(tokenizer, weights, needed=prompt is not None)
@@ -46,7 +48,7 @@ def run(artifact: Path, weights: str | None = None, *, prompt_tokens: str | None
     given = {k: v for k, v in (sampling or {}).items() if v is not None}
     sampler = Sampling(**given) if given else None
     options = run_options(rpc, rpc_tracker, rpc_key, adapter, browser, prefill_chunk)
-    engine = open_engine(artifact, weights, weights_seed, options)
+    engine = open_engine(artifact, weights, weights_seed or 0, options)
     try:
         logits = []
         out = engine.generate(tokens, max_new_tokens, on_logits=lambda step, values: logits.append(values), sampling=sampler)

@@ -72,6 +72,11 @@ def test_run_rejects_bad_tokens_and_long_prompts(tiny_q4f32, tiny_config):
     assert too_long.returncode == 2 and "exceeds the context window of 256 tokens" in too_long.stderr
     wrong = mlcpipe("run", "--artifact", str(root / "nope"), "--prompt-tokens", "1")
     assert wrong.returncode == 2 and "not an mlcpipe artifact" in wrong.stderr
+    # --weights-seed seeds synthetic weights only: with weights read from files it would do nothing
+    seeded = mlcpipe("run", "--artifact", str(root / "art"), "--weights", str(root / "w"), "--prompt-tokens", "1", "--weights-seed", "3")
+    assert seeded.returncode == 2 and "--weights-seed applies to --weights synthetic only" in seeded.stderr
+    negative = mlcpipe("run", "--artifact", str(root / "art"), "--weights", "synthetic", "--prompt-tokens", "1", "--weights-seed", "-5")
+    assert negative.returncode == 2 and "Invalid value for '--weights-seed': -5 is not in the range x>=0" in negative.stderr
 
 
 def test_long_prompt_is_prefilled_in_chunks(tiny_config, tmp_path):
