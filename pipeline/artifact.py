@@ -20,6 +20,7 @@ import os
 import re
 import secrets
 import shutil
+import stat
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -380,16 +381,27 @@ def write_json(path: Path, data: Any) -> None:
 
 def write_file_atomic(path: str | Path, data: str | bytes) -> Path:
     """`data` into a temp file beside `path`, then renamed over it: a full disk or a kill leaves
-    the earlier file whole. OSError becomes ArtifactError in one line naming the file."""
+    the earlier file whole. A symlink is followed (the file it names is replaced); a device or
+    a pipe (/dev/stdout) is written in place, since a rename would replace the node itself.
+    OSError becomes ArtifactError in one line naming the file."""
     path = Path(path)
-    tmp = temp_sibling(path)
+    payload = data.encode() if isinstance(data, str) else data
+    if _is_stream(path):
+        try:
+            with open(path, "wb") as f:
+                f.write(payload)
+        except OSError as exc:
+            raise ArtifactError(f"{path}: could not write it: {_reason(exc)}") from None
+        return path
+    final = Path(os.path.realpath(path)) if path.exists() else path
+    tmp = temp_sibling(final)
     try:
         with open(tmp, "xb") as f:
-            f.write(data.encode() if isinstance(data, str) else data)
+            f.write(payload)
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
+        os.replace(tmp, final)
     except OSError as exc:
         with contextlib.suppress(OSError):
             tmp.unlink()
@@ -430,9 +442,20 @@ def check_distinct_paths(inputs: dict[str, Path | None], outputs: dict[str, Path
         for other_flag, other in given[:i]:
             if same(out, other):
                 raise ValueError(f"{flag} {out}: is also {other_flag}'s output; give each output its own file")
-        parent = out.parent if str(out.parent) else Path(".")
+        if _is_stream(out):
+            continue  # written in place (write_file_atomic): its directory is not touched
+        parent = Path(os.path.realpath(out)).parent if out.exists() else (out.parent if str(out.parent) else Path("."))
         if parent.is_dir() and not os.access(parent, os.W_OK | os.X_OK):
             raise ValueError(f"{flag} {out}: directory {parent} is not writable")
+
+
+def _is_stream(path: Path) -> bool:
+    """An existing path that is not a regular file or a directory (a device, a pipe: /dev/stdout)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    return not stat.S_ISREG(mode) and not stat.S_ISDIR(mode)
 
 
 MAX_JSON_BYTES = 256 << 20  # a manifest, tensor cache or profile is far smaller; refuse to parse more

@@ -190,22 +190,15 @@ def check_logits_path(path: str | Path) -> Path:
 
 def save_logits(path: str | Path, steps: Sequence[np.ndarray]) -> Path:
     """Write the logits of every generated step as one float32 array (steps, vocab_size) in .npy
-    format: into a temp file beside `path`, then renamed over it."""
-    import os
-    import tempfile
+    format (artifact.write_file_atomic: a temp file beside `path`, renamed over it)."""
+    import io
+
+    from .artifact import write_file_atomic
 
     path = check_logits_path(path)
-    array = np.stack([np.asarray(s, dtype=np.float32).reshape(-1) for s in steps])
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent if str(path.parent) else ".")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            os.fchmod(f.fileno(), 0o644)  # mkstemp makes it 0600
-            np.save(f, array)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    buffer = io.BytesIO()
+    np.save(buffer, np.stack([np.asarray(s, dtype=np.float32).reshape(-1) for s in steps]))
+    return write_file_atomic(path, buffer.getvalue())
 
 
 def library_kernel_runner(artifact: Path, manifest: dict, remote=None):

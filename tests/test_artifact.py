@@ -4,6 +4,8 @@ atomic directories and files, confined paths, digests, the manifest's fields), o
 from __future__ import annotations
 
 import json
+import os
+import stat
 
 import pytest
 
@@ -100,6 +102,30 @@ def test_write_file_atomic_keeps_the_old_file_on_failure(tmp_path):
         write_file_atomic(tmp_path / "dir", "new")
     assert (tmp_path / "dir" / "kept").read_text() == "keep"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["dir", "f.txt"]  # no temp file left
+
+
+def test_write_file_atomic_writes_a_pipe_in_place_and_follows_symlinks(tmp_path):
+    """`-o /dev/stdout`, `-o /dev/full`: a device or a pipe is written, not renamed over (as root
+    the rename replaced the node itself with a file). A symlink keeps pointing at the new file."""
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    reader = os.open(fifo, os.O_RDONLY | os.O_NONBLOCK)  # open first: the writer's open does not block
+    try:
+        write_file_atomic(fifo, "report\n")
+        try:
+            got = os.read(reader, 1 << 16)
+        except BlockingIOError:  # nothing was written into the pipe
+            got = b""
+    finally:
+        os.close(reader)
+    assert got == b"report\n" and stat.S_ISFIFO(os.lstat(fifo).st_mode)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]
+
+    real = write_file_atomic(tmp_path / "real.md", "old")
+    (tmp_path / "link.md").symlink_to(real)
+    write_file_atomic(tmp_path / "link.md", "new")
+    assert (tmp_path / "link.md").is_symlink() and real.read_text() == "new"
+    check_distinct_paths({}, {"-o": fifo})  # a pipe's directory need not be writable: it is not touched
 
 
 def test_confined_paths_stay_inside(tmp_path):

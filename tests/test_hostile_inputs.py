@@ -682,6 +682,18 @@ def compare_sample_duration_nan(ctx):
 
 
 @case()
+def render_peak_gbps_negative(ctx):
+    path = ctx.profile("p.json", lambda p: p.update(peak_gbps=-5))
+    return ["profile", "render", str(path)], r"p\.json: field 'peak_gbps': got -5; expected a positive finite number or null"
+
+
+@case()
+def render_peak_gbps_as_text(ctx):
+    path = ctx.profile("p.json", lambda p: p.update(peak_gbps="fast"))
+    return ["profile", "render", str(path)], r"p\.json: field 'peak_gbps': got 'fast'"
+
+
+@case()
 def compare_sample_without_kernel(ctx):
     return _compare(ctx, lambda p: p["samples"][5].pop("kernel")), r"b\.json: field 'samples\[5\]\.kernel' is missing"
 
@@ -750,6 +762,13 @@ def profile_report_and_json_on_one_path(ctx):
 def save_logits_over_the_artifacts_library(ctx):
     art = ctx.art()
     return run_args(art, "--save-logits", str(art / "lib.so")), r"--save-logits .*lib\.so: is inside the input --artifact .*art"
+
+
+@case()
+def profile_json_over_the_artifacts_manifest(ctx):
+    art = ctx.art()
+    return (["profile", "--artifact", str(art), *PROFILE_SMALL, "--save-json", str(art / "manifest.json")],
+            r"--save-json .*manifest\.json: is inside the input --artifact .*art")
 
 
 @case()

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import signal
 import sys
 import threading
@@ -26,6 +27,18 @@ def fail(exc: Exception) -> None:
         message = message[: MAX_ERROR_CHARS - 8] + "...(cut)"
     click.echo(f"error: {message}", err=True)
     sys.exit(2)
+
+
+class PositiveFinite(click.ParamType):
+    """A float option that must be finite and > 0 (a bandwidth, a rate)."""
+
+    name = "float"
+
+    def convert(self, value, param, ctx):
+        number = click.FLOAT.convert(value, param, ctx)
+        if not (math.isfinite(number) and number > 0):
+            self.fail(f"{value!r} is not a positive finite number", param, ctx)
+        return number
 
 
 def _usage_error(exc: OptionError, ctx: click.Context) -> click.UsageError:

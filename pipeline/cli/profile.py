@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from .common import DEFAULT_MODEL, Group, device_options, log
+from .common import DEFAULT_MODEL, Group, PositiveFinite, device_options, log
 
 PROFILE_FORMATS = ["md", "text", "json", "csv", "trace", "html", "events", "phase"]
 
@@ -27,7 +27,7 @@ def _progress_bar(length: int, label: str):
 @click.option("--runs", default=None, show_default="3; webgpu 2", type=click.IntRange(min=1))
 @click.option("--warmup", default=1, show_default=True, type=click.IntRange(min=0))
 @click.option("--format", "fmt", type=click.Choice(PROFILE_FORMATS), default=None, show_default="md; phase with --browser")
-@click.option("--peak-gbps", type=float, default=None, help="Peak memory bandwidth for the bandwidth columns (default: a local GPU's datasheet figure by its name, else the target preset's).")
+@click.option("--peak-gbps", type=PositiveFinite(), default=None, help="Peak memory bandwidth for the bandwidth columns (default: a local GPU's datasheet figure by its name, else the target preset's).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None, help="Write the report here (default: stdout).")
 @click.option("--save-json", type=click.Path(path_type=Path), default=None, help="Also keep the raw profile JSON here.")
 @device_options
@@ -54,7 +54,7 @@ def profile(ctx, artifact, model, quant, target_name, weights, prompt_len, gen_l
 @profile.command("render")
 @click.argument("profile_json", type=click.Path(path_type=Path, exists=True, dir_okay=False))
 @click.option("--format", "fmt", type=click.Choice(PROFILE_FORMATS), default="md", show_default=True)
-@click.option("--peak-gbps", type=float, default=None)
+@click.option("--peak-gbps", type=PositiveFinite(), default=None, help="Peak memory bandwidth (default: the profile's).")
 @click.option("-o", "--output", type=click.Path(path_type=Path), default=None)
 def profile_render(profile_json, fmt, peak_gbps, output):
     """Render a saved profile JSON in another format."""

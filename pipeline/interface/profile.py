@@ -47,11 +47,17 @@ def profile(artifact: Path | None, model: str, quant: str | None, target_name: s
 
     output_file(output, "-o", "report.md")
     output_file(save_json, "--save-json", "profile.json")
-    check_distinct_paths({}, {"-o": output, "--save-json": save_json})
+
+    def check_outputs() -> None:  # not into the artifact or the weights (a report over manifest.json)
+        inputs = {"--artifact": artifact, "--weights": Path(weights) if weights not in (None, "synthetic") else None}
+        check_distinct_paths({}, {"-o": output, "--save-json": save_json}, inputs)
+
+    check_outputs()
     if artifact is None:  # the compile side only when there is no artifact to profile
         from .artifacts import ensure_artifact
 
         artifact = ensure_artifact(model, quant, target_name, log=log)
+        check_outputs()
     manifest = read_manifest(artifact, RUN_FIELDS)
     device = device_of(artifact)
     options = dataclasses.replace(run_options(rpc, rpc_tracker, rpc_key, adapter, browser), timed=True, console=log)

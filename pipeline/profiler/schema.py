@@ -74,6 +74,9 @@ def validate(data: dict, where: str = "profile") -> None:
             raise ProfileError(f"{where}: field '{key}': got {short_repr(data[key])}; expected {_KIND_NAMES[kind]}")
     if not isinstance(data["target"].get("kind"), str):
         raise ProfileError(f"{where}: field 'target.kind': got {short_repr(data['target'].get('kind'))}; expected a target kind")
+    peak = data.get("peak_gbps")
+    if peak is not None and not (_number(peak) and peak > 0):
+        raise ProfileError(f"{where}: field 'peak_gbps': got {short_repr(peak)}; expected a positive finite number or null")
     metrics = data["metrics"]
     for key in _METRICS:
         if key in metrics and not _number(metrics[key]):

@@ -196,6 +196,20 @@ def test_peak_bandwidth_default_and_missing(prof):
     assert rows and all(_near_pct_of_peak(r, 10.0) for r in rows)
 
 
+@pytest.mark.parametrize("value", ["0", "-5", "nan", "inf", "fast"])
+def test_peak_bandwidth_flag_is_a_positive_finite_number(value, tmp_path):
+    """--peak-gbps 0 fell back to the preset's figure, a negative one printed negative % of peak."""
+    from click.testing import CliRunner
+
+    from mlcpipe.cli import main
+
+    saved = tmp_path / "p.json"
+    saved.write_text(json.dumps({"schema": "mlcpipe-profile"}))
+    for argv in (["profile", "--artifact", str(tmp_path / "none"), "--peak-gbps", value], ["profile", "render", str(saved), "--peak-gbps", value]):
+        result = CliRunner().invoke(main, argv)
+        assert result.exit_code == 2 and "Invalid value for '--peak-gbps'" in result.output, result.output
+
+
 def test_peak_bandwidth_lookup_hides_only_a_preset_that_is_gone(monkeypatch):
     from mlcpipe import targets
     from mlcpipe.profiler.reports import resolve_peak_gbps
