@@ -77,6 +77,9 @@ def test_run_rejects_bad_tokens_and_long_prompts(tiny_q4f32, tiny_config):
     assert seeded.returncode == 2 and "--weights-seed applies to --weights synthetic only" in seeded.stderr
     negative = mlcpipe("run", "--artifact", str(root / "art"), "--weights", "synthetic", "--prompt-tokens", "1", "--weights-seed", "-5")
     assert negative.returncode == 2 and "Invalid value for '--weights-seed': -5 is not in the range x>=0" in negative.stderr
+    seeded = mlcpipe("convert-weights", "--model", "llama-tiny", "--quant", "q4f32_1", "--source", str(root / "hf"), "--seed", "3",
+                     "--output", str(root / "w-seeded"))
+    assert seeded.returncode == 2 and "--seed applies to --source synthetic only" in seeded.stderr and not (root / "w-seeded").exists()
 
 
 def test_long_prompt_is_prefilled_in_chunks(tiny_config, tmp_path):
