@@ -215,13 +215,17 @@ def check_artifact(artifact: str | Path, sizes: tuple[int, ...] = (1, 7), patter
         names = [n for n in names if regex.search(n)]
     if not names:
         raise ArtifactError(f"--kernels {short_repr(pattern)}: matches none of the {len(reference.kernels)} kernels of {artifact}")
+    skips = {name: reference.kernels[name]["skip"] for name in names}
+    _check_memory(reference, names, skips, sizes, heads)
+    window = chat_config["context_window_size"]
+    if max(sizes) > window:
+        raise ValueError(f"--sizes {','.join(map(str, sizes))}: {max(sizes)} tokens is past the context window of {artifact} "
+                         f"({window} tokens): its kernels never see that many (use sizes up to {window})")
     run = kernel_runner(artifact, manifest, options)
     if run is None:
         rows = compiled.static_checks(artifact, manifest, names, roles)
         results = [KernelResult(name, role, "-", status, note=note) for name, role, status, note in rows]
         return CheckReport(str(artifact), kind, False, results, compiled.not_executed(options))
-    skips = {name: reference.kernels[name]["skip"] for name in names}
-    _check_memory(reference, names, skips, sizes, heads)
     if all(skips.values()):  # a check that runs nothing proves nothing
         if hasattr(run, "close"):
             run.close()

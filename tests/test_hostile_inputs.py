@@ -284,6 +284,12 @@ def check_sizes_beyond_memory(ctx):
             r"--sizes 1,100000000: kernel \S+ at 100000000 tokens needs [\d.]+ GiB of inputs and copies; this machine has [\d.]+ GiB available")
 
 
+@case()
+def check_sizes_past_the_context_window(ctx):
+    return (["check", "--artifact", str(ctx.shared.art), "--sizes", "1,100000"],
+            r"--sizes 1,100000: 100000 tokens is past the context window of \S+ \(256 tokens\): its kernels never see that many")
+
+
 @case(subprocess_run=True)
 def run_with_tvm_num_threads_not_a_number(ctx):
     return [{"TVM_NUM_THREADS": "abc"}, "run", "--artifact", str(ctx.shared.art), "--weights", "synthetic", "--prompt-tokens", "1,2"], \
