@@ -5,6 +5,7 @@ allowed; unknown models, quantizations and targets are rejected before anything 
 from __future__ import annotations
 
 import dataclasses
+import re
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +89,7 @@ def _name_list(path: Path, raw: dict, field: str) -> list:
 
 
 def _targets(path: Path, raw: list) -> list[TargetEntry]:
-    from ..targets import available_targets
+    from ..targets import available_targets, load_target
 
     presets = available_targets()
     entries = []
@@ -108,6 +109,10 @@ def _targets(path: Path, raw: list) -> list[TargetEntry]:
         options = item.get("options") or {}
         if not isinstance(options, dict):
             raise _err(path, f"{field}.options", options, "expected a mapping of preset overrides")
+        try:
+            load_target(preset, options)  # the overrides as `mlcpipe build` would apply them
+        except ConfigError as exc:
+            raise ConfigError(f"{path}: field '{field}.options': {exc}") from None
         entries.append(TargetEntry(item["name"], preset, dict(options)))
     names = [e.name for e in entries]
     for i, name in enumerate(names):
@@ -144,6 +149,11 @@ def _checks(path: Path, raw: Any, targets: list[TargetEntry]) -> dict[str, dict[
         sizes = merged.get("sizes", [1])
         if not sizes or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in sizes):
             raise _err(path, f"checks.{name}.sizes", merged["sizes"], "expected a non-empty list of positive integers")
+        if merged.get("kernels") is not None:
+            try:
+                re.compile(merged["kernels"])
+            except re.error as exc:
+                raise _err(path, f"checks.{name}.kernels", merged["kernels"], f"expected a regular expression ({exc}) or null") from None
         out[name] = merged
     return out
 
@@ -187,6 +197,11 @@ def load_matrix(path: str | Path | None = None) -> Matrix:
                 config.scheme(quant)
             except ConfigError as exc:
                 raise ConfigError(f"{path}: field 'quantizations[{i}]': {exc}") from None
+    for config in configs:
+        for size in checks.get("conformance", {}).get("sizes", []):
+            if size > config.context_window_size:
+                raise _err(path, "checks.conformance.sizes", size,
+                           f"at most the context window of model {config.name} ({config.context_window_size} tokens)")
     cells = []
     for config in configs:
         for target in targets:
