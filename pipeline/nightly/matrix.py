@@ -202,6 +202,11 @@ def load_matrix(path: str | Path | None = None) -> Matrix:
             if size > config.context_window_size:
                 raise _err(path, "checks.conformance.sizes", size,
                            f"at most the context window of model {config.name} ({config.context_window_size} tokens)")
+        profile = checks.get("profile")
+        if profile and profile["targets"] and profile["prompt_len"] + profile["gen_len"] > config.context_window_size:
+            raise _err(path, "checks.profile.prompt_len", profile["prompt_len"],
+                       f"prompt_len + gen_len ({profile['gen_len']}) must fit the context window of model {config.name} "
+                       f"({config.context_window_size} tokens)")
     cells = []
     for config in configs:
         for target in targets:

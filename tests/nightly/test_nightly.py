@@ -347,6 +347,8 @@ def test_matrix_errors_are_one_line_before_anything_builds(tmp_path):
         base + "checks: {conformance: {targets: [llvm], kernels: '('}}\n": "field 'checks.conformance.kernels': got '('",
         base + "checks: {conformance: {targets: [llvm], sizes: [1, 300]}}\n":
             "field 'checks.conformance.sizes': got 300; at most the context window of model llama-tiny (256 tokens)",
+        base + "checks: {profile: {targets: [llvm], prompt_len: 250}}\n":
+            "field 'checks.profile.prompt_len': got 250; prompt_len + gen_len (32) must fit the context window of model llama-tiny",
         base + "checks: {lint: {}}\n": "field 'checks.lint'",
     }
     from mlcpipe.errors import ConfigError
