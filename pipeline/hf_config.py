@@ -108,8 +108,9 @@ def model_fields(hf: Any, path: str) -> dict[str, Any]:
             raise ConfigError(f"{path}: field '{key}': got {short_repr(hf[key])}; allowed: null (no logit soft-capping)")
     if hf.get("use_sliding_window") and arch != "gemma3":
         raise ConfigError(f"{path}: field 'use_sliding_window': got true; allowed: false for {arch}")
-    if arch == "qwen3" and hf.get("attention_bias", False) is not False:
-        raise ConfigError(f"{path}: field 'attention_bias': got {short_repr(hf['attention_bias'])}; allowed: false")
+    for key in ("attention_bias", "mlp_bias"):  # Qwen2's q/k/v biases are always there (its config has no flag)
+        if hf.get(key, False) is not False and not (arch == "qwen2" and key == "attention_bias"):
+            raise ConfigError(f"{path}: field '{key}': got {short_repr(hf[key])}; allowed: false ({arch} layers without biases)")
     full = _rope(path, hf, "full_attention")
     out["rope_theta"] = float(_field(path, full, "rope_theta", _number, "expected a positive number"))
     scaling = _rope_scaling(path, full, arch)
@@ -142,6 +143,10 @@ def model_yaml(hf: dict, path: str, name: str, generation: dict | None = None) -
     fields = model_fields(hf, path)
     max_pos = hf.get("max_position_embeddings")
     context = min(max_pos, MAX_CONTEXT) if _int(max_pos) else MAX_CONTEXT
+    window = hf.get("sliding_window")
+    if fields["architecture"] == "llama" and hf.get("model_type") == "mistral" and window is not None and not (_int(window) and window >= context):
+        raise ConfigError(f"{path}: field 'sliding_window': got {short_repr(window)}; allowed: null or at least the context "
+                          f"window ({context} tokens): mlcpipe's llama attends to the whole context")
     chunk = min(context, MAX_PREFILL_CHUNK, fields.get("sliding_window", context))
     tokens = {}
     for key in ("bos_token_id", "eos_token_id", "pad_token_id"):

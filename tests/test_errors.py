@@ -240,3 +240,23 @@ def test_family_fields_are_checked(tmp_path, architecture, changes, expected):
     with pytest.raises(ConfigError, match=expected) as info:
         load_model_config(str(path))
     assert str(info.value).startswith(str(path)) and "\n" not in str(info.value)
+
+
+def test_import_config_refuses_what_the_family_does_not_compute():
+    """A Llama checkpoint with biases (attention_bias / mlp_bias) or a Mistral one whose sliding
+    window is shorter than the imported context: mlcpipe's llama has neither, so each is refused
+    (was: imported; convert-weights --allow-unused then dropped the biases)."""
+    from mlcpipe.hf_config import model_yaml
+
+    llama = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128, "intermediate_size": 256,
+             "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 512,
+             "rms_norm_eps": 1e-5, "rope_theta": 10000.0, "max_position_embeddings": 32768}
+    mistral = {**llama, "architectures": ["MistralForCausalLM"], "model_type": "mistral"}
+    for hf, expected in (({**llama, "attention_bias": True}, "field 'attention_bias': got True; allowed: false (llama layers without biases)"),
+                         ({**llama, "mlp_bias": True}, "field 'mlp_bias': got True; allowed: false"),
+                         ({**mistral, "sliding_window": 1024}, "field 'sliding_window': got 1024; allowed: null or at least the context "
+                                                               "window (4096 tokens)")):
+        with pytest.raises(ConfigError, match=re.escape(f"config.json: {expected}")):
+            model_yaml(hf, "config.json", "m")
+    assert model_yaml({**mistral, "sliding_window": 4096}, "config.json", "m")["architecture"] == "llama"  # never reached
+    assert model_yaml({**mistral, "sliding_window": None, "attention_bias": False}, "config.json", "m")["context_window_size"] == 4096
