@@ -138,7 +138,8 @@ def test_ctrl_c_inside_a_tvm_callback_is_aborted_not_a_traceback():
     the FFI as a bare RuntimeError: the command reports click's "Aborted!", no traceback."""
     script = """
 import os, signal, tvm
-signal.signal(signal.SIGINT, signal.default_int_handler)  # as from a terminal (a test runner's worker may ignore SIGINT)
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as from a terminal (a test runner's worker may ignore
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})  # or block SIGINT, and a child inherits both)
 from mlcpipe.cli import main
 
 @main.command("interrupt-in-a-pass")
