@@ -296,6 +296,13 @@ def run_with_tvm_num_threads_not_a_number(ctx):
         r"environment TVM_NUM_THREADS='abc': expected a number of threads from 1 to \d+ "
 
 
+@case(subprocess_run=True)
+def build_with_tuning_db_env_naming_no_file(ctx):
+    """$MLCPIPE_TUNING_DB with a typo: the build was untuned without a word (--tuning-db is checked)."""
+    return ([{"MLCPIPE_TUNING_DB": str(ctx.tmp / "tunning.json")}, "build", "--model", "llama-tiny", "--quant", QUANT,
+             "--output", str(ctx.tmp / "out")], r"environment MLCPIPE_TUNING_DB='.*tunning\.json': no such file")
+
+
 @case()
 def yaml_duplicate_key(ctx):
     path = ctx.model_yaml("vocab_size: 1024\n")

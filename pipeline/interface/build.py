@@ -29,4 +29,8 @@ def build(model: str, quant: str, target_name: str, *, mcpu: str | None = None, 
     target = load_target(target_name, target_overrides(mcpu, arch, fatbin_archs, cuda_graph))
     if tuning_db is not None and not tuning_db.is_file():
         raise OptionValueError(f"{tuning_db}: no such file", "--tuning-db")
+    if tuning_db is None:
+        from ..tuning import check_db_to_read
+
+        check_db_to_read()
     return compile_model(config, scheme, target, output=output, dump_ir=dump_ir, weights=weights, log=log, tuning_db=tuning_db)

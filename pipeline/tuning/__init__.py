@@ -17,17 +17,28 @@ from typing import Any
 
 from ..artifact import remove_leftovers, sha256_file, temp_sibling, write_lock
 from ..config import artifacts_root, short_repr, short_text
-from ..errors import ArtifactError
+from ..errors import ArtifactError, ConfigError
 
 SCHEMA, VERSION = "mlcpipe-tuning", 1
 TUNE_FORMAT = "mlcpipe-remote-tune/1"  # the index of knob candidates timed elsewhere (tuning/remote.py)
 
 
+TUNING_DB_ENV = "MLCPIPE_TUNING_DB"
+
+
 def default_db_path(target_name: str) -> Path:
-    override = os.environ.get("MLCPIPE_TUNING_DB")
+    override = os.environ.get(TUNING_DB_ENV)
     if override:
         return Path(override)
     return artifacts_root() / "tuning" / f"{target_name}.json"
+
+
+def check_db_to_read() -> None:
+    """A database named by $MLCPIPE_TUNING_DB for a build to read must exist (a typo would build
+    untuned without a word); `tune` creates it instead."""
+    override = os.environ.get(TUNING_DB_ENV)
+    if override and not Path(override).is_file():
+        raise ConfigError(f"environment {TUNING_DB_ENV}={override!r}: no such file (unset it, or run `mlcpipe tune` to create it)")
 
 
 def outputs_differ(got, want, tolerance: float) -> str | None:
