@@ -303,6 +303,13 @@ def build_with_tuning_db_env_naming_no_file(ctx):
              "--output", str(ctx.tmp / "out")], r"environment MLCPIPE_TUNING_DB='.*tunning\.json': no such file")
 
 
+@case(subprocess_run=True)
+def build_metal_with_source_date_epoch_not_a_number(ctx):
+    """It was read as 0: a 'reproducible' library under another date than the one set."""
+    return ([{"SOURCE_DATE_EPOCH": "yesterday"}, "build", "--model", "llama-tiny", "--quant", QUANT, "--target", "metal",
+             "--output", str(ctx.tmp / "out")], r"environment SOURCE_DATE_EPOCH='yesterday': expected seconds since 1970")
+
+
 @case()
 def yaml_duplicate_key(ctx):
     path = ctx.model_yaml("vocab_size: 1024\n")

@@ -19,6 +19,7 @@ import struct
 import tarfile
 from pathlib import Path
 
+from ..errors import ConfigError
 from .binfmt import MachO
 
 CSMAGIC_EMBEDDED_SIGNATURE = 0xFADE0CC0
@@ -28,10 +29,12 @@ CS_HASHTYPE_SHA256 = 2
 
 
 def source_date_epoch() -> int:
-    try:
-        return int(os.environ.get("SOURCE_DATE_EPOCH", "0"))
-    except ValueError:
-        return 0
+    """$SOURCE_DATE_EPOCH (default 0); a malformed one is an error, as reproducible-builds.org
+    asks (it was read as 0: the build looked reproducible under another date than the one set)."""
+    text = os.environ.get("SOURCE_DATE_EPOCH", "0")
+    if not (text.isascii() and text.isdigit()) or int(text) >= 8**11:  # tar stores mtime in 11 octal digits
+        raise ConfigError(f"environment SOURCE_DATE_EPOCH={text!r}: expected seconds since 1970 (an integer >= 0)")
+    return int(text)
 
 
 def normalize_tar(path: str | Path) -> None:
