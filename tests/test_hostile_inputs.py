@@ -310,6 +310,12 @@ def build_metal_with_source_date_epoch_not_a_number(ctx):
              "--output", str(ctx.tmp / "out")], r"environment SOURCE_DATE_EPOCH='yesterday': expected seconds since 1970")
 
 
+@case(subprocess_run=True)
+def build_webgpu_with_cache_dir_a_file(ctx):
+    return ([{"MLCPIPE_CACHE_DIR": str(ctx.write("cache", "a file"))}, "build", "--model", "llama-tiny", "--quant", QUANT,
+             "--target", "webgpu", "--output", str(ctx.tmp / "out")], r"environment MLCPIPE_CACHE_DIR='.*cache': not a directory")
+
+
 @case()
 def yaml_duplicate_key(ctx):
     path = ctx.model_yaml("vocab_size: 1024\n")

@@ -60,7 +60,8 @@ def pipeline_config(options) -> dict:
 def check_preset(path, raw, options, given) -> None:
     """`supports_subgroups: true` (TVM's webgpu attribute) opts in to WebGPU subgroups: kernels
     then need an adapter with the "subgroups" feature. TVM 0.27 sets thread_warp_size to 32
-    with it, whatever the preset says, and refuses any other thread_warp_size without it."""
+    with it, whatever the preset says, and refuses any other thread_warp_size without it. Also
+    $MLCPIPE_CACHE_DIR."""
     from ..errors import ConfigError
 
     del options, given
@@ -74,6 +75,7 @@ def check_preset(path, raw, options, given) -> None:
             f"{path}: field 'thread_warp_size': got {warp!r}; TVM 0.27 fixes it to 32 on webgpu "
             "with supports_subgroups (leave it out)"
         )
+    cache_dir()  # where the runtime objects are cached: checked before any work
 
 
 def compile_context(target_spec):
@@ -279,6 +281,10 @@ def _runtime_key(sources: dict[str, Path], version: str) -> str:
 def cache_dir() -> Path:
     base = os.environ.get("MLCPIPE_CACHE_DIR")
     if base:
+        if os.path.exists(base) and not os.path.isdir(base):
+            from ..errors import ConfigError
+
+            raise ConfigError(f"environment MLCPIPE_CACHE_DIR={base!r}: not a directory")
         return Path(base)
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "mlcpipe"
 
