@@ -79,14 +79,14 @@ def owner_kind(path: Path) -> str | None:
     return None
 
 
-def _owned_files(path: Path, kind: str) -> set[str] | None:
+def owned_files(path: Path, kind: str) -> set[str] | None:
     """Relative paths of the files mlcpipe wrote in `path` (None: every file, the marker cannot say)."""
     if kind == "artifact":
         files = _json(path / MANIFEST).get("files")
         if not isinstance(files, dict) or not files:
             return None
         params = path / "params"  # weights converted into it after the build (convert-weights --output <artifact>/params)
-        extra = _owned_files(params, "weights") if owner_kind(params) == "weights" else set()
+        extra = owned_files(params, "weights") if owner_kind(params) == "weights" else set()
         return {MANIFEST, *files, *(f"params/{f}" for f in extra)}
     if kind == "weights":
         records = _json(path / TENSOR_CACHE).get("records")
@@ -130,7 +130,7 @@ def check_writable(path: Path, kind: str, role: str = "") -> None:
         raise refusal(path, f"it holds files mlcpipe did not create (e.g. {files[0]})", role)
     if found != kind:
         raise refusal(path, f"it is {KINDS[found]}, not {KINDS[kind]}", role)
-    owned = _owned_files(path, kind)
+    owned = owned_files(path, kind)
     if owned is not None:
         foreign = [f for f in files if f not in owned]
         if foreign:

@@ -188,6 +188,22 @@ def test_output_under_a_file_is_one_line(tmp_path):
     assert snapshot(tmp_path) == before
 
 
+def test_verify_checks_weights_converted_after_the_build(made, tmp_path):
+    """An artifact built without weights, then given params/ (run's default weights directory) by
+    convert-weights: verify checks them against their own tensor cache (was: every params file
+    reported as 'not listed in the manifest (unexpected file)')."""
+    art = tmp_path / "art"
+    assert mlcpipe(*_build(art)).returncode == 0
+    assert mlcpipe(*_convert(art / "params")).returncode == 0
+    assert verify_artifact(art) == []
+    shard = sorted((art / "params").glob("params_shard_*.bin"))[0]
+    shard.write_bytes(shard.read_bytes()[:-1])
+    (art / "params" / "notes.txt").write_text("mine\n")
+    problems = verify_artifact(art)
+    assert len(problems) == 2 and "the shard is truncated or was replaced" in problems[0], problems
+    assert problems[1].endswith("params/notes.txt: not listed in tensor-cache.json (unexpected file)")
+
+
 def test_rebuild_without_weights_keeps_params(made, tmp_path):
     """Was: rebuilding an artifact without --weights dropped its params/. Now they are kept when
     they fit the new build, and a build they do not fit is refused (one line; nothing changes)."""

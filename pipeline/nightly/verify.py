@@ -10,7 +10,7 @@ import json
 import os
 from pathlib import Path
 
-from ..artifact import MANIFEST, confined, sha256_file
+from ..artifact import MANIFEST, confined, owned_files, owner_kind, sha256_file
 from ..config import short_repr
 from ..errors import ArtifactError
 
@@ -99,7 +99,31 @@ def verify_artifact(artifact: Path) -> list[str]:
     files = manifest.get("files")
     if not isinstance(files, dict) or not files:
         return [f"{manifest_path}: has no 'files' checksums (built before mlcpipe recorded them; rebuild it)"]
+    params = artifact / "params"  # weights converted into it after the build: checked against their own tensor cache
+    if not any(str(rel).startswith("params/") for rel in files) and owner_kind(params) == "weights":
+        return verify_files(artifact, files, exclude=(MANIFEST,), skip_under=("params",)) + verify_weights(params)
     return verify_files(artifact, files, exclude=(MANIFEST,))
+
+
+def verify_weights(weights: Path) -> list[str]:
+    """Problems of an mlcpipe weights directory: each shard's size and digest against its tensor
+    cache, and files it does not account for."""
+    from ..tensor_cache import read_tensor_cache
+    from ..weights import read_shard
+
+    try:
+        cache_path, shards = read_tensor_cache(weights)
+    except ArtifactError as exc:
+        return [str(exc)]
+    problems = []
+    for shard in shards:
+        try:
+            read_shard(weights, cache_path, shard)
+        except ArtifactError as exc:
+            problems.append(str(exc))
+    owned = owned_files(weights, "weights") or set()
+    problems += [f"{weights / rel}: not listed in {cache_path.name} (unexpected file)" for rel in sorted(_listed(weights, (), False) - owned)]
+    return problems
 
 
 def _artifacts_of(index: dict) -> list[tuple[str, dict]]:
