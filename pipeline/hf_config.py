@@ -142,7 +142,9 @@ def model_yaml(hf: dict, path: str, name: str, generation: dict | None = None) -
     exist in the vocabulary (else plain completion)."""
     fields = model_fields(hf, path)
     max_pos = hf.get("max_position_embeddings")
-    context = min(max_pos, MAX_CONTEXT) if _int(max_pos) else MAX_CONTEXT
+    if max_pos is not None and not _int(max_pos):
+        raise ConfigError(f"{path}: field 'max_position_embeddings': got {short_repr(max_pos)}; expected a positive integer")
+    context = min(max_pos, MAX_CONTEXT) if max_pos is not None else MAX_CONTEXT
     window = hf.get("sliding_window")
     if fields["architecture"] == "llama" and hf.get("model_type") == "mistral" and window is not None and not (_int(window) and window >= context):
         raise ConfigError(f"{path}: field 'sliding_window': got {short_repr(window)}; allowed: null or at least the context "

@@ -247,7 +247,8 @@ def test_family_fields_are_checked(tmp_path, architecture, changes, expected):
 def test_import_config_refuses_what_the_family_does_not_compute():
     """A Llama checkpoint with biases (attention_bias / mlp_bias) or a Mistral one whose sliding
     window is shorter than the imported context: mlcpipe's llama has neither, so each is refused
-    (was: imported; convert-weights --allow-unused then dropped the biases)."""
+    (was: imported; convert-weights --allow-unused then dropped the biases). A context of 0 is
+    refused too (was: read as absent, 4096)."""
     from mlcpipe.hf_config import model_yaml
 
     llama = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 128, "intermediate_size": 256,
@@ -257,7 +258,8 @@ def test_import_config_refuses_what_the_family_does_not_compute():
     for hf, expected in (({**llama, "attention_bias": True}, "field 'attention_bias': got True; allowed: false (llama layers without biases)"),
                          ({**llama, "mlp_bias": True}, "field 'mlp_bias': got True; allowed: false"),
                          ({**mistral, "sliding_window": 1024}, "field 'sliding_window': got 1024; allowed: null or at least the context "
-                                                               "window (4096 tokens)")):
+                                                               "window (4096 tokens)"),
+                         ({**llama, "max_position_embeddings": 0}, "field 'max_position_embeddings': got 0; expected a positive integer")):
         with pytest.raises(ConfigError, match=re.escape(f"config.json: {expected}")):
             model_yaml(hf, "config.json", "m")
     assert model_yaml({**mistral, "sliding_window": 4096}, "config.json", "m")["architecture"] == "llama"  # never reached
