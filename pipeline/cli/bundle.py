@@ -15,16 +15,16 @@ from .common import Command, log
                    "(default: llama-3.2-1b:q4f16_1,q4f32_1,q0f16 and llama-tiny:q4f16_1).")
 @click.option("--graph", multiple=True, metavar="MODEL:QUANT",
               help="Also ship these built with cuda_graph (default: llama-3.2-1b:q4f16_1 when --set is not given).")
-@click.option("--cpu-model", "cpu_models", multiple=True, help="Also ship these models' portable llvm builds (default: llama-tiny).")
+@click.option("--cpu-model", "cpu_models", multiple=True, help="Also ship these --set models' portable llvm builds (default: llama-tiny where it is in the set).")
 @click.option("--bench-model", "bench_models", multiple=True,
-              help="Benchmark these models against PyTorch on the GPU (default: llama-3.2-1b).")
+              help="Benchmark these --set models against PyTorch on the GPU (default: llama-3.2-1b where it is in the set).")
 @click.option("--python", default="3.12", show_default=True,
               help="Python version of the device machine (its tvm_ffi wheel is downloaded), or 'current'.")
 @click.option("--ffi-wheel", type=click.Path(path_type=Path, dir_okay=False, exists=True), default=None,
               help="The apache-tvm-ffi wheel to ship instead of downloading one.")
 @click.option("--prompt-len", default=300, show_default=True, type=click.IntRange(min=1),
               help="Prompt tokens of the recorded llvm run (cut to the model's context window).")
-@click.option("--prefill-chunk", default=128, show_default=True, type=click.IntRange(min=1),
+@click.option("--prefill-chunk", default=None, show_default="128, or the set's smallest prefill_chunk_size", type=click.IntRange(min=1),
               help="Prefill chunk of the recorded run and of the run on the device.")
 @click.option("--steps", default=6, show_default=True, type=click.IntRange(min=1, max=64), help="Recorded steps (prefill + decodes).")
 @click.option("--max-mib", default=60.0, show_default=True, type=click.FloatRange(min=1), help="Refuse a bundle larger than this.")
@@ -40,7 +40,7 @@ def bundle(sets, graph, cpu_models, bench_models, python, ffi_wheel, prompt_len,
     from ..interface import bundle as work
 
     path, size = work.bundle(out, sets=sets or work.DEFAULT_SETS, graph=graph or (() if sets else work.DEFAULT_GRAPH),
-                             cpu_models=cpu_models or work.DEFAULT_CPU, bench_models=bench_models or work.DEFAULT_BENCH,
+                             cpu_models=cpu_models or None, bench_models=bench_models or None,
                              python=python, ffi_wheel=ffi_wheel, prompt_len=prompt_len, prefill_chunk=prefill_chunk,
                              steps=steps, max_mib=max_mib, tune=tune or (() if sets else work.DEFAULT_TUNE), tune_budget=tune_budget,
                              log=log)

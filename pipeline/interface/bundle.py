@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..artifact import BUNDLE_INDEX, RUN_FIELDS, atomic_directory, file_digests, read_manifest, write_json
+from ..artifact import BUNDLE_INDEX, RUN_FIELDS, atomic_directory, check_writable, file_digests, read_manifest, write_json
 from ..config import REPO_ROOT, artifacts_root, load_model_config, short_repr
 from .job import BUNDLE_FORMAT, teacher_forced
 from ..errors import ArtifactError, OptionValueError
@@ -39,6 +39,7 @@ from ..errors import ArtifactError, OptionValueError
 DEFAULT_SETS = ("llama-3.2-1b:q4f16_1,q4f32_1,q0f16", "llama-tiny:q4f16_1")
 DEFAULT_GRAPH = ("llama-3.2-1b:q4f16_1",)  # also built with cuda_graph, for decode with and without
 DEFAULT_CPU = ("llama-tiny",)  # also shipped as a portable llvm build (runs on any x86-64-v3 CPU)
+PREFILL_CHUNK = 128  # the recorded run's and the device run's, by default
 DEFAULT_BENCH = ("llama-3.2-1b",)  # benchmarked against PyTorch on the GPU
 DEFAULT_TUNE = ("llama-3.2-1b:q4f16_1,q4f32_1,q0f16",)  # decode GEMV knob candidates timed on the GPU
 TUNE_BUDGET = 32  # candidates per kernel (the defaults first)
@@ -265,15 +266,29 @@ def _site(site: Path, python: str, python_version: str, ffi_wheel: Path | None, 
     return ffi_version
 
 
+def _check_against_sets(models: list[str], cpu_models: list[str], bench_models: list[str], prefill_chunk: int) -> None:
+    """--cpu-model / --bench-model name models of the --set (others did nothing), and
+    --prefill-chunk fits each one's prefill_chunk_size (it failed after the builds)."""
+    for flag, names in (("--cpu-model", cpu_models), ("--bench-model", bench_models)):
+        for name in names:
+            if name not in models:
+                raise OptionValueError(f"{short_repr(name)}: not a model of the bundle's --set ({', '.join(models)})", flag)
+    for model in models:
+        chunk = load_model_config(model).prefill_chunk_size
+        if prefill_chunk > chunk:
+            raise OptionValueError(f"{prefill_chunk}: {model}'s prefill_chunk_size is {chunk}; allowed 1..{chunk}", "--prefill-chunk")
+
+
 def bundle(out: Path | None = None, sets: list[str] | tuple[str, ...] = DEFAULT_SETS, graph: list[str] | tuple[str, ...] = DEFAULT_GRAPH,
-           cpu_models: list[str] | tuple[str, ...] = DEFAULT_CPU, bench_models: list[str] | tuple[str, ...] = DEFAULT_BENCH,
+           cpu_models: list[str] | tuple[str, ...] | None = None, bench_models: list[str] | tuple[str, ...] | None = None,
            python: str = DEVICE_PYTHON, ffi_wheel: Path | None = None,
-           prompt_len: int = 300, prefill_chunk: int = 128, steps: int = 6, max_mib: float = MAX_MIB,
+           prompt_len: int = 300, prefill_chunk: int | None = None, steps: int = 6, max_mib: float = MAX_MIB,
            tune: list[str] | tuple[str, ...] = (), tune_budget: int = TUNE_BUDGET, tune_target: str = "cuda",
            tune_overrides: dict | None = None, log: Callable[[str], None] = print) -> tuple[Path, int]:
     """Build (or reuse) the artifacts, record the llvm expectations, compile the `tune` pairs'
     knob candidates for the `tune_target` preset with `tune_overrides` (default: the bundle's
-    cuda arch), pack; returns (folder, bytes)."""
+    cuda arch), pack; returns (folder, bytes). `cpu_models` / `bench_models`: None for the defaults
+    that are in the sets; `prefill_chunk`: None for PREFILL_CHUNK or the set's smallest chunk."""
     from ..config import IN_CHECKOUT
     from ..targets import preset_peak_gbps
     from .artifacts import ensure_artifact
@@ -290,13 +305,21 @@ def bundle(out: Path | None = None, sets: list[str] | tuple[str, ...] = DEFAULT_
     graph_pairs = set(parse_sets(graph, "--graph"))
     if not graph_pairs <= set(pairs):
         raise OptionValueError(f"{sorted(graph_pairs - set(pairs))[0]}: not in the bundle's --set", "--graph")
-    if python != "current" and not (python.count(".") == 1 and all(p.isdigit() for p in python.split("."))):
-        raise OptionValueError(f"{short_repr(python)}: expected a Python version such as 3.12, or 'current'", "--python")
+    if python != "current" and not (python.count(".") == 1 and all(p.isdigit() for p in python.split("."))
+                                    and python.split(".")[0] == "3" and int(python.split(".")[1]) >= 9):
+        raise OptionValueError(f"{short_repr(python)}: expected a Python version such as 3.12 (3.9 or later), or 'current'", "--python")
+    models = list(dict.fromkeys(model for model, _ in pairs))
+    if prefill_chunk is None:  # 128, or less where a model of the set prefills less at once
+        prefill_chunk = min(PREFILL_CHUNK, *(load_model_config(m).prefill_chunk_size for m in models))
     if not 1 <= steps <= 64 or prompt_len < 1 or prefill_chunk < 1:
         raise OptionValueError(f"--steps {steps} / --prompt-len {prompt_len} / --prefill-chunk {prefill_chunk}: "
                                "allowed steps 1..64, the others >= 1")
+    cpu_models = [m for m in DEFAULT_CPU if m in models] if cpu_models is None else list(cpu_models)
+    bench_models = [m for m in DEFAULT_BENCH if m in models] if bench_models is None else list(bench_models)
+    _check_against_sets(models, cpu_models, bench_models, prefill_chunk)
     python_version = f"{sys.version_info[0]}.{sys.version_info[1]}" if python == "current" else python
     out = Path(out) if out is not None else artifacts_root() / "bundle"
+    check_writable(out, "bundle")  # before the builds; atomic_directory checks it again at the end
     cuda = {"arch": CUDA_ARCH, "fatbin_archs": [CUDA_ARCH]}
     entries: list[tuple[dict, Path]] = []
     for model, quant in pairs:

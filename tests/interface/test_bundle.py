@@ -168,6 +168,14 @@ def test_bundle_size_limit_and_bad_input(bundle, tmp_path):
                                                                        "['q0f16', 'q0f32', 'q4f16_1', 'q4f32_1']"]
     bad = mlcpipe("bundle", "--set", "nosuch:q4f16_1", "--out", str(out))  # the flag that named it
     assert bad.returncode == 2 and bad.stderr.startswith("error: --set 'nosuch': no such config in ")
+    # refused before any build (each used to build first, then fail or do nothing)
+    for flags, message in ((["--bench-model", "nosuch"], "Invalid value for --bench-model: 'nosuch': not a model of the bundle's --set (llama-tiny)"),
+                           (["--cpu-model", "llama-3.2-1b"], "Invalid value for --cpu-model: 'llama-3.2-1b': not a model of"),
+                           (["--prefill-chunk", "129"], "Invalid value for --prefill-chunk: 129: llama-tiny's prefill_chunk_size is 128"),
+                           (["--python", "2.7"], "Invalid value for --python: '2.7': expected a Python version such as 3.12 (3.9 or later)"),
+                           (["--out", str(bundle[0] / "artifacts")], "refusing to write")):
+        bad = mlcpipe("bundle", "--set", SET, *(["--out", str(out)] if "--out" not in flags else []), *flags)
+        assert bad.returncode == 2 and message in bad.stderr and "[mlcpipe] building" not in bad.stderr, (flags, bad.stderr[-2000:])
     # a folder mlcpipe did not make is not replaced
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("keep")
