@@ -266,17 +266,31 @@ def _site(site: Path, python: str, python_version: str, ffi_wheel: Path | None, 
     return ffi_version
 
 
-def _check_against_sets(models: list[str], cpu_models: list[str], bench_models: list[str], prefill_chunk: int) -> None:
-    """--cpu-model / --bench-model name models of the --set (others did nothing), and
-    --prefill-chunk fits each one's prefill_chunk_size (it failed after the builds)."""
+def _run_options(pairs: list[tuple[str, str]], cpu_models, bench_models, prefill_chunk: int | None, steps: int,
+                 prompt_len: int, python: str) -> tuple[list[str], list[str], int, str]:
+    """(cpu models, bench models, prefill chunk, device Python version), checked before any build:
+    --cpu-model / --bench-model name models of the --set (others did nothing), --prefill-chunk fits
+    each one's prefill_chunk_size (it failed after the builds), --python is 3.9 or later."""
+    if python != "current" and not (python.count(".") == 1 and all(p.isdigit() for p in python.split("."))
+                                    and python.split(".")[0] == "3" and int(python.split(".")[1]) >= 9):
+        raise OptionValueError(f"{short_repr(python)}: expected a Python version such as 3.12 (3.9 or later), or 'current'", "--python")
+    models = list(dict.fromkeys(model for model, _ in pairs))
+    chunks = {model: load_model_config(model).prefill_chunk_size for model in models}
+    if prefill_chunk is None:  # 128, or less where a model of the set prefills less at once
+        prefill_chunk = min(PREFILL_CHUNK, *chunks.values())
+    if not 1 <= steps <= 64 or prompt_len < 1 or prefill_chunk < 1:
+        raise OptionValueError(f"--steps {steps} / --prompt-len {prompt_len} / --prefill-chunk {prefill_chunk}: "
+                               "allowed steps 1..64, the others >= 1")
+    for model, chunk in chunks.items():
+        if prefill_chunk > chunk:
+            raise OptionValueError(f"{prefill_chunk}: {model}'s prefill_chunk_size is {chunk}; allowed 1..{chunk}", "--prefill-chunk")
+    cpu_models = [m for m in DEFAULT_CPU if m in models] if cpu_models is None else list(cpu_models)
+    bench_models = [m for m in DEFAULT_BENCH if m in models] if bench_models is None else list(bench_models)
     for flag, names in (("--cpu-model", cpu_models), ("--bench-model", bench_models)):
         for name in names:
             if name not in models:
                 raise OptionValueError(f"{short_repr(name)}: not a model of the bundle's --set ({', '.join(models)})", flag)
-    for model in models:
-        chunk = load_model_config(model).prefill_chunk_size
-        if prefill_chunk > chunk:
-            raise OptionValueError(f"{prefill_chunk}: {model}'s prefill_chunk_size is {chunk}; allowed 1..{chunk}", "--prefill-chunk")
+    return cpu_models, bench_models, prefill_chunk, f"{sys.version_info[0]}.{sys.version_info[1]}" if python == "current" else python
 
 
 def bundle(out: Path | None = None, sets: list[str] | tuple[str, ...] = DEFAULT_SETS, graph: list[str] | tuple[str, ...] = DEFAULT_GRAPH,
@@ -305,19 +319,8 @@ def bundle(out: Path | None = None, sets: list[str] | tuple[str, ...] = DEFAULT_
     graph_pairs = set(parse_sets(graph, "--graph"))
     if not graph_pairs <= set(pairs):
         raise OptionValueError(f"{sorted(graph_pairs - set(pairs))[0]}: not in the bundle's --set", "--graph")
-    if python != "current" and not (python.count(".") == 1 and all(p.isdigit() for p in python.split("."))
-                                    and python.split(".")[0] == "3" and int(python.split(".")[1]) >= 9):
-        raise OptionValueError(f"{short_repr(python)}: expected a Python version such as 3.12 (3.9 or later), or 'current'", "--python")
-    models = list(dict.fromkeys(model for model, _ in pairs))
-    if prefill_chunk is None:  # 128, or less where a model of the set prefills less at once
-        prefill_chunk = min(PREFILL_CHUNK, *(load_model_config(m).prefill_chunk_size for m in models))
-    if not 1 <= steps <= 64 or prompt_len < 1 or prefill_chunk < 1:
-        raise OptionValueError(f"--steps {steps} / --prompt-len {prompt_len} / --prefill-chunk {prefill_chunk}: "
-                               "allowed steps 1..64, the others >= 1")
-    cpu_models = [m for m in DEFAULT_CPU if m in models] if cpu_models is None else list(cpu_models)
-    bench_models = [m for m in DEFAULT_BENCH if m in models] if bench_models is None else list(bench_models)
-    _check_against_sets(models, cpu_models, bench_models, prefill_chunk)
-    python_version = f"{sys.version_info[0]}.{sys.version_info[1]}" if python == "current" else python
+    cpu_models, bench_models, prefill_chunk, python_version = _run_options(pairs, cpu_models, bench_models, prefill_chunk,
+                                                                         steps, prompt_len, python)
     out = Path(out) if out is not None else artifacts_root() / "bundle"
     check_writable(out, "bundle")  # before the builds; atomic_directory checks it again at the end
     cuda = {"arch": CUDA_ARCH, "fatbin_archs": [CUDA_ARCH]}
