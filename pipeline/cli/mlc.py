@@ -28,7 +28,8 @@ def mlc_check(artifact, model_dir):
 @click.option("--max-new-tokens", default=16, show_default=True, type=click.IntRange(min=1))
 @click.option("--temperature", type=float, default=0.0, show_default=True)
 @click.option("--top-p", type=float, default=1.0, show_default=True)
-@click.option("--seed", type=int, default=None, help="WebLLM's sampling seed.")
+@click.option("--seed", type=click.IntRange(0, 2**53 - 1), default=None,
+              help="WebLLM's sampling seed (a JavaScript safe integer; negative ones fail in its generator).")
 @click.option("--adapter", type=click.Choice(["auto", "swiftshader", "gpu"]), default="swiftshader", show_default=True)
 def webllm(artifact, model_dir, prompt, max_new_tokens, temperature, top_p, seed, adapter):
     """Load the build in WebLLM itself (headless Chromium) and complete a prompt."""
