@@ -868,6 +868,13 @@ def tune_kernels_matching_nothing(ctx):  # was: "0 kernels tuned", exit 0 (check
             r"^error: --kernels 'rms_nrom': matches none of the \d+ kernels of llama-tiny q4f16_1$")
 
 
+@case()
+def tune_kernels_with_nothing_to_tune(ctx):  # was: "0 kernels tuned", exit 0, and an empty database written
+    return (["tune", "--model", "llama-tiny", "--quant", "q4f16_1", "--kernels", "^rms_norm", "--db", str(ctx.tmp / "db.json")],
+            r"^error: --kernels '\^rms_norm': the 2 kernels of llama-tiny q4f16_1 \(rms_norm, rms_norm1\): nothing to tune "
+            r"\(no llvm rule with knobs takes them")
+
+
 # ---- CUDA archs, checked before nvcc runs ------------------------------------------------------------
 
 @case()

@@ -28,6 +28,13 @@ def matching_kernels(kernels: dict[str, tvm.tirx.PrimFunc], pattern: str | None,
     return chosen
 
 
+def nothing_tuned(pattern: str | None, names: list[str], what: str, why: str) -> str:
+    """The one line for a tune that found nothing to store (then no database is written)."""
+    shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+    chosen = f"--kernels {short_repr(pattern)}: the" if pattern else "the"
+    return f"{chosen} {len(names)} kernel{'s' * (len(names) > 1)} of {what} ({shown}): nothing to tune ({why})"
+
+
 def unscheduled_kernels(config: ModelConfig, quant: Quantization, target: tvm.target.Target) -> dict[str, tvm.tirx.PrimFunc]:
     """The model's PrimFuncs after fusion (dequantize fused into its matmul), before scheduling."""
     from ..build import export_model

@@ -25,7 +25,7 @@ from ..kernel_info import random_args, symbolic_dims
 from ..quantization import Quantization
 from ..targets import TargetSpec
 from . import TuningDB, outputs_differ
-from .candidates import TuneError, matching_kernels, shuffled, unscheduled_kernels  # noqa: F401 - re-exported for the tuners' callers
+from .candidates import TuneError, matching_kernels, nothing_tuned, shuffled, unscheduled_kernels  # noqa: F401 - re-exported for the tuners' callers
 
 
 
@@ -152,7 +152,8 @@ def tune(
     tvm_target = target.tvm_target()
     kernels = unscheduled_kernels(config, quant, tvm_target)
     results: list[KernelTuning] = []
-    for name, func in matching_kernels(kernels, pattern, f"{config.name} {quant.name}"):
+    chosen = matching_kernels(kernels, pattern, f"{config.name} {quant.name}")
+    for name, func in chosen:
         # every rule that takes the kernel and has knobs competes; the first (what build applies untuned) is the reference
         contenders = [(r, r.knob_space(func, tvm_target)) for r in RULES[target.kind]
                       if hasattr(r, "knob_space") and r.apply(func, tvm_target, False) is not None]
@@ -184,6 +185,9 @@ def tune(
         rules = len(contenders)
         log(f"[tune] {name}: {result.rule} {result.best} {result.best_ms:.3f} ms (default {result.default_rule} {result.default_ms:.3f} ms, "
             f"{len(timed)}/{len(tried)} candidates of {rules} rule{'s' * (rules > 1)}, {time.perf_counter() - started:.1f}s)")
+    if not results:
+        raise TuneError(nothing_tuned(pattern, [name for name, _ in chosen], f"{config.name} {quant.name}",
+                                      f"no {target.kind} rule with knobs takes them, or no candidate ran"))
     db.save()
     return results
 

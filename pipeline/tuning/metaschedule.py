@@ -26,7 +26,7 @@ from ..kernel_info import random_args, symbolic_dims
 from ..quantization import Quantization
 from ..targets import TargetSpec
 from ..threads import configure as configure_threads
-from .candidates import TuneError, matching_kernels, unscheduled_kernels
+from .candidates import TuneError, matching_kernels, nothing_tuned, unscheduled_kernels
 from .knobs import compile_kernel, output_mismatch, run_kernel, time_kernel_ms, timing_device
 from . import TuningDB
 
@@ -99,7 +99,8 @@ def tune_metaschedule(
     tvm_target = target.tvm_target()
     table = db.table(target.target)
     results: list[SearchResult] = []
-    for name, func in matching_kernels(unscheduled_kernels(config, quant, tvm_target), pattern, f"{config.name} {quant.name}"):
+    chosen = matching_kernels(unscheduled_kernels(config, quant, tvm_target), pattern, f"{config.name} {quant.name}")
+    for name, func in chosen:
         if func.attrs is not None and "tirx.is_scheduled" in func.attrs:
             continue  # TVM's own kernels (paged attention, KV-cache copies) come scheduled
         symbolic = symbolic_dims(func)
@@ -140,6 +141,9 @@ def tune_metaschedule(
         outcome = result.error or f"{result.search_ms:.4f} ms vs {result.ours_rule} {result.ours_ms:.4f} ms: " + (
             "kept" if result.kept else "ours stays")
         log(f"[tune] {name}: MetaSchedule {trials} trials in {result.seconds:.0f}s, {outcome}")
+    if not results:
+        raise TuneError(nothing_tuned(pattern, [name for name, _ in chosen], f"{config.name} {quant.name}",
+                                      "MetaSchedule searches our scheduled kernels of static shape only"))
     db.save()
     return results
 
