@@ -381,7 +381,7 @@ def write_json(path: Path, data: Any) -> None:
 
 def write_file_atomic(path: str | Path, data: str | bytes) -> Path:
     """`data` into a temp file beside `path`, then renamed over it: a full disk or a kill leaves
-    the earlier file whole. A symlink is followed (the file it names is replaced); a device or
+    the earlier file whole (its permissions kept). A symlink is followed (the file it names is replaced); a device or
     a pipe (/dev/stdout) is written in place, since a rename would replace the node itself.
     OSError becomes ArtifactError in one line naming the file."""
     path = Path(path)
@@ -393,14 +393,17 @@ def write_file_atomic(path: str | Path, data: str | bytes) -> Path:
         except OSError as exc:
             raise ArtifactError(f"{path}: could not write it: {_reason(exc)}") from None
         return path
-    final = Path(os.path.realpath(path)) if path.exists() else path
+    try:  # a replaced file keeps its permissions
+        final, mode = Path(os.path.realpath(path)), stat.S_IMODE(os.stat(path).st_mode)
+    except OSError:
+        final, mode = path, 0o644
     tmp = temp_sibling(final)
     try:
         with open(tmp, "xb") as f:
             f.write(payload)
             f.flush()
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
+        os.chmod(tmp, mode)
         os.replace(tmp, final)
     except OSError as exc:
         with contextlib.suppress(OSError):

@@ -94,8 +94,9 @@ def test_outputs_never_inside_or_equal_to_inputs(tmp_path):
 def test_write_file_atomic_keeps_the_old_file_on_failure(tmp_path):
     path = write_file_atomic(tmp_path / "f.txt", "one")
     assert path.read_text() == "one" and oct(path.stat().st_mode & 0o777) == "0o644"
+    path.chmod(0o600)
     write_file_atomic(path, b"two")
-    assert path.read_text() == "two"
+    assert path.read_text() == "two" and oct(path.stat().st_mode & 0o777) == "0o600"  # the user's permissions kept
     (tmp_path / "dir").mkdir()  # the rename over it fails (even for root): the error names it, nothing changes
     (tmp_path / "dir" / "kept").write_text("keep")
     with pytest.raises(ArtifactError, match=r"dir: could not write it: Is a directory \(nothing was changed\)"):
