@@ -417,6 +417,23 @@ def test_two_writers_of_one_tuning_database_keep_every_record(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["db.json", "go", "ready-a", "ready-b"]
 
 
+def test_a_saved_tuning_database_stays_a_symlink_with_its_permissions(tmp_path):
+    """Was: the save renamed a new file over the path: a linked database was cut off its target
+    and a 0600 one became world-readable."""
+    from mlcpipe.tuning import TuningDB
+
+    real, link = tmp_path / "shared" / "db.json", tmp_path / "db.json"
+    real.parent.mkdir()
+    real.write_text('{"schema": "mlcpipe-tuning", "version": 1, "records": {}}')
+    real.chmod(0o600)
+    link.symlink_to(real)
+    db = TuningDB.load(link)
+    db.put({"kind": "llvm", "mcpu": "x"}, "sig", {"kernel": "k", "rule": "DecodeGEMVFloat", "knobs": {}})
+    db.save()
+    assert link.is_symlink() and oct(real.stat().st_mode & 0o777) == "0o600"
+    assert list(TuningDB.load(real).table({"kind": "llvm", "mcpu": "x"})) == ["sig"]
+
+
 def test_two_tune_commands_on_one_database(tmp_path):
     """Two real `mlcpipe tune` runs on one --db at once (different kernels): both sets survive."""
     db = tmp_path / "db.json"

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..artifact import remove_leftovers, sha256_file, temp_sibling, write_lock
+from ..artifact import remove_leftovers, sha256_file, write_file_atomic, write_lock
 from ..config import artifacts_root, short_repr, short_text
 from ..errors import ArtifactError, ConfigError
 
@@ -135,20 +135,14 @@ class TuningDB:
 
     def save(self) -> None:
         """Under the file's lock (waiting for another writer): re-read it, apply this process's
-        `put`s, write a temp file and rename it over (a crash never leaves half a database)."""
+        `put`s, write it atomically (artifact.write_file_atomic: a crash never leaves half a database)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with write_lock(self.path, wait=True):
             remove_leftovers(self.path.parent, {self.path.name})
             merged = TuningDB.load(self.path).records
             for key, sig in sorted(self._changed):
                 merged.setdefault(key, {})[sig] = self.records[key][sig]
-            tmp = temp_sibling(self.path)
-            try:
-                tmp.write_text(json.dumps({"schema": SCHEMA, "version": VERSION, "records": merged}, indent=1, sort_keys=True) + "\n")
-                os.replace(tmp, self.path)
-            except BaseException:
-                tmp.unlink(missing_ok=True)
-                raise
+            write_file_atomic(self.path, json.dumps({"schema": SCHEMA, "version": VERSION, "records": merged}, indent=1, sort_keys=True) + "\n")
         self.records, self._changed = merged, set()
 
     def digest(self) -> str | None:
