@@ -83,10 +83,6 @@ def test_webllm_generates_numpy_greedy_tokens(webllm_model):
 
 def test_webllm_refuses_a_model_dir_without_config_field(webllm_model, tmp_path):
     _, artifact, model_dir, _ = webllm_model
-    for seed in ("-1", str(2**53)):  # WebLLM's generator fails on a negative seed; past 2**53 seeds collide in JavaScript
-        result = runner.invoke(main, ["webllm", "--artifact", str(artifact), "--model-dir", str(model_dir), "--prompt", "w5",
-                                      "--seed", seed])
-        assert result.exit_code == 2 and f"{seed} is not in the range 0<=x<=9007199254740991" in result.output, result.output
     broken = tmp_path / "model"
     shutil.copytree(model_dir, broken)
     data = json.loads((broken / "mlc-chat-config.json").read_text())
