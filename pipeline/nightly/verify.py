@@ -162,7 +162,8 @@ def verify(path: str | Path) -> Verification:
     """Verify a nightly directory (index.json) or a single artifact (manifest.json)."""
     path = Path(path)
     if not path.is_dir():
-        raise ArtifactError(f"{path}: no such directory")
+        raise ArtifactError(f"{path}: " + ("not a directory (give the nightly directory or the artifact directory)" if path.exists()
+                                           else "no such directory"))
     if (path / INDEX).is_file():
         count, problems = verify_nightly(path)
         return Verification(path, "nightly", count, problems)
