@@ -5,6 +5,7 @@ allowed; unknown models, quantizations and targets are rejected before anything 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import re
 from pathlib import Path
 from typing import Any
@@ -61,7 +62,9 @@ class Matrix:
         known = {c.id: c for c in self.cells}
         unknown = [i for i in ids if i not in known]
         if unknown:
-            raise ConfigError(f"--cell {unknown[0]!r}: not a cell of {self.path}; cells: {sorted(known)}")
+            close = difflib.get_close_matches(unknown[0], known, n=3, cutoff=0.6)
+            hint = f"closest: {', '.join(close)}" if close else f"{len(known)} cells: mlcpipe nightly --matrix {self.path} --list-cells"
+            raise ConfigError(f"--cell {short_repr(unknown[0])}: not a cell of {self.path} ({hint})")
         return [known[i] for i in dict.fromkeys(ids)]
 
 

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from mlcpipe.errors import ConfigError
 from mlcpipe.nightly.matrix import load_matrix
 from mlcpipe.profiler.compare import kernel_rows
 
@@ -372,6 +373,12 @@ def test_default_matrix_and_workflow(source):
                    for q in ("q0f16", "q4f16_1", "q4f32_1")]
     proc = mlcpipe("nightly", "--list-cells", check_rc=0)
     assert json.loads(proc.stdout) == ids
+    # a mistyped cell: the closest ids, not all 60 in one line
+    with pytest.raises(ConfigError, match=r"--cell 'llama-3.2-1b-q4f32-llvm': not a cell of .*nightly\.yaml "
+                                          r"\(closest: llama-3\.2-1b-q4f32_1-llvm, "):
+        load_matrix().select(["llama-3.2-1b-q4f32-llvm"])
+    with pytest.raises(ConfigError, match=r"--cell 'zzz': .* \(60 cells: mlcpipe nightly --matrix .*nightly\.yaml --list-cells\)$"):
+        load_matrix().select(["qwen3-0.6b-q0f16-llvm", "zzz"])
     flow = yaml.safe_load((REPO / ".github" / "workflows" / "nightly.yml").read_text())
     assert flow[True]["schedule"][0]["cron"]
     build = flow["jobs"]["build"]
