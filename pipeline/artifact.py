@@ -381,9 +381,9 @@ def write_json(path: Path, data: Any) -> None:
 
 def write_file_atomic(path: str | Path, data: str | bytes) -> Path:
     """`data` into a temp file beside `path`, then renamed over it: a full disk or a kill leaves
-    the earlier file whole (its permissions kept). A symlink is followed (the file it names is replaced); a device or
-    a pipe (/dev/stdout) is written in place, since a rename would replace the node itself.
-    OSError becomes ArtifactError in one line naming the file."""
+    the earlier file whole; a replaced file keeps its permissions. A symlink is followed (the file
+    it names is replaced); a device or a pipe (/dev/stdout) is written in place, since a rename
+    would replace the node itself. OSError becomes ArtifactError in one line naming the file."""
     path = Path(path)
     payload = data.encode() if isinstance(data, str) else data
     if _is_stream(path):
@@ -393,8 +393,8 @@ def write_file_atomic(path: str | Path, data: str | bytes) -> Path:
         except OSError as exc:
             raise ArtifactError(f"{path}: could not write it: {_reason(exc)}") from None
         return path
-    try:  # a replaced file keeps its permissions
-        final, mode = Path(os.path.realpath(path)), stat.S_IMODE(os.stat(path).st_mode)
+    try:
+        final, mode = Path(os.path.realpath(path)), os.stat(path).st_mode & 0o777
     except OSError:
         final, mode = path, 0o644
     tmp = temp_sibling(final)
