@@ -603,6 +603,12 @@ def safetensors_data_truncated(ctx):
 
 
 @case()
+def import_config_name_empty(ctx):  # was: an empty --name fell back to the file's stem without a word
+    return (["import-config", str(ctx.checkpoint()), "-o", str(ctx.tmp / "model.yaml"), "--name", ""],
+            r"model\.yaml: field 'name': got ''; expected a name of letters, digits")
+
+
+@case()
 def hf_config_a_list(ctx):
     hf = ctx.checkpoint()
     (hf / "config.json").write_text("[1, 2]")

@@ -25,7 +25,7 @@ def import_config(source: Path, output: Path, name: str | None = None) -> Path:
         raise ArtifactError(f"refusing to write {output}: it exists; choose a new file name")
     if not (output.parent if str(output.parent) else Path(".")).is_dir():
         raise ArtifactError(f"-o {output}: directory {output.parent} does not exist")
-    name = name or output.stem
+    name = output.stem if name is None else name
     check_path_name(str(output), "name", name)
     generation_path = Path(source) / "generation_config.json"
     generation = read_json(generation_path, "generation config") if generation_path.is_file() else None
