@@ -40,7 +40,8 @@ def profile(ctx, artifact, model, quant, target_name, weights, prompt_len, gen_l
     from ..interface.profile import profile as profile_run
 
     if (artifact is None) == (quant is None):
-        raise click.UsageError("give --artifact DIR, or --quant (with --model/--target) to build and profile")
+        raise click.UsageError(("--artifact and --quant exclude each other: " if artifact else "") +
+                               "give --artifact DIR, or --quant (with --model/--target) to build and profile")
     text = profile_run(artifact, model, quant, target_name, weights, prompt_len=prompt_len, gen_len=gen_len, runs=runs,
                        warmup=warmup, fmt=fmt, peak_gbps=peak_gbps, output=output, save_json=save_json, rpc=rpc,
                        rpc_tracker=rpc_tracker, rpc_key=rpc_key, adapter=adapter, browser=browser, log=log,

@@ -210,6 +210,17 @@ def test_peak_bandwidth_flag_is_a_positive_finite_number(value, tmp_path):
         assert result.exit_code == 2 and "Invalid value for '--peak-gbps'" in result.output, result.output
 
 
+def test_profile_needs_one_of_artifact_and_quant(tmp_path):
+    from click.testing import CliRunner
+
+    from mlcpipe.cli import main
+
+    both = CliRunner().invoke(main, ["profile", "--artifact", str(tmp_path), "--quant", "q4f16_1"])
+    assert both.exit_code == 2 and "--artifact and --quant exclude each other: give --artifact DIR, or --quant" in both.output
+    neither = CliRunner().invoke(main, ["profile"])
+    assert neither.exit_code == 2 and "Error: give --artifact DIR, or --quant (with --model/--target)" in neither.output
+
+
 def test_peak_bandwidth_lookup_hides_only_a_preset_that_is_gone(monkeypatch):
     from mlcpipe import targets
     from mlcpipe.profiler.reports import resolve_peak_gbps
