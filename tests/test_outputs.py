@@ -431,6 +431,7 @@ def test_a_saved_tuning_database_stays_a_symlink_with_its_permissions(tmp_path):
     db.put({"kind": "llvm", "mcpu": "x"}, "sig", {"kernel": "k", "rule": "DecodeGEMVFloat", "knobs": {}})
     db.save()
     assert link.is_symlink() and oct(real.stat().st_mode & 0o777) == "0o600"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["db.json", "shared"]  # nothing left beside the link
     assert list(TuningDB.load(real).table({"kind": "llvm", "mcpu": "x"})) == ["sig"]
 
 

@@ -21,6 +21,7 @@ import datetime
 import json
 import importlib.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -271,8 +272,8 @@ def _run_options(pairs: list[tuple[str, str]], cpu_models, bench_models, prefill
     """(cpu models, bench models, prefill chunk, device Python version), checked before any build:
     --cpu-model / --bench-model name models of the --set (others did nothing), --prefill-chunk fits
     each one's prefill_chunk_size (it failed after the builds), --python is 3.9 or later."""
-    if python != "current" and not (python.count(".") == 1 and all(p.isdigit() for p in python.split("."))
-                                    and python.split(".")[0] == "3" and int(python.split(".")[1]) >= 9):
+    minor = re.fullmatch(r"3\.(\d+)", python)
+    if python != "current" and not (minor and int(minor.group(1)) >= 9):
         raise OptionValueError(f"{short_repr(python)}: expected a Python version such as 3.12 (3.9 or later), or 'current'", "--python")
     models = list(dict.fromkeys(model for model, _ in pairs))
     chunks = {model: load_model_config(model).prefill_chunk_size for model in models}

@@ -137,12 +137,13 @@ class TuningDB:
         """Under the file's lock (waiting for another writer): re-read it, apply this process's
         `put`s, write it atomically (artifact.write_file_atomic: a crash never leaves half a database)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with write_lock(self.path, wait=True):
-            remove_leftovers(self.path.parent, {self.path.name})
-            merged = TuningDB.load(self.path).records
+        real = Path(os.path.realpath(self.path))  # a linked database: its lock and temp files beside the file itself
+        with write_lock(real, wait=True):
+            remove_leftovers(real.parent, {real.name})
+            merged = TuningDB.load(real).records
             for key, sig in sorted(self._changed):
                 merged.setdefault(key, {})[sig] = self.records[key][sig]
-            write_file_atomic(self.path, json.dumps({"schema": SCHEMA, "version": VERSION, "records": merged}, indent=1, sort_keys=True) + "\n")
+            write_file_atomic(real, json.dumps({"schema": SCHEMA, "version": VERSION, "records": merged}, indent=1, sort_keys=True) + "\n")
         self.records, self._changed = merged, set()
 
     def digest(self) -> str | None:

@@ -28,8 +28,9 @@ def matching_kernels(kernels: dict[str, tvm.tirx.PrimFunc], pattern: str | None,
     return chosen
 
 
-def nothing_tuned(pattern: str | None, names: list[str], what: str, why: str) -> str:
-    """The one line for a tune that found nothing to store (then no database is written)."""
+def nothing_tuned(pattern: str | None, chosen: list[tuple[str, tvm.tirx.PrimFunc]], what: str, why: str) -> str:
+    """The one line for a tune of the `chosen` kernels that found nothing to store (then no database is written)."""
+    names = [name for name, _ in chosen]
     shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
     chosen = f"--kernels {short_repr(pattern)}: the" if pattern else "the"
     return f"{chosen} {len(names)} kernel{'s' * (len(names) > 1)} of {what} ({shown}): nothing to tune ({why})"

@@ -186,7 +186,7 @@ def tune(
         log(f"[tune] {name}: {result.rule} {result.best} {result.best_ms:.3f} ms (default {result.default_rule} {result.default_ms:.3f} ms, "
             f"{len(timed)}/{len(tried)} candidates of {rules} rule{'s' * (rules > 1)}, {time.perf_counter() - started:.1f}s)")
     if not results:
-        raise TuneError(nothing_tuned(pattern, [name for name, _ in chosen], f"{config.name} {quant.name}",
+        raise TuneError(nothing_tuned(pattern, chosen, f"{config.name} {quant.name}",
                                       f"no {target.kind} rule with knobs takes them, or no candidate ran"))
     db.save()
     return results

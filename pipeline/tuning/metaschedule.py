@@ -142,7 +142,7 @@ def tune_metaschedule(
             "kept" if result.kept else "ours stays")
         log(f"[tune] {name}: MetaSchedule {trials} trials in {result.seconds:.0f}s, {outcome}")
     if not results:
-        raise TuneError(nothing_tuned(pattern, [name for name, _ in chosen], f"{config.name} {quant.name}",
+        raise TuneError(nothing_tuned(pattern, chosen, f"{config.name} {quant.name}",
                                       "MetaSchedule searches our scheduled kernels of static shape only"))
     db.save()
     return results
