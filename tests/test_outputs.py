@@ -502,17 +502,23 @@ def nightlies(tmp_path_factory):
             raise
         return proc
 
-    rerun = rerun_stopped_mid_build(root / "c2")
-    # Ctrl-C in a terminal (the whole foreground group) while it is stopped mid-build, delivered as
-    # it resumes: no timing decides the outcome (a worker being started as Ctrl-C lands is stopped
-    # too, and a cell whose work finished meanwhile is not replaced)
-    os.killpg(rerun.pid, signal.SIGINT)
-    os.killpg(rerun.pid, signal.SIGCONT)
-    _, err = rerun.communicate(timeout=120)
-    got["ctrl_c"] = {"code": rerun.returncode, "stderr": err, "cell": _cell_state(out),
-                     "index": json.loads((out / "index.json").read_text()), "summary": (out / "SUMMARY.md").read_text(),
-                     "verify": mlcpipe("verify", out), "partial_log": (out / "logs" / f"{CELL}.interrupted.log").is_file(),
-                     "leftovers": _leftovers(root, out, out / "logs", root / "c2")}
+    def interrupted_mid_build(signum: int, cache: Path) -> dict:
+        """A rerun stopped mid-build gets `signum` on its whole group (Ctrl-C in a terminal; a
+        `timeout` or a service's stop for SIGTERM), delivered as it resumes: no timing decides the
+        outcome (a worker being started as it lands is stopped too, and a cell whose work finished
+        meanwhile is not replaced)."""
+        (out / "logs" / f"{CELL}.interrupted.log").unlink(missing_ok=True)
+        rerun = rerun_stopped_mid_build(cache)
+        os.killpg(rerun.pid, signum)
+        os.killpg(rerun.pid, signal.SIGCONT)
+        _, err = rerun.communicate(timeout=120)
+        return {"code": rerun.returncode, "stderr": err, "cell": _cell_state(out),
+                "index": json.loads((out / "index.json").read_text()), "summary": (out / "SUMMARY.md").read_text(),
+                "verify": mlcpipe("verify", out), "partial_log": (out / "logs" / f"{CELL}.interrupted.log").is_file(),
+                "leftovers": _leftovers(root, out, out / "logs", cache)}
+
+    got["ctrl_c"] = interrupted_mid_build(signal.SIGINT, root / "c2")
+    got["sigterm"] = interrupted_mid_build(signal.SIGTERM, root / "c5")  # a fresh cache, as below
 
     first = rerun_stopped_mid_build(root / "c4")  # a fresh cache: the Ctrl-C'd rerun may have finished its entry in c2
     try:
@@ -541,6 +547,32 @@ def test_ctrl_c_keeps_the_previous_cells(nightlies):
     assert "1 interrupted" in got["summary"] and got["partial_log"]
     assert got["verify"].returncode == 0, got["verify"].stderr
     assert got["leftovers"] == []
+
+
+def test_sigterm_keeps_the_previous_cells_and_writes_the_report(nightlies):
+    """Was: SIGTERM (`timeout`, a CI job's cancel, a service's stop) killed the nightly on the spot:
+    no report of the run, its workers' temp dirs left behind, and a worker that died of it before
+    the nightly could be reported as a failed cell. Now it stops as for Ctrl-C, with exit 143."""
+    got = nightlies["sigterm"]
+    assert got["cell"] == nightlies["kept"], "the previous good cell (directory or log) changed"
+    assert got["code"] == 143 and "Terminated." in got["stderr"].splitlines(), got["stderr"][-3000:]
+    (record,) = got["index"]["cells"]
+    assert record["status"] == "interrupted" and record["previous_status"] == "passed", record
+    assert "1 interrupted" in got["summary"] and got["partial_log"]
+    assert got["verify"].returncode == 0, got["verify"].stderr
+    assert got["leftovers"] == []
+
+
+def test_sigterm_mid_build_removes_the_temp_dir(tmp_path):
+    """Was: SIGTERM killed a build on the spot; its temp dir (the whole artifact, weights included)
+    stayed until the next build of that output. Now it is removed as for Ctrl-C, exit 143."""
+    proc = start("build", "--model", "llama-tiny", "--quant", "q4f32_1", "--output", tmp_path / "art", "--weights", "synthetic")
+    wait_for(lambda: bool(_leftovers(tmp_path)) or proc.poll() is not None, 120, "the build's temp dir")
+    assert proc.poll() is None, f"the build ended before its temp dir was seen: {proc.communicate()[1][-3000:]}"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 143 and "Terminated." in err.splitlines(), err[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
 def test_two_nightlies_on_one_out(nightlies):

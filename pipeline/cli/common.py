@@ -70,8 +70,9 @@ class Group(click.Group):
 
 
 class UserErrors(click.Group):
-    """Turn known user-facing errors into a one-line message and exit status 2, and Ctrl-C into
-    click's "Aborted!" wherever it lands."""
+    """Turn known user-facing errors into a one-line message and exit status 2, Ctrl-C into click's
+    "Aborted!" wherever it lands, and SIGTERM into "Terminated." and exit status 143 once the
+    command has cleaned up."""
 
     command_class = Command
 
@@ -79,8 +80,13 @@ class UserErrors(click.Group):
         with _InterruptWatch() as watch:
             try:
                 return super().invoke(ctx)
-            except Exception as exc:
-                if watch.interrupted:  # the error is what Ctrl-C became inside a TVM callback
+            except BaseException as exc:
+                if watch.received == signal.SIGTERM:  # stopped (`timeout`, a service manager): cleaned up, 128 + 15
+                    click.echo("Terminated.", err=True)
+                    sys.exit(128 + signal.SIGTERM)
+                if not isinstance(exc, Exception):
+                    raise
+                if watch.received:  # the error is what Ctrl-C became inside a TVM callback
                     raise KeyboardInterrupt from None
                 _report(exc)
                 raise
@@ -97,28 +103,34 @@ def _report(exc: Exception) -> None:
 
 
 class _InterruptWatch:
-    """Notes a Ctrl-C while a command runs. Raised inside a Python callback of TVM's C++ (a pass, a
-    packed function), KeyboardInterrupt comes back out as a bare RuntimeError (tvm_ffi re-raises
-    error kinds it does not know so), which would print a traceback instead of "Aborted!"."""
+    """Turns Ctrl-C (SIGINT) and SIGTERM while a command runs into KeyboardInterrupt, noting which
+    came: the command's temp dirs are removed and a nightly writes its report either way. Raised
+    inside a Python callback of TVM's C++ (a pass, a packed function), KeyboardInterrupt comes back
+    out as a bare RuntimeError (tvm_ffi re-raises error kinds it does not know so), which would
+    print a traceback instead of "Aborted!"."""
+
+    # Only the default handlers are replaced: a caller that ignores a signal (a nightly worker
+    # ignores SIGINT) or handles it keeps its choice.
+    DEFAULTS = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}
 
     def __init__(self):
-        self.interrupted = False
-        self._previous = None
+        self.received: int | None = None
+        self._previous: dict[int, object] = {}
 
-    def _on_sigint(self, signum, frame):
-        self.interrupted = True
+    def _on_signal(self, signum, frame):
+        self.received = signum
         raise KeyboardInterrupt
 
     def __enter__(self):
-        # Only Python's own handler is replaced: a caller that ignores SIGINT (a nightly worker)
-        # or handles it keeps its choice.
-        if threading.current_thread() is threading.main_thread() and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
-            self._previous = signal.signal(signal.SIGINT, self._on_sigint)
+        if threading.current_thread() is threading.main_thread():
+            for signum, default in self.DEFAULTS.items():
+                if signal.getsignal(signum) is default:
+                    self._previous[signum] = signal.signal(signum, self._on_signal)
         return self
 
     def __exit__(self, *exc_info):
-        if self._previous is not None:
-            signal.signal(signal.SIGINT, self._previous)
+        for signum, previous in self._previous.items():
+            signal.signal(signum, previous)
         return False
 
 

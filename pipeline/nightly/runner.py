@@ -54,7 +54,7 @@ class CellError(RuntimeError):
 
 
 class CellInterrupted(CellError):
-    """A cell stopped by Ctrl-C (or its worker by SIGINT): nothing of it is kept."""
+    """A cell stopped by Ctrl-C or SIGTERM (or its worker by SIGINT / SIGTERM): nothing of it is kept."""
 
 
 def cell_thread_init() -> None:
@@ -154,8 +154,11 @@ class Runner:
             with self._children_lock:
                 self._children.discard(proc)
         log.flush()
-        if code != 0 and (self._stopping.is_set() or code == -signal.SIGINT):
-            raise CellInterrupted(f"interrupted (worker {'stopped' if self._stopping.is_set() else 'got SIGINT'})")
+        if code != 0 and (self._stopping.is_set() or -code in (signal.SIGINT, signal.SIGTERM)):
+            # a SIGTERM sent to the whole group (`timeout`, a service's stop) may reach a worker
+            # before the nightly's own handler sets _stopping
+            how = "stopped" if self._stopping.is_set() else f"got {signal.Signals(-code).name}"
+            raise CellInterrupted(f"interrupted (worker {how})")
         if code != 0:
             tail = [ln for ln in log_tail(Path(log.name), 40) if not ln.startswith(("  File ", "    "))]
             last = tail[-1] if tail else ""
