@@ -204,7 +204,7 @@ def build(
         if weights is not None:
             from .weights import convert_weights
 
-            convert_weights(config, quant, weights, tmp / "params", log=log)
+            convert_weights(config, quant, weights, tmp / "params", log=log, final=output / "params")
         write_json(tmp / MANIFEST, _manifest(config, quant, target, compiled, db if tuning else None, build_seconds, manifest_extra, tmp))
     log(f"[mlcpipe] built {output} in {build_seconds:.1f}s")
     return output

@@ -328,14 +328,16 @@ def check_free_space(directory: Path, nbytes: int, what: str) -> None:
 
 
 def convert_weights(
-    config: ModelConfig, quant: Quantization, source: str | Path, output: Path, seed: int = 0, log=print, allow_unused: bool = False
+    config: ModelConfig, quant: Quantization, source: str | Path, output: Path, seed: int = 0, log=print, allow_unused: bool = False,
+    final: Path | None = None,
 ) -> Path:
     """Quantize `source` ("synthetic" or a HF dir) into `output`: a model directory MLC-LLM and
     WebLLM load (shards + tensor-cache.json + mlc-chat-config.json + the checkpoint's tokenizer
     files, listed in the config's `tokenizer_files`; none for synthetic weights). `output` must be
     new, empty or an mlcpipe weights directory, and neither be nor contain nor lie inside `source`;
     it is locked while converting and replaced in one step. Checkpoint tensors the model does not
-    use are an error unless `allow_unused` (logical_weights)."""
+    use are an error unless `allow_unused` (logical_weights). `final`: where `output` will end up
+    (a build's temp dir is renamed), for the log line."""
     from tvm.contrib import tvmjs
 
     if str(source) != "synthetic" and not Path(source).is_dir():
@@ -390,7 +392,7 @@ def convert_weights(
         add_shard_digests(tmp)
         copied = copy_tokenizer_files(Path(source), tmp) if str(source) != "synthetic" else []
         write_json(tmp / RUNTIME_CONFIG, mlc_chat_config(config, quant, tmp, copied))
-    log(f"[mlcpipe] wrote {len(ordered)} tensors ({total_bytes / 2**20:.1f} MiB) to {output}")
+    log(f"[mlcpipe] wrote {len(ordered)} tensors ({total_bytes / 2**20:.1f} MiB) to {final or output}")
     return Path(output)
 
 

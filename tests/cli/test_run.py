@@ -127,6 +127,7 @@ def test_synthetic_weights_and_tokenizer(tiny_config, tmp_path):
     built = mlcpipe("build", "--model", "llama-tiny", "--quant", "q4f16_1", "--output", str(art), "--weights", "synthetic")
     assert built.returncode == 0, built.stderr
     assert (art / "params" / "tensor-cache.json").is_file()
+    assert f"tensors (0.2 MiB) to {art / 'params'}\n" in built.stderr, built.stderr  # not the temp dir renamed at the end
     by_ids = mlcpipe("run", "--artifact", str(art), "--prompt-tokens", "4,5,6", "--max-new-tokens", "5")
     by_text = mlcpipe("run", "--artifact", str(art), "--prompt", "w4 w5 w6", "--tokenizer", str(tmp_path / "tokenizer.json"), "--max-new-tokens", "5")
     synthetic = mlcpipe("run", "--artifact", str(art), "--weights", "synthetic", "--prompt-tokens", "4,5,6", "--max-new-tokens", "5")
