@@ -771,6 +771,18 @@ def profile_output_is_a_directory(ctx):
 
 
 @case()
+def profile_output_is_the_artifact_directory(ctx):  # was: "is a directory; give a file name such as <art>/report.md"
+    art = ctx.art()
+    return ["profile", "--artifact", str(art), *PROFILE_SMALL, "-o", str(art)], r"-o .*art: is inside the input --artifact .*art; write the output elsewhere$"
+
+
+@case()
+def save_logits_is_the_artifact_directory(ctx):
+    art = ctx.art()
+    return run_args(art, "--save-logits", str(art)), r"--save-logits .*art: is inside the input --artifact .*art; write the output elsewhere$"
+
+
+@case()
 def compare_output_is_its_input(ctx):
     argv = _compare(ctx)
     return argv + ["-o", argv[2]], r"-o .*a\.json: is the input BEFORE .*a\.json; write the output elsewhere"

@@ -45,14 +45,13 @@ def profile(artifact: Path | None, model: str, quant: str | None, target_name: s
 
     from ..artifact import check_distinct_paths, write_file_atomic
 
-    output_file(output, "-o", "report.md")
-    output_file(save_json, "--save-json", "profile.json")
-
     def check_outputs() -> None:  # not into the artifact or the weights (a report over manifest.json)
         inputs = {"--artifact": artifact, "--weights": Path(weights) if weights not in (None, "synthetic") else None}
         check_distinct_paths({}, {"-o": output, "--save-json": save_json}, inputs)
 
-    check_outputs()
+    check_outputs()  # first: "-o ART: is a directory; ... such as ART/report.md" named a file inside the input
+    output_file(output, "-o", "report.md")
+    output_file(save_json, "--save-json", "profile.json")
     if artifact is None:  # the compile side only when there is no artifact to profile
         from .artifacts import ensure_artifact
 

@@ -31,9 +31,9 @@ def run(artifact: Path, weights: str | None = None, *, prompt_tokens: str | None
     if save_logits is not None:
         from ..artifact import check_distinct_paths
 
-        check_logits_path(save_logits)
         check_distinct_paths({"--tokenizer": tokenizer}, {"--save-logits": save_logits},
                              {"--artifact": artifact, "--weights": Path(weights) if weights not in (None, "synthetic") else None})
+        check_logits_path(save_logits)  # after: its "such as DIR/logits.npy" must not name a file inside an input
     if weights_seed is not None and weights != "synthetic":
         raise OptionError("--weights-seed applies to --weights synthetic only (these weights are read from files)")
     if (prompt_tokens is None) == (prompt is None):
