@@ -152,6 +152,11 @@ def available_targets() -> list[str]:
     return sorted(p.stem for p in TARGETS_DIR.glob("*.yaml"))
 
 
+# The command line's preset overrides (build / tune: --mcpu, --arch, --fatbin-archs, --cuda-graph;
+# a nightly cell's `options`) and the target kinds each applies to.
+OVERRIDE_KINDS = {"mcpu": ("llvm",), "arch": ("cuda",), "fatbin_archs": ("cuda",), "cuda_graph": ("cuda",)}
+
+
 def load_target(name: str, overrides: dict[str, Any] | None = None) -> TargetSpec:
     """Preset `name`, with `overrides` (e.g. {"mcpu": "skylake-avx512"}) applied on top."""
     path = TARGETS_DIR / f"{name}.yaml"
@@ -166,6 +171,11 @@ def load_target(name: str, overrides: dict[str, Any] | None = None) -> TargetSpe
     kind = raw.get("kind")
     if kind not in KINDS:
         raise ConfigError(f"{path}: field 'kind': got {kind!r}; allowed: {list(KINDS)}")
+    for key in sorted(given):  # e.g. --mcpu on cuda: TVM took it as a cuda attribute; on metal, a screen of TVM's options
+        kinds = OVERRIDE_KINDS.get(key, (kind,))
+        if kind not in kinds:
+            raise ConfigError(f"--target {name}: '{key}' (--{key.replace('_', '-')}) applies to {' and '.join(kinds)} "
+                              f"targets only, not {kind}")
     kind_backend = backend(kind)
     # keys of the preset that are mlcpipe's, not TVM's (e.g. cuda's fatbin_archs)
     options = {key: raw.pop(key) for key in kind_backend.PRESET_OPTIONS if key in raw}

@@ -902,6 +902,24 @@ def build_cuda_arch_sm_12(ctx):
 
 
 @case()
+def build_llvm_with_a_cuda_arch(ctx):  # was: TVM's rejection, its whole list of llvm options
+    return (["build", "--model", "llama-tiny", "--quant", "q4f16_1", "--arch", "sm_90", "--output", str(ctx.tmp / "out")],
+            r"^error: --target llvm: 'arch' \(--arch\) applies to cuda targets only, not llvm$")
+
+
+@case()
+def build_cuda_with_an_mcpu(ctx):  # was: built, with 'mcpu' taken as an attribute of the cuda target
+    return (["build", "--model", "llama-tiny", "--quant", "q4f16_1", "--target", "cuda", "--mcpu", "znver3", "--output", str(ctx.tmp / "out")],
+            r"^error: --target cuda: 'mcpu' \(--mcpu\) applies to llvm targets only, not cuda$")
+
+
+@case()
+def tune_cuda_with_an_mcpu(ctx):
+    return (["tune", "--model", "llama-tiny", "--quant", "q4f16_1", "--target", "cuda", "--mcpu", "haswell", "--db", str(ctx.tmp / "db.json")],
+            r"^error: --target cuda: 'mcpu' \(--mcpu\) applies to llvm targets only, not cuda$")
+
+
+@case()
 def build_cuda_fatbin_arch_junk(ctx):
     return (["build", "--model", "llama-tiny", "--quant", "q4f16_1", "--target", "cuda", "--fatbin-archs", "sm_80,sm_9o",
              "--output", str(ctx.tmp / "out")], r"--fatbin-archs 'sm_9o': not an arch nvcc compiles for")

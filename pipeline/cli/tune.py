@@ -19,7 +19,8 @@ from .common import DEFAULT_MODEL, Command, log
               help="Tuning database to update (default artifacts/tuning/<target>.json).")
 @click.option("--kernels", "pattern", default=None, help="Only kernels whose name matches this regex.")
 @click.option("--budget", default=8, show_default=True, type=click.IntRange(min=1), help="Knob candidates timed per kernel and rule (defaults included; every rule that takes the kernel competes).")
-@click.option("--tokens", default=128, show_default=True, type=click.IntRange(min=1), help="Token count bound to prefill kernels' symbolic dim.")
+@click.option("--tokens", default=None, type=click.IntRange(min=1),
+              help="Token count bound to prefill kernels' symbolic dim (default 128, or the model's prefill_chunk_size when smaller).")
 @click.option("--tuner", type=click.Choice(["knobs", "metaschedule"]), default="knobs", show_default=True,
               help="knobs: time our rules' knob candidates; metaschedule: TVM MetaSchedule search (static-shape kernels), "
                    "kept where faster than our schedule.")

@@ -6,13 +6,17 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
+from ..errors import OptionValueError
 from .build import target_overrides
+
+DEFAULT_TOKENS = 128
 
 
 def tune(model: str, quant: str, target_name: str, *, mcpu: str | None = None, arch: str | None = None,
-         db_path: Path | None = None, pattern: str | None = None, budget: int = 8, tokens: int = 128,
+         db_path: Path | None = None, pattern: str | None = None, budget: int = 8, tokens: int | None = None,
          tuner: str = "knobs", trials: int = 32, log: Callable[[str], None] = print) -> str:
-    """Tune the kernels matching `pattern`; returns the report (table and a summary line)."""
+    """Tune the kernels matching `pattern`; returns the report (table and a summary line). `tokens`
+    (prefill kernels): default 128, or the model's prefill_chunk_size when smaller."""
     from ..config import load_model_config
     from ..conformance import kernel_pattern
     from ..targets import load_target
@@ -21,6 +25,11 @@ def tune(model: str, quant: str, target_name: str, *, mcpu: str | None = None, a
     kernel_pattern(pattern)
     config = load_model_config(model)
     scheme = config.scheme(quant)
+    if tokens is None:
+        tokens = min(DEFAULT_TOKENS, config.prefill_chunk_size)
+    if tuner == "knobs" and tokens > config.prefill_chunk_size:  # the engine prefills in chunks of at most that
+        raise OptionValueError(f"{tokens}: past the prefill chunk of {config.name} (prefill_chunk_size "
+                               f"{config.prefill_chunk_size}): its prefill kernels never see more tokens in one call", "--tokens")
     target = load_target(target_name, target_overrides(mcpu, arch))
     db = TuningDB.load(db_path or default_db_path(target.name))
     if tuner == "metaschedule":

@@ -109,6 +109,24 @@ def test_bad_database_and_untimed_target_are_one_line_errors(tmp_path):
     assert result.exit_code == 2
     assert "cannot time webgpu kernels here (allowed: llvm, cuda)" in result.output
     assert not (tmp_path / "x.json").exists()
+    # was: timed (and stored) at a token count the engine never runs: it prefills in chunks of at most 128 here
+    result = runner.invoke(main, ["tune", "--model", "llama-tiny", "--quant", "q4f16_1", "--tokens", "129", "--db", str(tmp_path / "x.json")])
+    assert result.exit_code == 2, result.output
+    assert ("Invalid value for --tokens: 129: past the prefill chunk of llama-tiny (prefill_chunk_size 128): its prefill "
+            "kernels never see more tokens in one call") in result.output
+    assert not (tmp_path / "x.json").exists()
+
+
+def test_tune_tokens_default_to_the_prefill_chunk_when_it_is_smaller(monkeypatch, tmp_path):
+    """Was: 128 for every model, more than qwen2-tiny's chunk of 64 (and now refused as such)."""
+    from mlcpipe.interface.tune import tune
+    from mlcpipe.tuning import knobs
+
+    seen = []
+    monkeypatch.setattr(knobs, "tune", lambda *args, tokens, **kwargs: seen.append(tokens) or [])
+    for model in ("qwen2-tiny", "llama-tiny", "llama-3.2-1b"):
+        tune(model, "q4f32_1", "llvm", db_path=tmp_path / "db.json")
+    assert seen == [64, 128, 128]
 
 
 def test_candidates_are_compared_at_the_quantization_entrys_tolerance(monkeypatch):
