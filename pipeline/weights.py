@@ -73,7 +73,10 @@ class SafetensorsDir:
             return
         files = sorted(self.path.glob("*.safetensors"))
         if not files:
-            raise ArtifactError(f"{self.path}: no *.safetensors files")
+            others = sorted(f.name for pattern in ("*.bin", "*.pt", "*.pth", "*.gguf") for f in self.path.glob(pattern))
+            found = (f" (found {', '.join(others[:3])}{', ...' if len(others) > 3 else ''}: PyTorch pickles and GGUF are not read; "
+                     "save the checkpoint as safetensors, e.g. transformers' save_pretrained(dir, safe_serialization=True))") if others else ""
+            raise ArtifactError(f"{self.path}: no *.safetensors files{found}")
         for file in files:
             header, base = _read_safetensors_header(file)
             for name, info in header.items():

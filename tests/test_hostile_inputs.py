@@ -532,6 +532,13 @@ def convert_tensor_in_two_files_without_index(ctx):
 
 
 @case()
+def convert_checkpoint_of_pytorch_pickles(ctx):  # was: "no *.safetensors files", not a word on what was there
+    hf = ctx.checkpoint()
+    (hf / "model.safetensors").rename(hf / "pytorch_model.bin")
+    return _convert(ctx, hf), r"hf: no \*\.safetensors files \(found pytorch_model\.bin: PyTorch pickles and GGUF are not read; save the checkpoint as safetensors"
+
+
+@case()
 def convert_checkpoint_with_an_extra_layer(ctx):
     layers = ctx.shared.cfg.num_hidden_layers
 
