@@ -238,6 +238,20 @@ def check_model_dir(weights_dir: str | Path) -> dict[str, Any]:
     return data
 
 
+def check_pair(artifact: Path, model_dir: Path, chat_config: dict[str, Any]) -> int:
+    """The model directory is one the artifact's library can run: the same quantization and every
+    parameter the library takes, with its shape and dtype. Returns the parameter count; raises
+    ArtifactError (one line) otherwise."""
+    from .tensor_cache import check_parameters
+
+    manifest = read_manifest(Path(artifact), ("quantization", "parameters"))
+    if chat_config["quantization"] != manifest["quantization"]:
+        raise MLCContractError(f"--model-dir {model_dir}: quantization {chat_config['quantization']!r} ({RUNTIME_CONFIG}), "
+                               f"but {artifact} is built for {manifest['quantization']!r}")
+    check_parameters(Path(model_dir), manifest["parameters"], "--model-dir")
+    return len(manifest["parameters"])
+
+
 def check_library(artifact: str | Path) -> dict[str, Any]:
     """The artifact's library defines every function MLC-LLM / WebLLM call, read from the library
     itself (its Relax VM executable, never loaded), and matches its manifest (library.py: container,

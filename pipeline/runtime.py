@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .artifact import RUN_FIELDS, RUNTIME_CONFIG, TENSOR_CACHE, check_output_file, read_manifest, verified_library
+from .artifact import RUN_FIELDS, RUNTIME_CONFIG, check_output_file, read_manifest, verified_library
 from .backends import backend
 from .device import RunOptions, device, tvm_runtime as rt
 from .errors import ArtifactError
@@ -59,24 +59,12 @@ class Engine(Generation):
         if str(weights) == "synthetic":
             arrays = self._synthetic_params(seed)
         else:
+            from .tensor_cache import check_parameters
             from .weights import load_stored_weights
 
-            if not (Path(weights) / TENSOR_CACHE).is_file():
-                raise ArtifactError(f"--weights {weights}: {TENSOR_CACHE} missing; run `mlcpipe convert-weights` or pass --weights synthetic")
+            check_parameters(Path(weights), self.manifest["parameters"])  # before any shard is read
             arrays = load_stored_weights(Path(weights))
-        params = []
-        for spec in self.manifest["parameters"]:
-            name = spec["name"]
-            if name not in arrays:
-                raise ArtifactError(f"--weights {weights}: parameter '{name}' is missing")
-            array = arrays[name]
-            if list(array.shape) != spec["shape"] or str(array.dtype) != spec["dtype"]:
-                raise ArtifactError(
-                    f"--weights {weights}: parameter '{name}' is {list(array.shape)} {array.dtype}; "
-                    f"the artifact expects {spec['shape']} {spec['dtype']} (built for another model or quantization?)"
-                )
-            params.append(array)
-        return params
+        return [arrays[spec["name"]] for spec in self.manifest["parameters"]]
 
     def _remote_param_array(self, arrays: list[np.ndarray]):
         """The parameters as an Array object on the remote. A tensor sent as an argument reaches

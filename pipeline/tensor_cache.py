@@ -80,3 +80,22 @@ def read_tensor_cache(weights_dir: Path) -> tuple[Path, list[dict]]:
     return path, cache["records"]
 
 
+
+
+def check_parameters(weights_dir: Path, parameters: list[dict], flag: str = "--weights") -> list[dict]:
+    """Every parameter an artifact takes (its manifest's `parameters`) is in the tensor cache of
+    `weights_dir` with its shape and dtype, as a runtime binding them needs; ArtifactError (one line
+    naming the first that is not) otherwise. Returns the shard records."""
+    if not (Path(weights_dir) / TENSOR_CACHE).is_file():
+        synthetic = " or pass --weights synthetic" if flag == "--weights" else ""
+        raise ArtifactError(f"{flag} {weights_dir}: {TENSOR_CACHE} missing; run `mlcpipe convert-weights`{synthetic}")
+    _, shards = read_tensor_cache(weights_dir)
+    records = {rec["name"]: rec for shard in shards for rec in shard["records"]}
+    for spec in parameters:
+        rec = records.get(spec["name"])
+        if rec is None:
+            raise ArtifactError(f"{flag} {weights_dir}: parameter '{spec['name']}' is missing")
+        if list(rec["shape"]) != list(spec["shape"]) or rec["dtype"] != spec["dtype"]:
+            raise ArtifactError(f"{flag} {weights_dir}: parameter '{spec['name']}' is {list(rec['shape'])} {rec['dtype']}; "
+                                f"the artifact expects {spec['shape']} {spec['dtype']} (built for another model or quantization?)")
+    return shards

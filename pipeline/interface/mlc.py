@@ -9,7 +9,7 @@ from pathlib import Path
 def mlc_check(artifact: Path | None, model_dir: Path | None, echo: Callable[[str], None] = print) -> None:
     """Check the library and/or model directory against what MLC-LLM's runtimes and WebLLM read;
     `echo` gets one `ok:` line per check passed, as it passes."""
-    from ..mlc_contract import check_library, check_model_dir
+    from ..mlc_contract import check_library, check_model_dir, check_pair
 
     if artifact is not None:
         manifest = check_library(artifact)
@@ -18,6 +18,9 @@ def mlc_check(artifact: Path | None, model_dir: Path | None, echo: Callable[[str
         data = check_model_dir(model_dir)
         echo(f"ok: {model_dir}: mlc-chat-config.json complete ({data['quantization']}, "
              f"conv_template {data['conv_template'].get('name')!r}), tokenizer files and weight shards present")
+    if artifact is not None and model_dir is not None:  # what a runtime given both binds together
+        count = check_pair(artifact, model_dir, data)
+        echo(f"ok: {model_dir}: holds the {count} parameters {artifact}'s library takes, with their shapes and dtypes")
 
 
 def webllm(artifact: Path, model_dir: Path, prompt: str, max_new_tokens: int = 16, *, temperature: float = 0.0,

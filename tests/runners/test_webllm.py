@@ -19,7 +19,7 @@ import pytest
 
 from mlcpipe.build import build
 from mlcpipe.mlc_contract import MLCContractError
-from mlcpipe.errors import RunnerError
+from mlcpipe.errors import ArtifactError, RunnerError
 from mlcpipe.runners.webgpu.webllm import webllm_complete
 from mlcpipe.targets import load_target
 from mlcpipe.weights import convert_weights
@@ -121,7 +121,19 @@ def test_cli_webllm_and_mlc_check(webllm_model, tmp_path):
     runner = CliRunner()
     result = runner.invoke(main, ["mlc-check", "--artifact", str(artifact), "--model-dir", str(model_dir)])
     assert result.exit_code == 0, result.output
-    assert result.output.count("ok: ") == 2
+    assert result.output.count("ok: ") == 3 and f"ok: {model_dir}: holds the " in result.output, result.output
+    # was: both halves "ok" on their own, though no runtime can bind these weights to this library
+    other = convert_weights(config, quantization("q0f32"), "synthetic", tmp_path / "other", log=lambda *_: None)
+    result = runner.invoke(main, ["mlc-check", "--artifact", str(artifact), "--model-dir", str(other)])
+    assert result.exit_code == 2
+    assert result.output.strip().splitlines()[-1] == (f"error: --model-dir {other}: quantization 'q0f32' (mlc-chat-config.json), "
+                                                      f"but {artifact} is built for '{QUANT}'")
+    shutil.copytree(model_dir, tmp_path / "relabelled")  # its config names the artifact's quantization, its tensors are q0f32's
+    (tmp_path / "relabelled" / "tensor-cache.json").write_text((other / "tensor-cache.json").read_text())
+    for shard in other.glob("params_shard_*"):
+        shutil.copy(shard, tmp_path / "relabelled" / shard.name)
+    with pytest.raises(ArtifactError, match=r"--model-dir .*relabelled: parameter 'model\.embed_tokens\.q_weight' is missing$"):
+        webllm_complete(artifact, tmp_path / "relabelled", "w5", 1)  # refused before the browser starts
     prompt = PROMPT[:5]
     result = runner.invoke(main, ["webllm", "--artifact", str(artifact), "--model-dir", str(model_dir),
                                   "--prompt", " ".join(f"w{t}" for t in prompt), "--max-new-tokens", "3"])

@@ -23,7 +23,7 @@ import numpy as np
 from ...artifact import RUN_FIELDS, RUNTIME_CONFIG, read_manifest, verified_library
 from ...errors import ArtifactError, RunnerError
 from ...generation import Generation
-from ...weights import TENSOR_CACHE
+from ...tensor_cache import check_parameters
 from .. import node_modules
 
 RUNNER = Path(__file__).resolve().parent / "js" / "node_runner.mjs"
@@ -269,19 +269,9 @@ class KernelRunner:
 
 
 def check_tensor_cache(weights_dir: Path, parameters: list[dict]) -> None:
-    """Every parameter the artifact takes is in the tensor cache with its shape and dtype."""
+    """Every parameter the artifact takes is in the tensor cache with its shape and dtype, and
+    every shard matches its digest (node reads the shards itself)."""
     from ...weights import verify_tensor_cache
 
-    index = Path(weights_dir) / TENSOR_CACHE
-    if not index.is_file():
-        raise ArtifactError(f"--weights {weights_dir}: {TENSOR_CACHE} missing; run `mlcpipe convert-weights` or pass --weights synthetic")
-    records = {r["name"]: r for shard in verify_tensor_cache(Path(weights_dir)) for r in shard["records"]}
-    for spec in parameters:
-        rec = records.get(spec["name"])
-        if rec is None:
-            raise ArtifactError(f"--weights {weights_dir}: parameter '{spec['name']}' is missing")
-        if list(rec["shape"]) != spec["shape"] or rec["dtype"] != spec["dtype"]:
-            raise ArtifactError(
-                f"--weights {weights_dir}: parameter '{spec['name']}' is {list(rec['shape'])} {rec['dtype']}; "
-                f"the artifact expects {spec['shape']} {spec['dtype']} (built for another model or quantization?)"
-            )
+    check_parameters(Path(weights_dir), parameters)
+    verify_tensor_cache(Path(weights_dir))

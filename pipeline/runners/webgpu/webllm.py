@@ -13,7 +13,7 @@ from pathlib import Path
 
 from ...backends import kinds_with
 from ...errors import RunnerError
-from ...mlc_contract import check_library, check_model_dir
+from ...mlc_contract import check_library, check_model_dir, check_pair
 from .. import node_modules
 from .dawn import DawnRunner
 
@@ -39,7 +39,9 @@ def webllm_complete(artifact: str | Path, model_dir: str | Path, prompt: str, ma
     manifest = check_library(artifact)
     if manifest.get("target", {}).get("kind") not in kinds_with("WEBGPU_RUNTIME"):
         raise RunnerError(f"{artifact}: WebLLM runs webgpu builds (lib.wasm); this one is {manifest.get('target', {}).get('kind')!r}")
-    files = check_model_dir(model_dir)["tokenizer_files"]
+    chat_config = check_model_dir(model_dir)
+    check_pair(Path(artifact), Path(model_dir), chat_config)  # WebLLM would fail inside the page
+    files = chat_config["tokenizer_files"]
     if not set(files) & set(WEBLLM_TOKENIZERS):  # MLC-LLM runs token ids without one; WebLLM's reload throws
         raise RunnerError(f"{model_dir}: WebLLM needs {' or '.join(WEBLLM_TOKENIZERS)} in 'tokenizer_files' (got {files}); "
                           "convert-weights from a Hugging Face checkpoint with its tokenizer copies them")
