@@ -14,12 +14,12 @@ from .conv_templates import CONV_TEMPLATES as TEMPLATES
 from .errors import ConfigError
 from .quantization import QUANTIZATIONS
 
-# config.json's architectures[0] -> mlcpipe architecture, and model_type -> the same
-HF_ARCHITECTURES = {
-    "LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
-    "Qwen3ForCausalLM": "qwen3", "Gemma3ForCausalLM": "gemma3",
-}
-HF_MODEL_TYPES = {"llama": "llama", "mistral": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3_text": "gemma3"}
+# (config.json's architectures[0], its model_type, the mlcpipe architecture)
+_SUPPORTED = (("LlamaForCausalLM", "llama", "llama"), ("MistralForCausalLM", "mistral", "llama"),
+              ("Qwen2ForCausalLM", "qwen2", "qwen2"), ("Qwen3ForCausalLM", "qwen3", "qwen3"),
+              ("Gemma3ForCausalLM", "gemma3_text", "gemma3"))
+HF_ARCHITECTURES = {hf_arch: arch for hf_arch, _, arch in _SUPPORTED}
+HF_MODEL_TYPES = {model_type: arch for _, model_type, arch in _SUPPORTED}
 # transformers' config class defaults of what a saved config.json may leave out
 _TIED_DEFAULT = {"llama": False, "qwen2": False, "qwen3": False, "gemma3": True}
 _ACTIVATION = {"llama": "silu", "qwen2": "silu", "qwen3": "silu", "gemma3": "gelu_pytorch_tanh"}
@@ -54,7 +54,12 @@ def architecture_of(hf: dict, path: str) -> str:
     if name is None and hf.get("model_type") in HF_MODEL_TYPES:
         return HF_MODEL_TYPES[hf["model_type"]]
     what = f"architecture {short_repr(name)}" if name else f"model_type {short_repr(hf.get('model_type'))}"
-    raise ConfigError(f"{path}: {what} is not supported; supported: {', '.join(HF_ARCHITECTURES)}")
+    text = hf.get("text_config")
+    if isinstance(text, dict):  # e.g. Gemma 3 4B+ (model_type gemma3): a vision tower beside a text model
+        what += (f" (a multimodal checkpoint; its text_config is model_type {short_repr(text.get('model_type'))}: "
+                 "only text-only checkpoints are read)")
+    supported = ", ".join(f"{hf_arch} / {model_type}" for hf_arch, model_type, _ in _SUPPORTED)
+    raise ConfigError(f"{path}: {what} is not supported; supported (architectures / model_type): {supported}")
 
 
 def _rope(path: str, hf: dict, layer_type: str) -> dict:

@@ -178,7 +178,12 @@ def test_bad_checkpoints_are_one_line_and_write_nothing(family, tmp_path):
         assert done.returncode == 2 and not out.exists() and len(done.stderr.strip().splitlines()) == 1, done.stderr
         return done.stderr.strip()
 
-    assert "architecture 'GPT2LMHeadModel' is not supported; supported: LlamaForCausalLM" in import_of({**hf, "architectures": ["GPT2LMHeadModel"]})
+    assert ("architecture 'GPT2LMHeadModel' is not supported; supported (architectures / model_type): LlamaForCausalLM / llama, "
+            in import_of({**hf, "architectures": ["GPT2LMHeadModel"]}))
+    # was: "model_type 'gemma3' is not supported; supported: ..., Gemma3ForCausalLM", no word of why
+    multimodal = {"model_type": "gemma3", "text_config": {**hf, "model_type": "gemma3_text"}}
+    assert ("model_type 'gemma3' (a multimodal checkpoint; its text_config is model_type 'gemma3_text': only text-only "
+            "checkpoints are read) is not supported") in import_of(multimodal)
     assert import_of({k: v for k, v in hf.items() if k != "intermediate_size"}).endswith("field 'intermediate_size' is missing")
     assert "field 'final_logit_softcapping': got 30.0; allowed: null" in import_of({**hf, "final_logit_softcapping": 30.0})
     existing = tmp_path / "mine.yaml"
