@@ -49,9 +49,9 @@ def run_nightly(matrix_path: Path | None, out: Path, jobs: int | None = None, pr
 
     matrix = load_matrix(matrix_path)
     selected = matrix.select(list(cells or []))
-    if previous is not None:
-        check_previous(previous)
     out = normalize_output(out)
+    if previous is not None:
+        check_previous(previous, out)
     interrupted: dict[str, dict] = {}
     if report_only:
         if not out.is_dir():

@@ -236,9 +236,14 @@ def write_reports(out: Path, matrix: Matrix, records: list[dict], previous: Path
     return index
 
 
-def check_previous(previous: Path) -> None:
+def check_previous(previous: Path, out: Path) -> None:
+    """--previous is another nightly's directory, not --out (whose cells the regression table
+    read after this run replaced them: the run compared with itself, never a regression)."""
     from ..errors import ArtifactError
 
     if not (Path(previous) / INDEX).is_file():
         raise ArtifactError(f"--previous {str(previous)!r}: not a nightly directory ({INDEX} missing)")
+    if Path(previous).resolve() == Path(out).resolve():
+        raise ArtifactError(f"--previous {str(previous)!r}: is --out itself (the regression table would compare the run "
+                            "with itself); give the last nightly's own directory (e.g. artifacts/nightly/<yesterday>)")
 

@@ -364,6 +364,20 @@ def test_matrix_errors_are_one_line_before_anything_builds(tmp_path):
     assert not (tmp_path / "out").exists()
 
 
+def test_previous_that_is_out_is_refused(tmp_path):
+    """Was: `--out X --previous X` read X's cells for the regression table after the run had
+    replaced them: the run compared with itself, "0 kernel regressions flagged" every night."""
+    out = tmp_path / "nightly"
+    out.mkdir()
+    (out / "index.json").write_text("{}")  # what marks a nightly directory for --previous
+    (tmp_path / "m.yaml").write_text("models: [llama-tiny]\nquantizations: [q4f16_1]\ntargets: [llvm]\n")
+    for previous, extra in ((out, []), (tmp_path / "." / "nightly", ["--report-only"])):
+        proc = mlcpipe("nightly", "--matrix", tmp_path / "m.yaml", "--out", out, "--previous", previous, *extra, check_rc=2)
+        assert proc.stderr.strip() == (f"error: --previous '{previous}': is --out itself (the regression table would compare "
+                                       "the run with itself); give the last nightly's own directory (e.g. artifacts/nightly/<yesterday>)")
+    assert sorted(p.name for p in out.iterdir()) == ["index.json"] and not (tmp_path / ".cache").exists()
+
+
 def test_default_matrix_and_workflow(source):
     import yaml
 
