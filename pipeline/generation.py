@@ -18,8 +18,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .artifact import RUN_FIELDS, RUNTIME_CONFIG, read_json, read_manifest, verified
+from .artifact import RUN_FIELDS, RUNTIME_CONFIG, TENSOR_CACHE, read_json, read_manifest, verified
 from .config import kv_cache_bytes
+from .errors import ArtifactError
 from .quantization import quantization
 
 
@@ -109,6 +110,17 @@ class Generation(ABC):
         self.vocab_size = int(self.config["vocab_size"])
         self.context_window = int(self.config["context_window_size"])
         self.prefill_chunk = checked_prefill_chunk(prefill_chunk, int(self.config["prefill_chunk_size"]))
+
+    def _weights_or_params(self, weights) -> Path | str:
+        """`weights` as given, or the artifact's own params/ (`build --weights`) when none is: an
+        artifact built without weights is refused naming the artifact, not a --weights never typed."""
+        if weights is not None:
+            return weights
+        params = self.artifact / "params"
+        if not (params / TENSOR_CACHE).is_file():
+            raise ArtifactError(f"{self.artifact}: built without weights (no params/{TENSOR_CACHE}): pass --weights DIR (from "
+                                "`mlcpipe convert-weights`) or --weights synthetic, or build with --weights")
+        return params
 
     def kv_cache_bytes(self) -> int:
         """Bytes of the KV cache `reset` allocates: every layer's K and V pages for the whole

@@ -54,8 +54,7 @@ class Engine(Generation):
     # ---- weights ---------------------------------------------------------------------------
     def _load_params(self, weights, seed: int) -> list[np.ndarray]:
         """The weights as host arrays in the manifest's parameter order, checked against it."""
-        if weights is None:
-            weights = self.artifact / "params"
+        weights = self._weights_or_params(weights)
         if str(weights) == "synthetic":
             arrays = self._synthetic_params(seed)
         else:

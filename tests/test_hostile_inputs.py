@@ -428,6 +428,13 @@ def mlc_check_tokenizer_file_climbing_out(ctx):
 # ---- manifests ------------------------------------------------------------------------------------
 
 @case()
+def run_artifact_built_without_weights(ctx):  # was: "--weights ART/params: tensor-cache.json missing", a flag never given
+    art = ctx.art()
+    shutil.rmtree(art / "params")
+    return run_args(art), r"art: built without weights \(no params/tensor-cache\.json\): pass --weights DIR .* or --weights synthetic"
+
+
+@case()
 def run_manifest_empty_object(ctx):
     art = ctx.art()
     (art / "manifest.json").write_text("{}")

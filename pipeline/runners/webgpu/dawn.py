@@ -194,8 +194,7 @@ class WebGPUEngine(Generation):
         self.weight_bytes = sum(int(np.prod(p["shape"])) * np.dtype(p["dtype"]).itemsize for p in self.manifest["parameters"])
 
     def _weights_dir(self, weights, seed: int) -> Path:
-        if weights is None:
-            return self.artifact / "params"
+        weights = self._weights_or_params(weights)
         if str(weights) != "synthetic":
             return Path(weights)
         from ...config import parse_model_config
