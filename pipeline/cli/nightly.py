@@ -31,6 +31,8 @@ def nightly(matrix_path, out, jobs, previous, cells, cache_dir, report_only, lis
     if out is None:
         raise click.UsageError("--out DIR is required")
     wanted = [c.strip() for value in cells for c in value.split(",") if c.strip()]
+    if cells and not wanted:  # e.g. `--cell "$CELL"` with CELL unset: was every cell of the matrix, in one job
+        raise click.BadParameter(f"{cells[0]!r} names no cell; give a cell id (mlcpipe nightly --list-cells)", param_hint="--cell")
     sys.exit(run_nightly(matrix_path, out, jobs=jobs, previous=previous, cells=wanted, cache_dir=cache_dir,
                          report_only=report_only, log=log))
 

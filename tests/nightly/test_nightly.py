@@ -362,6 +362,10 @@ def test_matrix_errors_are_one_line_before_anything_builds(tmp_path):
     proc = mlcpipe("nightly", "--matrix", path, "--out", tmp_path / "out", check_rc=2)  # the CLI: one line, exit 2
     assert proc.stderr.startswith("error: ") and "checks.lint" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "out").exists()
+    # was: every cell of the matrix, as with no --cell (a CI job's `--cell "$CELL"` with CELL unset)
+    proc = mlcpipe("nightly", "--out", tmp_path / "out", "--cell", " ", check_rc=2)
+    assert "Invalid value for --cell: ' ' names no cell; give a cell id (mlcpipe nightly --list-cells)" in proc.stderr
+    assert not (tmp_path / "out").exists()
 
 
 def test_previous_that_is_out_is_refused(tmp_path):
