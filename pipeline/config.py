@@ -654,18 +654,22 @@ def _architecture_fields(path: str, raw: dict, family: dict, ints: dict) -> dict
 
 
 def resolve_model_path(model: str, flag: str = "--model") -> Path:
-    """A config name from configs/models/ or a path to a YAML file."""
-    candidate = Path(model)
-    if candidate.suffix in (".yaml", ".yml") or candidate.exists():
-        if not candidate.is_file():
-            raise ConfigError(f"{model}: model config file not found")
-        return candidate
+    """A config name from configs/models/ or a path to a YAML file (a directory of the same name as
+    a config, e.g. an artifact built with `--output llama-tiny`, does not hide the config)."""
     folders = model_dirs()
+    available = sorted({p.stem for folder in folders for p in folder.glob("*.yaml")})
+    if not model.strip():
+        raise ConfigError(f"{flag} {model!r}: empty; give a config name ({', '.join(available)}) or a YAML file's path")
+    candidate = Path(model)
+    if candidate.suffix in (".yaml", ".yml") or candidate.is_file():
+        if not candidate.is_file():
+            raise ConfigError(f"{model}: model config file not found" + (" (it is a directory)" if candidate.is_dir() else ""))
+        return candidate
     for folder in folders:
         if (folder / f"{model}.yaml").is_file():
             return folder / f"{model}.yaml"
-    available = sorted({p.stem for folder in folders for p in folder.glob("*.yaml")})
-    raise ConfigError(f"{flag} {model!r}: no such config in {', '.join(map(str, folders))}; available: {available}")
+    here = f" ({model} here is a directory, not a model YAML)" if candidate.is_dir() else ""
+    raise ConfigError(f"{flag} {model!r}: no such config in {', '.join(map(str, folders))}{here}; available: {available}")
 
 
 def load_model_config(model: str, flag: str = "--model") -> ModelConfig:

@@ -95,3 +95,21 @@ def test_folders_in_the_checkout(tmp_path, monkeypatch):
     assert config.model_dirs() == [tmp_path / "configs" / "models", config.MODELS_DIR]
     assert config.resolve_model_path("llama-tiny") == tmp_path / "configs" / "models" / "llama-tiny.yaml"  # the user's first
     assert config.resolve_model_path("qwen3-tiny") == config.MODELS_DIR / "qwen3-tiny.yaml"
+
+
+def test_a_directory_named_like_a_config_does_not_hide_it(tmp_path, monkeypatch):
+    """Was: `build --model llama-tiny` in a folder holding an artifact built with `--output
+    llama-tiny` failed with "llama-tiny: model config file not found"; `--model ''` said
+    ": model config file not found"."""
+    from mlcpipe import config
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "llama-tiny").mkdir()
+    (tmp_path / "nosuch").mkdir()
+    assert config.resolve_model_path("llama-tiny") == config.MODELS_DIR / "llama-tiny.yaml"
+    with pytest.raises(config.ConfigError, match=r"^--model 'nosuch': no such config in .* \(nosuch here is a directory, not a model YAML\)"):
+        config.resolve_model_path("nosuch")
+    with pytest.raises(config.ConfigError, match=r"^--model '': empty; give a config name \(.*llama-tiny.*\) or a YAML file's path$"):
+        config.resolve_model_path("")
+    (tmp_path / "mine").write_text("name: mine\n")  # a YAML without the suffix, named by its path
+    assert config.resolve_model_path("mine") == Path("mine")

@@ -133,6 +133,36 @@ def test_cli_build_with_bad_mcpu_leaves_nothing(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("argv, hint", [
+    (["build", "--model", "llama-tiny", "--quant", "q4f16_1", "--weights", ""], "--weights"),  # was: the current directory as the checkpoint
+    (["build", "--model", "llama-tiny", "--quant", "q4f16_1", "--output="], "--output"),  # was: an artifact written over the current directory
+    (["run", "--artifact", "", "--prompt-tokens", "1"], "--artifact"),
+    (["profile", "compare", "a.json", "b.json", "-o", ""], "-o"),  # a group's subcommand
+    (["verify", ""], None),
+])
+def test_an_empty_value_is_a_usage_error(argv, hint):
+    """`--weights "$W"` with W unset: a path option took '' as '.', a name option as its default."""
+    from click.testing import CliRunner
+
+    from mlcpipe.cli import main
+
+    result = CliRunner().invoke(main, argv, catch_exceptions=False)
+    expected = f"Error: Invalid value for {hint}: an empty value (an unset variable?)" if hint else "Error: an empty argument (an unset variable?)"
+    assert result.exit_code == 2 and result.output.strip().splitlines()[-1] == expected, result.output
+
+
+def test_empty_values_that_mean_something_pass():
+    """--kernels '' matches every kernel (an empty regex); --rpc-key '' is a server started without a key."""
+    import click
+
+    from mlcpipe.cli.check import check
+    from mlcpipe.cli.common import refuse_empty_values
+
+    refuse_empty_values(check, click.Context(check), ["--artifact", "a", "--kernels", "", "--rpc-key", "", "--rpc", "h:1"])
+    with pytest.raises(click.BadParameter):
+        refuse_empty_values(check, click.Context(check), ["--artifact", "a", "--kernels", "", "--sizes", ""])
+
+
 def test_ctrl_c_inside_a_tvm_callback_is_aborted_not_a_traceback():
     """Ctrl-C while TVM's C++ runs one of our Python passes (the schedule phase) comes back out of
     the FFI as a bare RuntimeError: the command reports click's "Aborted!", no traceback."""

@@ -358,7 +358,7 @@ def check_kernels_not_a_regex(ctx):
 
 @case()
 def check_sizes_empty(ctx):
-    return ["check", "--artifact", str(ctx.art()), "--sizes", ""], r"--sizes '': expected comma-separated token counts >= 1"
+    return ["check", "--artifact", str(ctx.art()), "--sizes", " , "], r"--sizes ' , ': expected comma-separated token counts >= 1"
 
 
 @case()
@@ -617,9 +617,9 @@ def safetensors_data_truncated(ctx):
 
 
 @case()
-def import_config_name_empty(ctx):  # was: an empty --name fell back to the file's stem without a word
-    return (["import-config", str(ctx.checkpoint()), "-o", str(ctx.tmp / "model.yaml"), "--name", ""],
-            r"model\.yaml: field 'name': got ''; expected a name of letters, digits")
+def import_config_name_blank(ctx):  # was: an empty --name fell back to the file's stem without a word ('' is now a usage error)
+    return (["import-config", str(ctx.checkpoint()), "-o", str(ctx.tmp / "model.yaml"), "--name", " "],
+            r"model\.yaml: field 'name': got ' '; expected a name of letters, digits")
 
 
 @case()

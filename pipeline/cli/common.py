@@ -47,8 +47,34 @@ def _usage_error(exc: OptionError, ctx: click.Context) -> click.UsageError:
     return click.UsageError(str(exc), ctx=ctx)
 
 
+# Options whose empty value means something: --kernels '' (every kernel), --rpc-key '' (a server
+# started without a key). Any other empty value (`--weights "$W"` with W unset) is a usage error:
+# a path option read it as "." (the current directory), a name option as "use the default".
+EMPTY_ALLOWED = ("pattern", "rpc_key")
+
+
+def refuse_empty_values(command: click.Command, ctx: click.Context, args: list[str]) -> None:
+    """A usage error for the first empty option value or argument in `args` (a group's own only)."""
+    options = {opt: param for param in command.get_params(ctx) if isinstance(param, click.Option)
+               and not param.is_flag and not param.count for opt in param.opts}
+    for i, arg in enumerate(args):
+        if arg == "--" or (isinstance(command, click.Group) and arg in command.commands):
+            return
+        name, eq, value = arg.partition("=")
+        given = name if eq and name in options and value == "" else args[i - 1] if arg == "" and i and args[i - 1] in options else None
+        if given is not None and options[given].name not in EMPTY_ALLOWED:
+            raise click.BadParameter("an empty value (an unset variable?)", ctx=ctx, param_hint=given)
+        if arg == "" and given is None and not (i and args[i - 1] in options):
+            raise click.UsageError("an empty argument (an unset variable?)", ctx=ctx)
+
+
 class Command(click.Command):
-    """A command whose OptionError (from the interface) is click's usage error: usage line, exit 2."""
+    """A command whose OptionError (from the interface) is click's usage error: usage line, exit 2;
+    so is an empty option value or argument (refuse_empty_values)."""
+
+    def parse_args(self, ctx, args):
+        refuse_empty_values(self, ctx, args)
+        return super().parse_args(ctx, args)
 
     def invoke(self, ctx):
         try:
@@ -61,6 +87,10 @@ class Group(click.Group):
     """A command group with the same usage errors as Command."""
 
     command_class = Command
+
+    def parse_args(self, ctx, args):
+        refuse_empty_values(self, ctx, args)
+        return super().parse_args(ctx, args)
 
     def invoke(self, ctx):
         try:
