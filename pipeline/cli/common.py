@@ -61,11 +61,16 @@ def refuse_empty_values(command: click.Command, ctx: click.Context, args: list[s
         if arg == "--" or (isinstance(command, click.Group) and arg in command.commands):
             return
         name, eq, value = arg.partition("=")
-        given = name if eq and name in options and value == "" else args[i - 1] if arg == "" and i and args[i - 1] in options else None
-        if given is not None and options[given].name not in EMPTY_ALLOWED:
-            raise click.BadParameter("an empty value (an unset variable?)", ctx=ctx, param_hint=given)
-        if arg == "" and given is None and not (i and args[i - 1] in options):
+        if eq and not value and name in options:  # --output=
+            given = name
+        elif arg == "" and i and args[i - 1] in options:  # --output ''
+            given = args[i - 1]
+        elif arg == "":
             raise click.UsageError("an empty argument (an unset variable?)", ctx=ctx)
+        else:
+            continue
+        if options[given].name not in EMPTY_ALLOWED:
+            raise click.BadParameter("an empty value (an unset variable?)", ctx=ctx, param_hint=given)
 
 
 class Command(click.Command):
