@@ -83,7 +83,7 @@ def run_nightly(matrix_path: Path | None, out: Path, jobs: int | None = None, pr
          f"{s['missing']} missing{f', {len(interrupted)} interrupted' if interrupted else ''}): {out / 'SUMMARY.md'}")
     reg = index.get("regressions")
     if reg:
-        flagged = sum((c.get("kernel_times") or {}).get("verdicts", {}).get("regression", 0) for c in reg["cells"])
+        flagged = sum(((c.get("kernel_times") or {}).get("verdicts") or {}).get("regression", 0) for c in reg["cells"])
         echo(f"[nightly] against {reg['previous']}: {flagged} kernel regressions flagged")
     if interrupted:
         return 130

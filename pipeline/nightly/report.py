@@ -73,6 +73,10 @@ def cell_regression(cur_dir: Path, prev_dir: Path, cur: dict, prev: dict) -> dic
     pa, pb = prev_dir / cur["cell"] / "profile.json", cur_dir / cur["cell"] / "profile.json"
     if pa.is_file() and pb.is_file():
         a, b = load_profile(pa), load_profile(pb)
+        if _machine(a) != _machine(b):  # another CPU or GPU (CI runners vary): its timings are no regression
+            out["kernel_times"] = {"not_compared": f"the previous profile ran on {_machine(a)}, this one on {_machine(b)}"}
+            (cur_dir / "regressions" / f"{cur['cell']}.md").unlink(missing_ok=True)  # a report-only rerun's stale A/B
+            return out
         rows = kernel_rows(a, b)
         out["kernel_times"] = {
             "drift_pct": round(drift_pct(rows), 2),
@@ -85,6 +89,12 @@ def cell_regression(cur_dir: Path, prev_dir: Path, cur: dict, prev: dict) -> dic
         write_file_atomic(report, compare(a, b, name_a=f"previous ({prev_dir.name})", name_b=f"current ({cur_dir.name})") + "\n")
         out["report"] = f"regressions/{cur['cell']}.md"
     return out
+
+
+def _machine(profile: dict) -> str:
+    """Where a profile ran: the device (CPU or GPU name, threads) and the compiled target."""
+    target = profile.get("target") or {}
+    return f"{profile.get('device')} ({', '.join(f'{k} {v}' for k, v in sorted(target.items()) if isinstance(v, str))})"
 
 
 def regressions(cur_dir: Path, prev_dir: Path, records: list[dict]) -> dict[str, Any]:
@@ -179,6 +189,8 @@ def regressions_markdown(reg: dict) -> str:
     body = []
     for c in reg["cells"]:
         kt = c.get("kernel_times") or {}
+        if kt.get("not_compared"):
+            kt = {}
         verdicts = kt.get("verdicts") or {}
         size = c["sizes"].get("library") or {}
         total = c["sizes"].get("total") or {}
@@ -199,6 +211,9 @@ def regressions_markdown(reg: dict) -> str:
                                ["l", "l", "l", "r", "r", "r", "r", "l"]))
     else:
         lines.append("No kernel changed beyond run-to-run noise.")
+    other = [(c["cell"], c["kernel_times"]["not_compared"]) for c in reg["cells"] if (c.get("kernel_times") or {}).get("not_compared")]
+    if other:
+        lines += ["", "Kernel times not compared (another machine): " + "; ".join(f"`{cell}`: {why}" for cell, why in other) + "."]
     reports = [c["report"] for c in reg["cells"] if c.get("report")]
     if reports:
         lines += ["", "Full A/B reports: " + ", ".join(f"`{p}`" for p in reports) + "."]

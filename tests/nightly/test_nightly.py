@@ -257,6 +257,20 @@ def test_report_only_flags_a_slower_kernel_and_kernel_changes(runs, tmp_path):
     summary = (cur / "SUMMARY.md").read_text()
     assert slow in summary and "regression" in summary and "retired_kernel" in summary
     mlcpipe("verify", cur, check_rc=0)
+    # was: the same verdicts against a nightly of another machine (CI runners vary), where a CPU's
+    # speed is no regression: now the cell's kernel times are not compared, and the table says why
+    profile["device"] = "Another CPU (2 threads)"
+    (prev / cell / "profile.json").write_text(json.dumps(profile))
+    proc = mlcpipe("nightly", "--matrix", runs["matrix"], "--out", cur, "--report-only", "--previous", prev)
+    assert proc.returncode == 1 and f"against {prev}: 0 kernel regressions flagged" in proc.stdout + proc.stderr
+    reg = {c["cell"]: c for c in index(cur)["regressions"]["cells"]}[cell]
+    assert reg["kernel_times"] == {"not_compared": "the previous profile ran on Another CPU (2 threads) (kind llvm, "
+                                   f"mcpu {profile['target']['mcpu']}), this one on {json.loads((cur / cell / 'profile.json').read_text())['device']} "
+                                   f"(kind llvm, mcpu {profile['target']['mcpu']})"}
+    assert reg["removed_kernels"] == ["retired_kernel"] and not (cur / "regressions" / f"{cell}.md").exists()  # nor the last A/B
+    summary = (cur / "SUMMARY.md").read_text()
+    assert f"Kernel times not compared (another machine): `{cell}`: the previous profile ran on Another CPU" in summary
+    assert slow not in summary.split("### Per-kernel time changes")[1].split("Kernel times not compared")[0]
 
 
 @pytest.mark.dawn
