@@ -170,4 +170,7 @@ def verify(path: str | Path) -> Verification:
     if (path / MANIFEST).is_file():
         manifest = _load(path / MANIFEST, "manifest")
         return Verification(path, "artifact", len(manifest.get("files") or {}), verify_artifact(path))
+    if (path / "result.json").is_file() and (path / "artifact" / MANIFEST).is_file():  # one cell of a nightly
+        raise ArtifactError(f"{path}: a nightly cell, not a nightly directory ({INDEX}) or an artifact ({MANIFEST}); "
+                            f"verify the nightly {path.resolve().parent} or the cell's artifact {path / 'artifact'}")
     raise ArtifactError(f"{path}: neither a nightly directory ({INDEX}) nor an artifact ({MANIFEST})")

@@ -294,6 +294,9 @@ def test_verify_catches_a_flipped_byte_and_a_missing_file(runs, tmp_path):
     assert "profile.md: missing" in proc.stderr
     proc = mlcpipe("verify", tmp_path, check_rc=2)
     assert "neither a nightly directory" in proc.stderr
+    proc = mlcpipe("verify", artifact.parent, check_rc=2)  # was: "neither a nightly directory nor an artifact"
+    assert proc.stderr.strip().endswith(f"a nightly cell, not a nightly directory (index.json) or an artifact (manifest.json); "
+                                        f"verify the nightly {nightly.resolve()} or the cell's artifact {artifact}")
     proc = mlcpipe("verify", artifact / "manifest.json", check_rc=2)  # was: "no such directory"
     assert proc.stderr.strip().endswith("manifest.json: not a directory (give the nightly directory or the artifact directory)")
 
