@@ -135,7 +135,7 @@ def test_cli_build_with_bad_mcpu_leaves_nothing(tmp_path):
 
 @pytest.mark.parametrize("argv, hint", [
     (["build", "--model", "llama-tiny", "--quant", "q4f16_1", "--weights", ""], "--weights"),  # was: the current directory as the checkpoint
-    (["build", "--model", "llama-tiny", "--quant", "q4f16_1", "--output="], "--output"),  # was: an artifact written over the current directory
+    (["build", "--model", "llama-tiny", "--quant", "q4f16_1", "--output="], "--output"),  # was: the artifact aimed at the current directory
     (["run", "--artifact", "", "--prompt-tokens", "1"], "--artifact"),
     (["profile", "compare", "a.json", "b.json", "-o", ""], "-o"),  # a group's subcommand
     (["verify", ""], None),
