@@ -53,6 +53,10 @@ class CellError(RuntimeError):
     """A cell that could not be built or checked (one line; details in its log)."""
 
 
+class _BuiltMeanwhile(Exception):
+    """Another nightly sharing the cache finished the entry while this one waited for its lock."""
+
+
 class CellInterrupted(CellError):
     """A cell stopped by Ctrl-C or SIGTERM (or its worker by SIGINT / SIGTERM): nothing of it is kept."""
 
@@ -183,11 +187,20 @@ class Runner:
 
     # ---- one cell ---------------------------------------------------------------------------
 
-    def _build_entry(self, cell: Cell, log, work: Path, key: str, inputs: dict, checks_out: Path) -> dict:
-        """Build the cell into the cache (temp dir + rename); conformance runs in the same worker."""
+    def _build_entry(self, cell: Cell, log, work: Path, key: str, inputs: dict, checks_out: Path) -> dict | None:
+        """Build the cell into the cache (temp dir + rename); conformance runs in the same worker.
+        None when another nightly sharing the cache built the entry while this one waited for it."""
+        try:
+            return self._build_new_entry(cell, log, work, key, inputs, checks_out)
+        except _BuiltMeanwhile:
+            return None
+
+    def _build_new_entry(self, cell: Cell, log, work: Path, key: str, inputs: dict, checks_out: Path) -> dict:
         manifest_extra = {"nightly_cell": cell.id, "cache_key": key, "cache_inputs": inputs}
         conformance = cell.checks.get("conformance")
         with atomic_directory(self.cache_dir / key, wait=True) as entry:
+            if cache.lookup_artifact(self.cache_dir, key) is not None:  # checked under the entry's lock
+                raise _BuiltMeanwhile
             with self.machine.build():
                 result = self._worker(cell, log, work, build={"output": entry / "artifact", "manifest_extra": manifest_extra},
                                       artifact=entry / "artifact", checks_out=checks_out,
@@ -244,8 +257,13 @@ class Runner:
             log.write(f"[nightly] cache hit: {artifact}\n")
         else:
             log.write(f"[nightly] cache miss: building into {self.cache_dir / key}\n")
-            results = self._build_entry(cell, log, work, key, inputs, stage)
+            built = self._build_entry(cell, log, work, key, inputs, stage)
             artifact = cache.artifact_entry(self.cache_dir, key)
+            if built is None:  # was: built again and swapped in over the other run's entry
+                log.write(f"[nightly] built meanwhile by another nightly sharing the cache: {artifact}\n")
+                cached, cached_checks = True, cache.lookup_checks(self.cache_dir, key, ckey)
+            else:
+                results = built
         if cached_checks is not None:
             log.write(f"[nightly] check results reused: {cached_checks}\n")
             for name in CHECK_REPORTS:

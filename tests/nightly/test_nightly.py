@@ -399,6 +399,40 @@ def test_previous_that_is_out_is_refused(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["index.json"] and not (tmp_path / ".cache").exists()
 
 
+def test_two_nightlies_sharing_a_cache_build_a_cell_once(tmp_path):
+    """Was: both missed the cache, and the second, once the first's entry lock was free, built the
+    cell again and swapped its entry in over the first's. Now it finds the entry built meanwhile
+    (checked under the lock) and takes it as a cache hit. The first is held stopped mid-build until
+    the second is seen waiting for the entry's lock (/proc/locks), so no timing decides the path."""
+    matrix, cache, cell = tmp_path / "m.yaml", tmp_path / "cache", "llama-tiny-q4f32_1-llvm"
+    matrix.write_text("models: [llama-tiny]\nquantizations: [q4f32_1]\ntargets: [llvm]\n")
+
+    def nightly(out: str, **kwargs) -> subprocess.Popen:
+        return subprocess.Popen([*MLCPIPE, "nightly", "--matrix", str(matrix), "--out", str(tmp_path / out), "--cache", str(cache)],
+                                cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+
+    def wait_for(what: str, ready, proc: subprocess.Popen) -> None:
+        deadline = time.time() + 120
+        while not ready():
+            assert time.time() < deadline and proc.poll() is None, f"{what} not seen: {proc.poll()=}"
+            time.sleep(0.1)
+
+    first = nightly("a", start_new_session=True)
+    try:
+        wait_for("the first run's cache build", lambda: cache.is_dir() and any(".tmp-" in p.name for p in cache.iterdir()), first)
+        os.killpg(first.pid, signal.SIGSTOP)
+        second = nightly("b")
+        wait_for("the second run waiting for the entry", lambda: any(
+            "->" in line and f" {second.pid} " in line for line in Path("/proc/locks").read_text().splitlines()), second)
+    finally:
+        os.killpg(first.pid, signal.SIGCONT)
+    for proc in (first, second):
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-3000:]
+    assert not cells(tmp_path / "a")[cell]["cached"] and cells(tmp_path / "b")[cell]["cached"]
+    assert "built meanwhile by another nightly sharing the cache" in (tmp_path / "b" / "logs" / f"{cell}.log").read_text()
+
+
 def test_default_matrix_and_workflow(source):
     import yaml
 
