@@ -657,9 +657,12 @@ def resolve_model_path(model: str, flag: str = "--model") -> Path:
     """A config name from configs/models/ or a path to a YAML file (a directory of the same name as
     a config, e.g. an artifact built with `--output llama-tiny`, does not hide the config)."""
     folders = model_dirs()
-    available = sorted({p.stem for folder in folders for p in folder.glob("*.yaml")})
+
+    def available() -> list[str]:
+        return sorted({p.stem for folder in folders for p in folder.glob("*.yaml")})
+
     if not model.strip():
-        raise ConfigError(f"{flag} {model!r}: empty; give a config name ({', '.join(available)}) or a YAML file's path")
+        raise ConfigError(f"{flag} {model!r}: empty; give a config name ({', '.join(available())}) or a YAML file's path")
     candidate = Path(model)
     if candidate.suffix in (".yaml", ".yml") or candidate.is_file():
         if not candidate.is_file():
@@ -669,7 +672,7 @@ def resolve_model_path(model: str, flag: str = "--model") -> Path:
         if (folder / f"{model}.yaml").is_file():
             return folder / f"{model}.yaml"
     here = f" ({model} here is a directory, not a model YAML)" if candidate.is_dir() else ""
-    raise ConfigError(f"{flag} {model!r}: no such config in {', '.join(map(str, folders))}{here}; available: {available}")
+    raise ConfigError(f"{flag} {model!r}: no such config in {', '.join(map(str, folders))}{here}; available: {available()}")
 
 
 def load_model_config(model: str, flag: str = "--model") -> ModelConfig:

@@ -80,8 +80,6 @@ def read_tensor_cache(weights_dir: Path) -> tuple[Path, list[dict]]:
     return path, cache["records"]
 
 
-
-
 def check_parameters(weights_dir: Path, parameters: list[dict], flag: str = "--weights") -> list[dict]:
     """Every parameter an artifact takes (its manifest's `parameters`) is in the tensor cache of
     `weights_dir` with its shape and dtype, as a runtime binding them needs; ArtifactError (one line

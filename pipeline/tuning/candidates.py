@@ -32,8 +32,8 @@ def nothing_tuned(pattern: str | None, chosen: list[tuple[str, tvm.tirx.PrimFunc
     """The one line for a tune of the `chosen` kernels that found nothing to store (then no database is written)."""
     names = [name for name, _ in chosen]
     shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
-    chosen = f"--kernels {short_repr(pattern)}: the" if pattern else "the"
-    return f"{chosen} {len(names)} kernel{'s' * (len(names) > 1)} of {what} ({shown}): nothing to tune ({why})"
+    which = f"--kernels {short_repr(pattern)}: the" if pattern else "the"
+    return f"{which} {len(names)} kernel{'s' * (len(names) > 1)} of {what} ({shown}): nothing to tune ({why})"
 
 
 def unscheduled_kernels(config: ModelConfig, quant: Quantization, target: tvm.target.Target) -> dict[str, tvm.tirx.PrimFunc]:
