@@ -39,12 +39,22 @@ def runs_here() -> bool:
         return False
 
 
-def local_device():
-    from ..errors import ArtifactError
+ELSEWHERE = "run it where an NVIDIA GPU is, or pass --rpc HOST:PORT of a TVM RPC server on one"
 
-    if not runs_here():
-        raise ArtifactError("artifact target 'cuda' cannot run on this machine (runnable here: llvm)")
-    return cuda_device()
+
+def local_device():
+    """This machine's CUDA device; where there is none, one line saying why and where the artifact runs."""
+    from ..errors import ArtifactError
+    from . import tvm_runtime as rt
+
+    try:
+        dev = cuda_device()
+    except rt.RuntimeUnavailable as exc:
+        why = "no NVIDIA driver here (libcuda.so.1 cannot be loaded)" if "libcuda.so" in str(exc) else str(exc)
+        raise ArtifactError(f"artifact target 'cuda' cannot run on this machine: {why}; {ELSEWHERE}") from None
+    if not rt.exists(dev):
+        raise ArtifactError(f"artifact target 'cuda' cannot run on this machine: TVM's CUDA runtime finds no GPU here; {ELSEWHERE}")
+    return dev
 
 
 def timing_device():

@@ -8,6 +8,8 @@ import pytest
 from mlcpipe.device import INTERFACE, RunOptions, device, kinds_with
 from mlcpipe.errors import ArtifactError
 
+from tests.helpers.hardware import NO_CUDA
+
 
 def test_each_kind_says_where_it_runs():
     cuda_here = device("cuda").runs_here()
@@ -15,11 +17,35 @@ def test_each_kind_says_where_it_runs():
     assert str(device("llvm").local_device()).startswith("cpu")
     with pytest.raises(ArtifactError, match=r"^artifact target 'webgpu' cannot run on this machine \(runnable here: llvm"):
         device("webgpu").local_device()
-    if not cuda_here:  # no CUDA device: a one-line refusal naming what does run here
-        with pytest.raises(ArtifactError, match=r"^artifact target 'cuda' cannot run on this machine \(runnable here: llvm\)$"):
+    if not cuda_here:  # no CUDA device: a one-line refusal saying why and where the artifact runs
+        with pytest.raises(ArtifactError, match=NO_CUDA):
             device("cuda").local_device()
     with pytest.raises(ValueError, match=r"no device module for target kind 'rocm'; allowed: llvm, cuda, metal, webgpu"):
         device("rocm")
+
+
+def test_cuda_refusal_names_the_missing_piece(monkeypatch):
+    """No driver, no GPU behind a loaded driver, or no TVM runtime: each its own reason, the same advice."""
+    from mlcpipe.device import cuda, tvm_runtime as rt
+
+    def unavailable(message):
+        def fail():
+            raise rt.RuntimeUnavailable(message)
+        return fail
+
+    monkeypatch.setattr(cuda, "cuda_device", unavailable("cannot load /x/libtvm_runtime_cuda.so: libcuda.so.1: cannot open shared object file"))
+    with pytest.raises(ArtifactError, match=r"^artifact target 'cuda' cannot run on this machine: no NVIDIA driver here \(libcuda.so.1 cannot be "
+                                            r"loaded\); run it where an NVIDIA GPU is, or pass --rpc HOST:PORT of a TVM RPC server on one$"):
+        cuda.local_device()
+    monkeypatch.setattr(cuda, "cuda_device", unavailable("/y/libtvm_runtime.so: missing"))
+    with pytest.raises(ArtifactError, match=r"^artifact target 'cuda' cannot run on this machine: /y/libtvm_runtime.so: missing; run it where"):
+        cuda.local_device()
+    monkeypatch.setattr(cuda, "cuda_device", lambda: "cuda:0")
+    monkeypatch.setattr(rt, "exists", lambda dev: False)
+    with pytest.raises(ArtifactError, match=r"^artifact target 'cuda' cannot run on this machine: TVM's CUDA runtime finds no GPU here; run it where"):
+        cuda.local_device()
+    monkeypatch.setattr(rt, "exists", lambda dev: dev == "cuda:0")
+    assert cuda.local_device() == "cuda:0"
 
 
 def test_rpc_memory_profile_and_timing_attributes():

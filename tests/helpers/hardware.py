@@ -13,6 +13,10 @@ from __future__ import annotations
 import functools
 import shutil
 
+# the refusal of a cuda artifact where no CUDA device is: one line, the reason, and where it runs instead
+NO_CUDA = (r"^artifact target 'cuda' cannot run on this machine: (no NVIDIA driver here \(libcuda.so.1 cannot be loaded\)|TVM's CUDA "
+           r"runtime finds no GPU here); run it where an NVIDIA GPU is, or pass --rpc HOST:PORT of a TVM RPC server on one$")
+
 
 def _node_packages(packages: tuple[str, ...]) -> str | None:
     from mlcpipe.runners import node_modules
