@@ -86,3 +86,13 @@ def test_check_cli_prints_table(llvm_artifact):
     lines = result.stdout.strip().splitlines()
     assert lines[0].startswith("| Kernel") and "Max abs err" in lines[0] and "Max rel err" in lines[0]
     assert lines[-1].startswith("llvm: executed") and "0 failed" in lines[-1]
+
+
+def test_a_size_given_twice_is_checked_once(llvm_artifact):
+    """--sizes 3,3,1: each kernel with a symbolic dim runs at 3 and at 1, once each, in that order."""
+    from mlcpipe.interface.check import check, parse_sizes
+
+    assert parse_sizes(" 3,3, 1,3 ") == (3, 1)
+    text, ok = check(llvm_artifact, "3,3,1", "^rms_norm")
+    rows = [line.split("|")[3].strip() for line in text.splitlines() if line.startswith("| rms_norm")]
+    assert ok and rows == ["static", "seq_len=3", "seq_len=1"], text

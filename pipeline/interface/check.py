@@ -10,7 +10,7 @@ from .device import run_options
 
 
 def parse_sizes(text: str) -> tuple[int, ...]:
-    """--sizes: comma-separated token counts >= 1 (ValueError: one line)."""
+    """--sizes: comma-separated token counts >= 1, each once, in the order given (ValueError: one line)."""
     from ..config import short_repr
 
     try:
@@ -19,7 +19,7 @@ def parse_sizes(text: str) -> tuple[int, ...]:
         sizes = ()
     if not sizes or any(s < 1 for s in sizes):
         raise ValueError(f"--sizes {short_repr(text)}: expected comma-separated token counts >= 1, e.g. 1,7")
-    return sizes
+    return tuple(dict.fromkeys(sizes))  # a repeated size would check (and report) every kernel twice
 
 
 def check(artifact: Path, sizes: str = "1,7", pattern: str | None = None, *, as_json: bool = False,
