@@ -145,9 +145,13 @@ def _checks(path: Path, raw: Any, targets: list[TargetEntry]) -> dict[str, dict[
         for i, target in enumerate(merged["targets"]):
             if target not in known:
                 raise _err(path, f"checks.{name}.targets[{i}]", target, f"allowed: the matrix's targets {sorted(known)}")
+            if target in merged["targets"][:i]:
+                raise _err(path, f"checks.{name}.targets[{i}]", target, "expected each target once")
         sizes = merged.get("sizes", [1])
         if not sizes or not all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in sizes):
             raise _err(path, f"checks.{name}.sizes", merged["sizes"], "expected a non-empty list of positive integers")
+        if len(set(sizes)) != len(sizes):
+            raise _err(path, f"checks.{name}.sizes", merged["sizes"], "expected each size once")
         if merged.get("kernels") is not None:
             try:
                 re.compile(merged["kernels"])

@@ -366,6 +366,9 @@ def test_matrix_errors_are_one_line_before_anything_builds(tmp_path):
             "field 'checks.conformance.sizes': got 300; at most the context window of model llama-tiny (256 tokens)",
         base + "checks: {profile: {targets: [llvm], prompt_len: 250}}\n":
             "field 'checks.profile.prompt_len': got 250; prompt_len + gen_len (32) must fit the context window of model llama-tiny",
+        # were accepted: every kernel checked twice at size 1; the target's check listed twice
+        base + "checks: {conformance: {targets: [llvm], sizes: [1, 7, 1]}}\n": "field 'checks.conformance.sizes': got [1, 7, 1]; expected each size once",
+        base + "checks: {profile: {targets: [llvm, llvm]}}\n": "field 'checks.profile.targets[1]': got 'llvm'; expected each target once",
         base + "checks: {lint: {}}\n": "field 'checks.lint'",
     }
     from mlcpipe.errors import ConfigError
