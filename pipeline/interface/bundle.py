@@ -53,18 +53,25 @@ FFI_LEFT_OUT = {"include", "src", "3rdparty", "cython", "stub", "share", "__pyca
 CODE = {"pipeline": "mlcpipe", "benchmarks": "benchmarks"}  # the checkout's run-side folders -> their import names
 
 
-def parse_sets(texts: tuple[str, ...] | list[str], flag: str = "--set") -> list[tuple[str, str]]:
-    """["model:q1,q2", ...] -> [(model, quant), ...], each checked against the model's config."""
-
+def parse_sets(texts: tuple[str, ...] | list[str], flag: str = "--set", configs: dict | None = None) -> list[tuple[str, str]]:
+    """["model:q1,q2", ...] -> [(name, quant), ...]: a model (config name or YAML path) by its
+    config's name, each pair checked against the config; `configs` gets name -> ModelConfig."""
+    configs = {} if configs is None else configs
     pairs = []
     for text in texts:
         model, sep, quants = text.partition(":")
         if not sep or not model or not quants.strip(","):
             raise OptionValueError(f"{short_repr(text)}: expected MODEL:QUANT[,QUANT...], e.g. llama-tiny:q4f16_1", flag)
         config = load_model_config(model, flag)
+        known = configs.setdefault(config.name, config)
+        if Path(known.source).resolve() != Path(config.source).resolve():
+            raise OptionValueError(f"{short_repr(text)}: {config.source} and {known.source} are both named {config.name!r} "
+                                   "(the bundle names artifacts by model name)", flag)
         for quant in (q.strip() for q in quants.split(",") if q.strip()):
             config.scheme(quant, flag)
-            pairs.append((model, quant))
+            if (config.name, quant) in pairs:  # was: built, then the second copy failed ("File exists") after the builds
+                raise OptionValueError(f"{short_repr(text)}: {config.name}:{quant} is given twice", flag)
+            pairs.append((config.name, quant))
     return pairs
 
 
@@ -125,6 +132,35 @@ def _ffi_wheel(version: str, python: str, cache: Path, log) -> Path:
         raise ArtifactError(f"bundle: cannot get apache-tvm-ffi=={version} for Python {python}: {last} "
                             "(give one with --ffi-wheel, or --python current)")
     return found[0]
+
+
+def check_ffi_wheel(wheel: Path, version: str, python: str) -> None:
+    """--ffi-wheel is an apache-tvm-ffi wheel of `version` (the one tested here) for CPython `python`
+    on x86-64 Linux, holding tvm_ffi/: checked before any build (a wrong one failed on the device)."""
+    name, flag = short_repr(str(wheel), 300), "--ffi-wheel"  # a path: cut only when absurd
+    try:
+        with zipfile.ZipFile(wheel) as archive:
+            names = archive.namelist()
+            info = next((n for n in names if re.fullmatch(r"apache_tvm_ffi-[^/]+\.dist-info/WHEEL", n)), None)
+            meta = next((n for n in names if re.fullmatch(r"apache_tvm_ffi-[^/]+\.dist-info/METADATA", n)), None)
+            if info is None or meta is None or not any(n.startswith("tvm_ffi/") for n in names):
+                raise OptionValueError(f"{name}: not an apache-tvm-ffi wheel (no apache_tvm_ffi-*.dist-info, or no tvm_ffi/)", flag)
+            tags = re.findall(r"^Tag: (\S+)$", archive.read(info).decode("utf-8", "replace"), re.M)
+            found = re.search(r"^Version: (\S+)$", archive.read(meta).decode("utf-8", "replace"), re.M)
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise OptionValueError(f"{name}: not a wheel ({exc})", flag) from None
+    if found is None or found.group(1) != version:
+        raise OptionValueError(f"{name}: apache-tvm-ffi {found.group(1) if found else '(no version)'}; the run side is tested "
+                               f"with {version} (the version installed here)", flag)
+    want = int(python.split(".")[1])
+
+    def fits(tag: str) -> bool:
+        interpreter, abi, platform = (tag.split("-") + ["", ""])[:3]
+        minor = re.fullmatch(r"cp3(\d+)", interpreter)
+        return bool(minor) and (int(minor.group(1)) == want or abi == "abi3" and int(minor.group(1)) <= want) \
+            and "linux" in platform and "x86_64" in platform
+    if not any(fits(tag) for tag in tags):
+        raise OptionValueError(f"{name}: built for {', '.join(tags) or 'no tag'}; the device needs CPython {python} on x86-64 Linux", flag)
 
 
 def _ffi_from_wheel(wheel: Path, dest: Path) -> None:
@@ -211,14 +247,15 @@ def _f32_truth(model: str, artifact: Path, quant: str, prompt: list[int], tokens
     return f32_truth(config, quant, prompt, tokens)
 
 
-def _expected(model: str, quant: str, prompt_len: int, prefill_chunk: int, steps: int, log) -> dict[str, np.ndarray]:
+def _expected(config, quant: str, prompt_len: int, prefill_chunk: int, steps: int, log) -> dict[str, np.ndarray]:
     """What the llvm build of this machine computes for the bundle's prompt and weights (and the
     float32 truth, where PyTorch is installed)."""
     from ..device import RunOptions
     from ..runtime import open_engine
     from .artifacts import ensure_artifact
 
-    art = ensure_artifact(model, quant, "llvm", log=log)
+    model = config.name
+    art = ensure_artifact(config, quant, "llvm", log=log)
     engine = open_engine(art, "synthetic", 0, RunOptions(prefill_chunk=prefill_chunk))
     length = min(prompt_len, engine.context_window - steps - 1)
     prompt = [int(t) for t in np.random.default_rng(0).integers(0, engine.vocab_size, size=length)]
@@ -231,7 +268,7 @@ def _expected(model: str, quant: str, prompt_len: int, prefill_chunk: int, steps
     return record
 
 
-def _tune_candidates(model: str, quant: str, kind: str, overrides: dict, root: Path, budget: int, log) -> dict:
+def _tune_candidates(config, quant: str, kind: str, overrides: dict, root: Path, budget: int, log) -> dict:
     """The knob candidates of `model` `quant`'s static-shape kernels for the `kind` preset with
     `overrides`, compiled into root/tune/<model>-<quant> (pipeline/tuning/remote.py); the bundle
     index's entry."""
@@ -239,9 +276,9 @@ def _tune_candidates(model: str, quant: str, kind: str, overrides: dict, root: P
     from ..tuning.remote import prepare
 
     target = load_target(kind, overrides)
+    model = config.name
     rel = f"tune/{model}-{quant}"
     log(f"[mlcpipe] compiling the knob candidates of {model} {quant} for {kind} (at most {budget} per kernel)")
-    config = load_model_config(model)
     index = prepare(config, config.scheme(quant), target, root / rel, budget=budget, log=log)
     return {"name": _entry_name(model, quant, kind, "tune"), "model": model, "quantization": quant, "kind": kind, "dir": rel,
             "kernels": len(index["kernels"])}
@@ -267,7 +304,7 @@ def _site(site: Path, python: str, python_version: str, ffi_wheel: Path | None, 
     return ffi_version
 
 
-def _run_options(pairs: list[tuple[str, str]], cpu_models, bench_models, prefill_chunk: int | None, steps: int,
+def _run_options(pairs: list[tuple[str, str]], configs: dict, cpu_models, bench_models, prefill_chunk: int | None, steps: int,
                  prompt_len: int, python: str) -> tuple[list[str], list[str], int, str]:
     """(cpu models, bench models, prefill chunk, device Python version), checked before any build:
     --cpu-model / --bench-model name models of the --set (others did nothing), --prefill-chunk fits
@@ -276,7 +313,7 @@ def _run_options(pairs: list[tuple[str, str]], cpu_models, bench_models, prefill
     if python != "current" and not (minor and int(minor.group(1)) >= 9):
         raise OptionValueError(f"{short_repr(python)}: expected a Python version such as 3.12 (3.9 or later), or 'current'", "--python")
     models = list(dict.fromkeys(model for model, _ in pairs))
-    chunks = {model: load_model_config(model).prefill_chunk_size for model in models}
+    chunks = {model: configs[model].prefill_chunk_size for model in models}
     if prefill_chunk is None:  # 128, or less where a model of the set prefills less at once
         prefill_chunk = min(PREFILL_CHUNK, *chunks.values())
     if not 1 <= steps <= 64 or prompt_len < 1 or prefill_chunk < 1:
@@ -313,30 +350,33 @@ def bundle(out: Path | None = None, sets: list[str] | tuple[str, ...] = DEFAULT_
                             "(run it from a clone: pip install -e .)")
     if str(REPO_ROOT) not in sys.path:  # its benchmarks/ (the f32 truth here, the job there) from any working directory
         sys.path.append(str(REPO_ROOT))
-    pairs = parse_sets(sets)
-    tune_pairs = parse_sets(tune, "--tune")
+    configs: dict = {}  # model name -> its config (--set, --tune and --graph may give a YAML path)
+    pairs = parse_sets(sets, configs=configs)
+    tune_pairs = parse_sets(tune, "--tune", configs)
     if tune_budget < 1:
         raise OptionValueError(f"{tune_budget}: allowed at least 1", "--tune-budget")
-    graph_pairs = set(parse_sets(graph, "--graph"))
+    graph_pairs = set(parse_sets(graph, "--graph", configs))
     if not graph_pairs <= set(pairs):
-        raise OptionValueError(f"{sorted(graph_pairs - set(pairs))[0]}: not in the bundle's --set", "--graph")
-    cpu_models, bench_models, prefill_chunk, python_version = _run_options(pairs, cpu_models, bench_models, prefill_chunk,
+        raise OptionValueError("{}:{}: not in the bundle's --set".format(*sorted(graph_pairs - set(pairs))[0]), "--graph")
+    cpu_models, bench_models, prefill_chunk, python_version = _run_options(pairs, configs, cpu_models, bench_models, prefill_chunk,
                                                                          steps, prompt_len, python)
+    if ffi_wheel is not None:
+        check_ffi_wheel(Path(ffi_wheel), metadata.version("apache-tvm-ffi"), python_version)
     out = Path(out) if out is not None else artifacts_root() / "bundle"
     check_writable(out, "bundle")  # before the builds; atomic_directory checks it again at the end
     cuda = {"arch": CUDA_ARCH, "fatbin_archs": [CUDA_ARCH]}
     entries: list[tuple[dict, Path]] = []
     for model, quant in pairs:
-        found = ensure_artifact(model, quant, "cuda", log=log, overrides=cuda)
+        found = ensure_artifact(configs[model], quant, "cuda", log=log, overrides=cuda)
         entries.append(({"model": model, "quantization": quant, "kind": "cuda", "bench": model in bench_models}, found))
         if (model, quant) in graph_pairs:
-            found = ensure_artifact(model, quant, "cuda", log=log, overrides={**cuda, "cuda_graph": True})
+            found = ensure_artifact(configs[model], quant, "cuda", log=log, overrides={**cuda, "cuda_graph": True})
             entries.append(({"model": model, "quantization": quant, "kind": "cuda", "variant": "cuda-graph", "check": False,
                              "profile": False, "bench": model in bench_models}, found))
         if model in cpu_models:
-            found = ensure_artifact(model, quant, "llvm", log=log, overrides={"mcpu": PORTABLE_MCPU})
+            found = ensure_artifact(configs[model], quant, "llvm", log=log, overrides={"mcpu": PORTABLE_MCPU})
             entries.append(({"model": model, "quantization": quant, "kind": "llvm", "variant": "portable"}, found))
-    expected = {(model, quant): _expected(model, quant, prompt_len, prefill_chunk, steps, log) for model, quant in pairs}
+    expected = {(model, quant): _expected(configs[model], quant, prompt_len, prefill_chunk, steps, log) for model, quant in pairs}
     created = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     with atomic_directory(out, kind="bundle") as tmp:
         index = []
@@ -352,7 +392,7 @@ def bundle(out: Path | None = None, sets: list[str] | tuple[str, ...] = DEFAULT_
             index.append({**entry, "name": name, "dir": f"artifacts/{name}", "expected": recorded,
                           "prefill_chunk": int(record["prefill_chunk"]), "manifest_target": manifest["target"],
                           "peak_gbps": preset_peak_gbps(manifest.get("target_name", ""))})
-        tuned = [_tune_candidates(model, quant, tune_target, cuda if tune_overrides is None else tune_overrides, tmp, tune_budget, log)
+        tuned = [_tune_candidates(configs[model], quant, tune_target, cuda if tune_overrides is None else tune_overrides, tmp, tune_budget, log)
                  for model, quant in tune_pairs]
         ffi_version = _site(tmp / "site", python, python_version, ffi_wheel, log)
         _tvm_runtime(tmp / "tvm_runtime")

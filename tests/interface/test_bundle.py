@@ -13,11 +13,13 @@ import shutil
 import subprocess
 import sys
 import venv
+from importlib import metadata
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from mlcpipe.config import MODELS_DIR
 from mlcpipe.device.cuda import runs_here as cuda_present
 from tests.helpers.cli import mlcpipe
 from tests.helpers.hardware import NO_CUDA
@@ -31,7 +33,8 @@ def bundle(tmp_path_factory):
     from mlcpipe.interface.bundle import bundle as make
 
     out = tmp_path_factory.mktemp("bundle") / "b"
-    path, size = make(out, sets=[SET], graph=[SET], cpu_models=["llama-tiny"], bench_models=["llama-tiny"], python="current",
+    # --set by YAML path, the rest by name: the bundle names the model by its config
+    path, size = make(out, sets=[f"{MODELS_DIR / 'llama-tiny.yaml'}:q4f32_1"], graph=[SET], cpu_models=["llama-tiny"], bench_models=["llama-tiny"], python="current",
                       prompt_len=200, prefill_chunk=64, steps=5, tune=[SET], tune_target="llvm",
                       tune_overrides={"mcpu": "haswell"}, tune_budget=3, log=lambda *_: None)
     return path, size
@@ -67,6 +70,7 @@ def test_bundle_runs_without_apache_tvm(bundle, bare_python, tmp_path):
     python, env = bare_python
     out = tmp_path / "out"
     done = subprocess.run(["bash", str(unpacked / "run.sh")], capture_output=True, text=True, env={**env, "OUT": str(out)}, cwd=tmp_path)
+    assert (out / "summary.json").is_file(), done.stdout[-3000:] + done.stderr[-3000:]
     summary = json.loads((out / "summary.json").read_text())
     results = summary["results"]
     assert summary["env"]["tvm_package_modules"] == [], "the run side imported the tvm package"
@@ -170,8 +174,20 @@ def test_bundle_size_limit_and_bad_input(bundle, tmp_path):
                                                                        "['q0f16', 'q0f32', 'q4f16_1', 'q4f32_1']"]
     bad = mlcpipe("bundle", "--set", "nosuch:q4f16_1", "--out", str(out))  # the flag that named it
     assert bad.returncode == 2 and bad.stderr.startswith("error: --set 'nosuch': no such config in ")
-    # refused before any build (each used to build first, then fail or do nothing)
-    for flags, message in ((["--bench-model", "nosuch"], "Invalid value for --bench-model: 'nosuch': not a model of the bundle's --set (llama-tiny)"),
+    # refused before any build (each used to build first, then fail or do nothing, or ship what fails on the device)
+    other = tmp_path / "other.yaml"  # another model under llama-tiny's name
+    other.write_text((MODELS_DIR / "llama-tiny.yaml").read_text().replace("rms_norm_eps:", "rms_norm_eps: 0.001 #"))
+    for flags, message in ((["--set", SET], "Invalid value for --set: 'llama-tiny:q4f32_1': llama-tiny:q4f32_1 is given twice"),
+                           (["--set", f"{MODELS_DIR / 'llama-tiny.yaml'}:q4f16_1,q4f32_1"], "llama-tiny:q4f32_1 is given twice"),
+                           (["--set", f"{other}:q4f16_1"], f"{other} and {MODELS_DIR / 'llama-tiny.yaml'} are both named 'llama-tiny'"),
+                           (["--graph", "llama-tiny:q4f16_1"], "Invalid value for --graph: llama-tiny:q4f16_1: not in the bundle's --set"),
+                           (["--ffi-wheel", str(other)], f"Invalid value for --ffi-wheel: '{other}': not a wheel"),
+                           *((["--ffi-wheel", str(_fake_ffi_wheel(tmp_path, version, tag))], message) for version, tag, message in (
+                               (FFI_VERSION, "cp311-cp311-manylinux_2_28_x86_64", "built for cp311-cp311-manylinux_2_28_x86_64; the "
+                                                                                  "device needs CPython 3.12 on x86-64 Linux"),
+                               (FFI_VERSION, "cp312-cp312-macosx_11_0_arm64", "the device needs CPython 3.12 on x86-64 Linux"),
+                               ("0.1.15", "cp312-cp312-manylinux_2_28_x86_64", f"apache-tvm-ffi 0.1.15; the run side is tested with {FFI_VERSION}"))),
+                           (["--bench-model", "nosuch"], "Invalid value for --bench-model: 'nosuch': not a model of the bundle's --set (llama-tiny)"),
                            (["--cpu-model", "llama-3.2-1b"], "Invalid value for --cpu-model: 'llama-3.2-1b': not a model of"),
                            (["--prefill-chunk", "129"], "Invalid value for --prefill-chunk: 129: llama-tiny's prefill_chunk_size is 128"),
                            (["--python", "2.7"], "Invalid value for --python: '2.7': expected a Python version such as 3.12 (3.9 or later)"),
@@ -184,6 +200,21 @@ def test_bundle_size_limit_and_bad_input(bundle, tmp_path):
     bad = mlcpipe("bundle", "--set", SET, "--graph", SET, "--python", "current", "--out", str(tmp_path / "mine"))
     assert bad.returncode == 2 and "holds files mlcpipe did not create" in bad.stderr
     assert (tmp_path / "mine" / "notes.txt").read_text() == "keep"
+
+
+FFI_VERSION = metadata.version("apache-tvm-ffi")
+
+
+def _fake_ffi_wheel(folder: Path, version: str, tag: str) -> Path:
+    """A wheel shaped like apache-tvm-ffi's, of `version`, tagged `tag` (its code is not run)."""
+    import zipfile
+
+    path = folder / f"apache_tvm_ffi-{version}-{tag}.whl"
+    with zipfile.ZipFile(path, "w") as wheel:
+        wheel.writestr("tvm_ffi/__init__.py", "")
+        wheel.writestr(f"apache_tvm_ffi-{version}.dist-info/METADATA", f"Metadata-Version: 2.1\nName: apache-tvm-ffi\nVersion: {version}\n")
+        wheel.writestr(f"apache_tvm_ffi-{version}.dist-info/WHEEL", f"Wheel-Version: 1.0\nRoot-Is-Purelib: false\nTag: {tag}\n")
+    return path
 
 
 def test_bundle_needs_a_checkout(tmp_path, monkeypatch):
