@@ -29,8 +29,24 @@ def build(model: str, quant: str, target_name: str, *, mcpu: str | None = None, 
     target = load_target(target_name, target_overrides(mcpu, arch, fatbin_archs, cuda_graph))
     if tuning_db is not None and not tuning_db.is_file():
         raise OptionValueError(f"{tuning_db}: no such file", "--tuning-db")
+    if tuning_db is not None:
+        check_db_tunes(tuning_db, target.target)
     if tuning_db is None:
         from ..tuning import check_db_to_read
 
         check_db_to_read()
     return compile_model(config, scheme, target, output=output, dump_ir=dump_ir, weights=weights, log=log, tuning_db=tuning_db)
+
+
+def check_db_tunes(path: Path, target: dict) -> None:
+    """A database named on the command line holds records for this build's target (was: one tuned
+    for another --mcpu / --arch built untuned without a word; the default database stays optional)."""
+    from ..errors import ConfigError
+    from ..tuning import TuningDB, target_key
+
+    key = target_key(target)
+    held = sorted(TuningDB.load(path).records)
+    if key not in held:
+        raise ConfigError(f"--tuning-db {path}: no records for this build's target {key}; it holds "
+                          f"{', '.join(held) if held else 'none'} (tune this target with `mlcpipe tune`, or build for one of those)")
+
