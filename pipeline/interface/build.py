@@ -31,7 +31,7 @@ def build(model: str, quant: str, target_name: str, *, mcpu: str | None = None, 
         raise OptionValueError(f"{tuning_db}: no such file", "--tuning-db")
     if tuning_db is not None:
         check_db_tunes(tuning_db, target.target)
-    if tuning_db is None:
+    else:
         from ..tuning import check_db_to_read
 
         check_db_to_read()
@@ -49,4 +49,3 @@ def check_db_tunes(path: Path, target: dict) -> None:
     if key not in held:
         raise ConfigError(f"--tuning-db {path}: no records for this build's target {key}; it holds "
                           f"{', '.join(held) if held else 'none'} (tune this target with `mlcpipe tune`, or build for one of those)")
-

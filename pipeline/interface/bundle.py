@@ -159,6 +159,7 @@ def check_ffi_wheel(wheel: Path, version: str, python: str) -> None:
         minor = re.fullmatch(r"cp3(\d+)", interpreter)
         return bool(minor) and (int(minor.group(1)) == want or abi == "abi3" and int(minor.group(1)) <= want) \
             and "linux" in platform and "x86_64" in platform
+
     if not any(fits(tag) for tag in tags):
         raise OptionValueError(f"{name}: built for {', '.join(tags) or 'no tag'}; the device needs CPython {python} on x86-64 Linux", flag)
 
@@ -269,9 +270,9 @@ def _expected(config, quant: str, prompt_len: int, prefill_chunk: int, steps: in
 
 
 def _tune_candidates(config, quant: str, kind: str, overrides: dict, root: Path, budget: int, log) -> dict:
-    """The knob candidates of `model` `quant`'s static-shape kernels for the `kind` preset with
-    `overrides`, compiled into root/tune/<model>-<quant> (pipeline/tuning/remote.py); the bundle
-    index's entry."""
+    """The knob candidates of the model's (`config`) static-shape kernels at `quant` for the `kind`
+    preset with `overrides`, compiled into root/tune/<model>-<quant> (pipeline/tuning/remote.py);
+    the bundle index's entry."""
     from ..targets import load_target
     from ..tuning.remote import prepare
 
