@@ -39,6 +39,15 @@ CONFIG_DIR = _config_dir()
 MODELS_DIR = CONFIG_DIR / "models"
 
 
+def check_config_dir() -> None:
+    """$MLCPIPE_CONFIGS, where set, is a folder with models/ and targets/ (was: every --model
+    'no such config in .../models; available: []', every --target a missing preset)."""
+    given = os.environ.get("MLCPIPE_CONFIGS")
+    if given and not all((Path(given) / sub).is_dir() for sub in ("models", "targets")):
+        raise ConfigError(f"environment MLCPIPE_CONFIGS={short_repr(given)}: expected a folder holding models/ and targets/ "
+                          "(it replaces mlcpipe's configs/), or unset it")
+
+
 def artifacts_root() -> Path:
     """Where builds, caches, bundles and tuning databases go: $MLCPIPE_ARTIFACTS, else the
     checkout's artifacts/ (a developer's), else ./artifacts in the current directory (an

@@ -304,6 +304,13 @@ def build_with_tuning_db_env_naming_no_file(ctx):
 
 
 @case(subprocess_run=True)
+def build_with_configs_env_naming_no_folder(ctx):
+    """$MLCPIPE_CONFIGS with a typo: was "--model 'llama-tiny': no such config in .../models; available: []"."""
+    return ([{"MLCPIPE_CONFIGS": str(ctx.tmp / "confgs")}, "build", "--model", "llama-tiny", "--quant", QUANT, "--output", str(ctx.tmp / "out")],
+            r"environment MLCPIPE_CONFIGS='.*confgs': expected a folder holding models/ and targets/ \(it replaces mlcpipe's configs/\), or unset it")
+
+
+@case(subprocess_run=True)
 def build_metal_with_source_date_epoch_not_a_number(ctx):
     """It was read as 0: a 'reproducible' library under another date than the one set."""
     return ([{"SOURCE_DATE_EPOCH": "yesterday"}, "build", "--model", "llama-tiny", "--quant", QUANT, "--target", "metal",

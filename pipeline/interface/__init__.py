@@ -5,7 +5,9 @@ from __future__ import annotations
 
 
 def configure_process(threads: int | None) -> None:
-    """What every command needs first: TVM's thread count (`--threads`, pipeline/threads.py)."""
+    """What every command needs first: its configs folder, TVM's thread count (`--threads`, pipeline/threads.py)."""
+    from ..config import check_config_dir
     from ..threads import configure
 
+    check_config_dir()
     configure(threads)
