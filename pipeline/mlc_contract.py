@@ -22,6 +22,7 @@ from .quantization import Quantization
 from .tensor_cache import read_tensor_cache
 
 MLC_CHAT_CONFIG_VERSION = "0.1.0"
+WEBLLM_TOKENIZERS = ("tokenizer.json", "tokenizer.model")  # what WebLLM's reload can load (else UnsupportedTokenizerFilesError)
 # mlcpipe architecture -> the model_type MLC-LLM's registry names it by
 MLC_MODEL_TYPES = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "gemma3": "gemma3_text"}
 # The tokenizer files MLC-LLM's gen_config copies from a checkpoint, in its order.

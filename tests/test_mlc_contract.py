@@ -13,6 +13,7 @@ from mlcpipe.build import build
 from mlcpipe.config import load_model_config, parse_model_config
 from mlcpipe.conv_templates import CONV_TEMPLATES
 from mlcpipe.errors import ArtifactError, ConfigError
+from mlcpipe.interface.mlc import mlc_check
 from mlcpipe.mlc_contract import (
     DEFAULT_TOKENIZER_INFO,
     REQUIRED_CONFIG_FIELDS,
@@ -104,11 +105,18 @@ def test_cli_convert_weights_dir_passes_check(hf_checkpoint, tmp_path):
     assert data["quantization"] == "q0f32" and data["tokenizer_files"] == ["tokenizer.json", "tokenizer_config.json"]
 
 
-def test_synthetic_weights_say_no_tokenizer(tiny_config, tmp_path):
+def test_synthetic_weights_say_no_tokenizer(tiny_config, tmp_path, model_dir):
     out = convert_weights(tiny_config, quantization("q0f32"), "synthetic", tmp_path / "w", **QUIET)
     data = check_model_dir(out)
     assert data["tokenizer_files"] == [] and data["tokenizer_info"] == DEFAULT_TOKENIZER_INFO
     assert not list(out.glob("tokenizer*"))
+    # mlc-check says so (was: "tokenizer files and weight shards present"), and names a real one's
+    lines = {}
+    mlc_check(None, out, lines.setdefault("synthetic", []).append)
+    mlc_check(None, model_dir, lines.setdefault("checkpoint", []).append)
+    assert lines["synthetic"] == [f"ok: {out}: mlc-chat-config.json complete (q0f32, conv_template 'LM'), weight shards present; "
+                                  "no tokenizer WebLLM loads (tokenizer.json or tokenizer.model; MLC-LLM runs token ids without one)"]
+    assert lines["checkpoint"][0].endswith("weight shards present; tokenizer files (tokenizer.json, tokenizer_config.json)")
 
 
 def test_build_writes_mlc_chat_config(artifact, tiny_config):

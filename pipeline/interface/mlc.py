@@ -9,15 +9,19 @@ from pathlib import Path
 def mlc_check(artifact: Path | None, model_dir: Path | None, echo: Callable[[str], None] = print) -> None:
     """Check the library and/or model directory against what MLC-LLM's runtimes and WebLLM read;
     `echo` gets one `ok:` line per check passed, as it passes."""
-    from ..mlc_contract import check_library, check_model_dir, check_pair
+    from ..mlc_contract import WEBLLM_TOKENIZERS, check_library, check_model_dir, check_pair
 
     if artifact is not None:
         manifest = check_library(artifact)
         echo(f"ok: {artifact}: {manifest['library']} exports every function MLC-LLM / WebLLM call")
     if model_dir is not None:
         data = check_model_dir(model_dir)
+        files = data["tokenizer_files"]
+        tokenizer = (f"tokenizer files ({', '.join(files)})" if set(files) & set(WEBLLM_TOKENIZERS) else
+                     f"no tokenizer WebLLM loads ({' or '.join(WEBLLM_TOKENIZERS)}; MLC-LLM runs token ids without one)")
+        # was "tokenizer files ... present" for synthetic weights, which have none: WebLLM cannot load them
         echo(f"ok: {model_dir}: mlc-chat-config.json complete ({data['quantization']}, "
-             f"conv_template {data['conv_template'].get('name')!r}), tokenizer files and weight shards present")
+             f"conv_template {data['conv_template'].get('name')!r}), weight shards present; {tokenizer}")
     if artifact is not None and model_dir is not None:  # what a runtime given both binds together
         count = check_pair(artifact, model_dir, data)
         echo(f"ok: {model_dir}: holds the {count} parameters {artifact}'s library takes, with their shapes and dtypes")

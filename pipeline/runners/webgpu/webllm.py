@@ -13,12 +13,9 @@ from pathlib import Path
 
 from ...backends import kinds_with
 from ...errors import RunnerError
-from ...mlc_contract import check_library, check_model_dir, check_pair
+from ...mlc_contract import WEBLLM_TOKENIZERS, check_library, check_model_dir, check_pair
 from .. import node_modules
 from .dawn import DawnRunner
-
-
-WEBLLM_TOKENIZERS = ("tokenizer.json", "tokenizer.model")  # what WebLLM's reload can load (else UnsupportedTokenizerFilesError)
 
 
 @dataclass(frozen=True)
