@@ -25,14 +25,14 @@ def nightly(matrix_path, out, jobs, previous, cells, cache_dir, report_only, lis
     from ..interface.nightly import list_cells as matrix_cells
     from ..interface.nightly import nightly as run_nightly
 
-    if list_cells:
-        click.echo(json.dumps(matrix_cells(matrix_path)))
-        return
-    if out is None:
-        raise click.UsageError("--out DIR is required")
     wanted = [c.strip() for value in cells for c in value.split(",") if c.strip()]
     if cells and not wanted:  # e.g. `--cell "$CELL"` with CELL unset: was every cell of the matrix, in one job
         raise click.BadParameter(f"{cells[0]!r} names no cell; give a cell id (mlcpipe nightly --list-cells)", param_hint="--cell")
+    if list_cells:  # with --cell: those cells, each checked (was: --cell ignored, every cell listed)
+        click.echo(json.dumps(matrix_cells(matrix_path, wanted)))
+        return
+    if out is None:
+        raise click.UsageError("--out DIR is required")
     sys.exit(run_nightly(matrix_path, out, jobs=jobs, previous=previous, cells=wanted, cache_dir=cache_dir,
                          report_only=report_only, log=log))
 

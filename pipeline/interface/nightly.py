@@ -6,11 +6,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 
-def list_cells(matrix_path: Path | None) -> list[str]:
-    """The matrix's cell ids (for a CI matrix)."""
+def list_cells(matrix_path: Path | None, cells: list[str] | None = None) -> list[str]:
+    """The matrix's cell ids (for a CI matrix), or those of `cells` (each must be one)."""
     from ..nightly import list_cells as matrix_cells
 
-    return matrix_cells(matrix_path)
+    return matrix_cells(matrix_path, cells)
 
 
 def nightly(matrix_path: Path | None, out: Path, *, jobs: int | None = None, previous: Path | None = None,

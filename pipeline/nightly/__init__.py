@@ -27,10 +27,10 @@ def default_cache(out: Path) -> Path:
     return Path(out).resolve().parent / ".cache"
 
 
-def list_cells(matrix_path: Path | None = None) -> list[str]:
+def list_cells(matrix_path: Path | None = None, cells: list[str] | None = None) -> list[str]:
     from .matrix import load_matrix
 
-    return [c.id for c in load_matrix(matrix_path).cells]
+    return [c.id for c in load_matrix(matrix_path).select(cells or [])]
 
 
 def run_nightly(matrix_path: Path | None, out: Path, jobs: int | None = None, previous: Path | None = None,

@@ -445,6 +445,11 @@ def test_default_matrix_and_workflow(source):
                    for q in ("q0f16", "q4f16_1", "q4f32_1")]
     proc = mlcpipe("nightly", "--list-cells", check_rc=0)
     assert json.loads(proc.stdout) == ids
+    # with --cell: the cells named, each checked (was: --cell ignored, all 60 listed)
+    proc = mlcpipe("nightly", "--list-cells", "--cell", f"{ids[7]},{ids[2]}", "--cell", ids[7], check_rc=0)
+    assert json.loads(proc.stdout) == [ids[7], ids[2]]
+    proc = mlcpipe("nightly", "--list-cells", "--cell", "zzz", check_rc=2)
+    assert proc.stderr.startswith("error: --cell 'zzz': not a cell of ") and proc.stdout == ""
     # a mistyped cell: the closest ids, not all 60 in one line
     with pytest.raises(ConfigError, match=r"--cell 'llama-3.2-1b-q4f32-llvm': not a cell of .*nightly\.yaml "
                                           r"\(closest: llama-3\.2-1b-q4f32_1-llvm, "):
