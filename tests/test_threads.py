@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -59,3 +60,23 @@ def test_more_threads_than_the_machine_can_spin_are_refused(monkeypatch):
     env = {**os.environ, threads.ENV: "100000"}
     out = subprocess.run([sys.executable, "-m", "mlcpipe.cli", "run", "--artifact", "x"], capture_output=True, text=True, env=env)
     assert out.returncode == 2 and f"environment {threads.ENV}='100000': expected a number of threads from 1 to {limit}" in out.stderr
+
+
+def test_workers_split_the_cpus_unless_the_user_chose(monkeypatch):
+    """Concurrent nightly cells: was every CPU in every worker once the CLI had set TVM_NUM_THREADS
+    for itself (2 cells on 2 CPUs: 4 spinning threads); a profile, alone on the machine, gets them all."""
+    from mlcpipe.nightly.runner import Runner
+
+    cpus = threads.available()
+    monkeypatch.delenv(threads.ENV, raising=False)
+    monkeypatch.setattr(threads, "_defaulted", None)
+    assert threads.configure(None) == cpus  # what the CLI does first
+    assert threads.configure(None) == cpus  # and a later call in the same process (tune's MetaSchedule) keeps it mlcpipe's choice
+    runner = Runner([object(), object(), object()], Path("out"), Path("cache"), jobs=2)
+    assert runner._env(alone=False)[threads.ENV] == str(max(1, cpus // 2))
+    assert runner._env(alone=True)[threads.ENV] == str(cpus)
+    assert Runner([object()], Path("out"), Path("cache"), jobs=8)._env(alone=False)[threads.ENV] == str(cpus)  # one cell: all
+    monkeypatch.setenv(threads.ENV, "3")  # the user's count is kept, in every worker
+    assert threads.configure(None) == 3
+    assert runner._env(alone=False)[threads.ENV] == runner._env(alone=True)[threads.ENV] == "3"
+    assert threads.configure(1) == 1 and runner._env(alone=False)[threads.ENV] == "1"  # --threads 1

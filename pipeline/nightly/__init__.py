@@ -17,9 +17,9 @@ from pathlib import Path
 
 
 def default_jobs() -> int:
-    import os
+    from ..threads import available
 
-    return max(1, (os.cpu_count() or 2) // 2)
+    return max(1, available() // 2)
 
 
 def default_cache(out: Path) -> Path:

@@ -31,6 +31,7 @@ from ..artifact import (MANIFEST, atomic_directory, file_digests, make_temp_dir,
                         sha256_file, temp_sibling, write_json)
 from ..config import load_model_config
 from ..errors import ConfigError
+from .. import threads
 from ..targets import load_target
 from . import cache
 from .matrix import Cell
@@ -131,10 +132,11 @@ class Runner:
 
     # ---- worker processes -------------------------------------------------------------------
 
-    def _env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        env.setdefault("TVM_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // self.jobs)))
-        return env
+    def _env(self, alone: bool) -> dict[str, str]:
+        """A worker's environment: TVM's threads split between the cells built at once, or every
+        CPU for a profile, which has the machine alone (was: every CPU in every worker once the
+        CLI had set TVM_NUM_THREADS for itself, so concurrent cells oversubscribed the CPUs)."""
+        return {**os.environ, threads.ENV: threads.for_worker(1 if alone else min(self.jobs, len(self.cells)))}
 
     def _worker(self, cell: Cell, log, work: Path, **spec: Any) -> dict:
         """Run `python -m mlcpipe.nightly.worker` for `cell` with `spec`; its output goes to the log."""
@@ -150,7 +152,8 @@ class Runner:
         with self._children_lock:  # started and registered in one step: stop() sees it, or it is never started
             if self._stopping.is_set():
                 raise CellInterrupted("interrupted")
-            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self._env(), stdin=subprocess.DEVNULL)
+            proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=self._env(alone=bool(spec.get("profile"))),
+                                    stdin=subprocess.DEVNULL)
             self._children.add(proc)
         try:
             code = proc.wait()
