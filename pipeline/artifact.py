@@ -520,6 +520,9 @@ def read_manifest(artifact: Path, required: tuple[str, ...] = ()) -> dict[str, A
     data = read_json(path, "manifest")
     if not isinstance(data, dict):
         raise ArtifactError(f"{path}: corrupt manifest: expected a JSON object, got {type(data).__name__}")
+    if "format" in data and data["format"] != ARTIFACT_FORMAT:  # was: another format's artifact read as this one's
+        raise ArtifactError(f"{path}: field 'format': got {short_repr(data['format'])}; this mlcpipe reads {ARTIFACT_FORMAT} "
+                            "(rebuild the artifact with it)")
     for field in required:
         if field not in data:
             raise ArtifactError(f"{path}: field '{field}' is missing (not a manifest of `mlcpipe build`; rebuild the artifact)")

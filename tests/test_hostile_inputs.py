@@ -449,6 +449,15 @@ def run_manifest_empty_object(ctx):
 
 
 @case()
+def run_manifest_of_another_format(ctx):
+    """An artifact of a newer mlcpipe (its manifest's format) was read as this one's."""
+    art = ctx.art()
+    manifest = json.loads((art / "manifest.json").read_text())
+    (art / "manifest.json").write_text(json.dumps({**manifest, "format": "mlcpipe-artifact/2"}))
+    return run_args(art), r"manifest\.json: field 'format': got 'mlcpipe-artifact/2'; this mlcpipe reads mlcpipe-artifact/1 \(rebuild the artifact with it\)"
+
+
+@case()
 def check_manifest_a_list(ctx):
     art = ctx.art()
     (art / "manifest.json").write_text("[]")
