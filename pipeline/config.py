@@ -44,7 +44,7 @@ def check_config_dir() -> None:
     'no such config in .../models; available: []', every --target a missing preset)."""
     given = os.environ.get("MLCPIPE_CONFIGS")
     if given and not all((Path(given) / sub).is_dir() for sub in ("models", "targets")):
-        raise ConfigError(f"environment MLCPIPE_CONFIGS={short_repr(given)}: expected a folder holding models/ and targets/ "
+        raise ConfigError(f"environment MLCPIPE_CONFIGS={short_repr(given, 300)}: expected a folder holding models/ and targets/ "
                           "(it replaces mlcpipe's configs/), or unset it")
 
 
