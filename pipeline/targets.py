@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import platform
+import re
 from pathlib import Path
 from typing import Any
 
@@ -157,15 +158,30 @@ def available_targets() -> list[str]:
 OVERRIDE_KINDS = {"mcpu": ("llvm",), "arch": ("cuda",), "fatbin_archs": ("cuda",), "cuda_graph": ("cuda",)}
 
 
-def load_target(name: str, overrides: dict[str, Any] | None = None) -> TargetSpec:
-    """Preset `name`, with `overrides` (e.g. {"mcpu": "skylake-avx512"}) applied on top."""
+# Preset keys an override may not change, and why.
+_NOT_OVERRIDES = {
+    "kind": "the preset's kind ({kind}) is not an override: name a preset of the kind wanted",
+    "peak_gbps": "reports take the preset's figure: edit {path} (or pass profile --peak-gbps)",
+}
+
+
+def load_target(name: str, overrides: dict[str, Any] | None = None,
+                where: tuple[Path, str] | None = None) -> TargetSpec:
+    """Preset `name`, with `overrides` (e.g. {"mcpu": "skylake-avx512"}) applied on top. Errors
+    name an override as its --flag (OVERRIDE_KINDS), or where = (file, field) as `file: field
+    'field.<key>'` (a nightly matrix's target options)."""
     path = TARGETS_DIR / f"{name}.yaml"
     if not path.is_file():
         raise ConfigError(f"--target {name!r}: unknown target; allowed: {available_targets()}")
     raw = load_yaml(path, "target preset") or {}
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a YAML mapping at top level, got {type(raw).__name__}")
-    given = {k for k, v in (overrides or {}).items() if v is not None}
+    given = {k: f"{where[0]}: field '{where[1]}.{k}'" if where else
+             f"--{k.replace('_', '-')}" if k in OVERRIDE_KINDS else f"{path}: field '{k}'"
+             for k, v in (overrides or {}).items() if v is not None}
+    for key, why in _NOT_OVERRIDES.items():
+        if key in given:
+            raise ConfigError(f"{got(given[key], overrides[key])}; {why.format(path=path, kind=raw.get('kind'))}")
     raw = {**raw, **{k: v for k, v in (overrides or {}).items() if v is not None}}
     peak = raw.pop("peak_gbps", 0)
     kind = raw.get("kind")
@@ -174,19 +190,26 @@ def load_target(name: str, overrides: dict[str, Any] | None = None) -> TargetSpe
     for key in sorted(given):  # e.g. --mcpu on cuda: TVM took it as a cuda attribute; on metal, a screen of TVM's options
         kinds = OVERRIDE_KINDS.get(key, (kind,))
         if kind not in kinds:
-            raise ConfigError(f"--target {name}: '{key}' (--{key.replace('_', '-')}) applies to {' and '.join(kinds)} "
-                              f"targets only, not {kind}")
+            what = f"--target {name}: '{key}' ({given[key]})" if not where else f"{given[key]}: preset {name}:"
+            raise ConfigError(f"{what} applies to {' and '.join(kinds)} targets only, not {kind}")
     kind_backend = backend(kind)
     # keys of the preset that are mlcpipe's, not TVM's (e.g. cuda's fatbin_archs)
     options = {key: raw.pop(key) for key in kind_backend.PRESET_OPTIONS if key in raw}
     if kind_backend.HOST_CPU:
-        raw = _resolve_cpu(path, raw, "mcpu", "mcpu" in given)
+        raw = _resolve_cpu(path, raw, "mcpu", given.get("mcpu"))
     elif isinstance(raw.get("host"), dict) and "mtriple" not in raw["host"]:
         raw["host"] = _resolve_cpu(path, dict(raw["host"]), "host.mcpu")
     kind_backend.check_preset(path, raw, options, given)
     target = dict(raw)
-    _validate_with_tvm(path, target)
+    _validate_with_tvm(path, target, given)
     return TargetSpec(name=name, target=target, peak_gbps=float(peak), options=options)
+
+
+def got(where: str, value: Any) -> str:
+    """`--flag 'value'` or `file: field 'x': got 'value'` (`where` is a --flag or `file: field 'x'`)."""
+    from .config import short_repr
+
+    return f"{where} {short_repr(value)}" if where.startswith("--") else f"{where}: got {short_repr(value)}"
 
 
 def preset_peak_gbps(name: str) -> float | None:
@@ -201,16 +224,16 @@ def preset_peak_gbps(name: str) -> float | None:
     return float(peak) if isinstance(peak, int | float) and not isinstance(peak, bool) and peak > 0 else None
 
 
-def _resolve_cpu(path: Path, raw: dict[str, Any], field: str, flag: bool = False) -> dict[str, Any]:
+def _resolve_cpu(path: Path, raw: dict[str, Any], field: str, given: str | None = None) -> dict[str, Any]:
     """`auto` made the host's CPU; a CPU LLVM cannot build for (cpu_problem) refused in one line
-    naming the preset's field, or `--mcpu` where the command line (`flag`) set it."""
+    naming the preset's field, or `given` (--mcpu, a matrix field) where an override set it."""
     if raw.get("mcpu", "auto") in ("auto", None):
         host = detect_host()
         raw["mcpu"] = host.mcpu
         if host.mattr and "mattr" not in raw:
             raw["mattr"] = list(host.mattr)
     cpu = raw["mcpu"]
-    where = f"--mcpu {cpu!r}" if flag else f"{path}: field '{field}': got {cpu!r}"
+    where = got(given or f"{path}: field '{field}'", cpu)
     if cpu == "native":
         raise ConfigError(f"{where}; name the CPU (e.g. sapphirerapids) or use 'auto' (TVM silently builds generic x86-64 code for 'native')")
     from tvm.target import codegen
@@ -222,11 +245,16 @@ def _resolve_cpu(path: Path, raw: dict[str, Any], field: str, flag: bool = False
     return raw
 
 
-def _validate_with_tvm(path: Path, target: dict[str, Any]) -> None:
+def _validate_with_tvm(path: Path, target: dict[str, Any], given: dict[str, str]) -> None:
     from tvm.target import Target
 
     try:
         Target(target)
     except Exception as exc:  # TVM raises its own error types
         first = str(exc).strip().splitlines()[-1] if str(exc).strip() else type(exc).__name__
+        named = re.search(r"'([^']+)'", first)  # "Unknown config option 'x'. Known options: ...", "Option 'x': ..."
+        if named and named.group(1) in given:  # a matrix's target options (the flags' values are checked before)
+            key = named.group(1)
+            reason = first.split(" Target creation from config dict failed")[0].rstrip(".")
+            raise ConfigError(f"{got(given[key], target[key])}; rejected by TVM for {target['kind']} targets: {reason}") from None
         raise ConfigError(f"{path}: target {target} rejected by TVM: {first}") from None

@@ -143,12 +143,12 @@ def _check_nvcc_archs(where: str, archs: list) -> None:
 
 def check_preset(path, raw, options, given) -> None:
     """`arch` and `fatbin_archs` (default [arch], and always holding arch) are archs nvcc
-    compiles for; `given`: the keys the command line set (named as --options in errors)."""
+    compiles for; `given`: the overrides' keys, each with how errors name it (--arch, a field)."""
     from ..config import short_repr
     from ..errors import ConfigError
 
     def where(field: str) -> str:
-        return f"--{field.replace('_', '-')}" if field in given else f"{path}: field '{field}'"
+        return given.get(field) or f"{path}: field '{field}'"
 
     archs = options.setdefault("fatbin_archs", [raw.get("arch", "sm_80")])
     if not isinstance(archs, list) or not archs or not all(isinstance(a, str) and a.startswith("sm_") for a in archs):
@@ -158,7 +158,7 @@ def check_preset(path, raw, options, given) -> None:
     if raw.get("arch") not in archs:
         options["fatbin_archs"] = [*archs, raw.get("arch")]
     if not isinstance(options.get("cuda_graph", False), bool):
-        raise ConfigError(f"{path}: field 'cuda_graph': got {short_repr(options['cuda_graph'])}; expected {PRESET_OPTIONS['cuda_graph']}")
+        raise ConfigError(f"{where('cuda_graph')}: got {short_repr(options['cuda_graph'])}; expected {PRESET_OPTIONS['cuda_graph']}")
 
 
 def pipeline_config(options) -> dict:

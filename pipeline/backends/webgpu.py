@@ -64,15 +64,18 @@ def check_preset(path, raw, options, given) -> None:
     $MLCPIPE_CACHE_DIR."""
     from ..errors import ConfigError
 
-    del options, given
+    del options
+
+    def where(field: str) -> str:
+        return given.get(field) or f"{path}: field '{field}'"
+
     subgroups = raw.get("supports_subgroups", False)
     if not isinstance(subgroups, bool):
-        got = f"got {subgroups!r}; expected true or false"
-        raise ConfigError(f"{path}: field 'supports_subgroups': {got}")
+        raise ConfigError(f"{where('supports_subgroups')}: got {subgroups!r}; expected true or false")
     warp = raw.get("thread_warp_size")
     if subgroups and warp not in (None, 32):
         raise ConfigError(
-            f"{path}: field 'thread_warp_size': got {warp!r}; TVM 0.27 fixes it to 32 on webgpu "
+            f"{where('thread_warp_size')}: got {warp!r}; TVM 0.27 fixes it to 32 on webgpu "
             "with supports_subgroups (leave it out)"
         )
     cache_dir()  # where the runtime objects are cached: checked before any work

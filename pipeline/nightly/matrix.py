@@ -35,6 +35,9 @@ class TargetEntry:
     name: str  # the cell's target name (the preset's, unless renamed)
     preset: str  # configs/targets/<preset>.yaml
     options: dict[str, Any]  # preset overrides, as `mlcpipe build --mcpu/--arch/...`
+    # (matrix file, field of the options): what errors name; checked when the cell runs (a bad
+    # option fails only its cells)
+    where: tuple[Path, str] | None = dataclasses.field(default=None, compare=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,7 +115,7 @@ def _targets(path: Path, raw: list) -> list[TargetEntry]:
         options = item.get("options") or {}
         if not isinstance(options, dict):
             raise _err(path, f"{field}.options", options, "expected a mapping of preset overrides")
-        entries.append(TargetEntry(item["name"], preset, dict(options)))
+        entries.append(TargetEntry(item["name"], preset, dict(options), where=(path, f"{field}.options")))
     names = [e.name for e in entries]
     for i, name in enumerate(names):
         if name in names[:i]:

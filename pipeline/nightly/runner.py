@@ -236,7 +236,7 @@ class Runner:
             write_json(entry / cache.CHECKS_INDEX, {"checks_key": ckey, "results": results, "files": files})
 
     def _run_cell(self, cell: Cell, log) -> dict:
-        target = load_target(cell.target.preset, cell.target.options)
+        target = load_target(cell.target.preset, cell.target.options, where=cell.target.where)
         config = load_model_config(cell.model_source)
         inputs = cache.cache_inputs(config, cell.quant, target, code=self._code)
         key = cache.digest(inputs)

@@ -181,7 +181,7 @@ def test_matrix_end_to_end_with_a_failing_cell(runs):
         assert (n1 / cell / "profile.json").is_file()
     for cell in BAD:
         r = got[cell]
-        assert r["status"] == "failed" and "native" in r["error"] and r["log_tail"]
+        assert r["status"] == "failed" and "field 'targets[3].options.mcpu': got 'native'" in r["error"] and r["log_tail"]
         assert (n1 / r["log"]).is_file() and not (n1 / cell / "artifact").exists()
         assert f"FAIL {cell}" in b.stderr
     summary = (n1 / "SUMMARY.md").read_text()
@@ -386,6 +386,40 @@ def test_matrix_errors_are_one_line_before_anything_builds(tmp_path):
     proc = mlcpipe("nightly", "--out", tmp_path / "out", "--cell", " ", check_rc=2)
     assert "Invalid value for --cell: ' ' names no cell; give a cell id (mlcpipe nightly --list-cells)" in proc.stderr
     assert not (tmp_path / "out").exists()
+
+
+def test_a_bad_target_option_fails_its_cells_naming_the_matrix_field(tmp_path):
+    """Were: errors naming flags the user never gave (--mcpu, --arch) or the preset file, and TVM's
+    error with the whole target dict; `kind` turned the llvm preset into a cuda target and
+    `peak_gbps` was ignored by every report."""
+    cases = [  # (target entry, the start of its cell's error after the field)
+        ("{preset: llvm, options: {mcpu: bogus}}", "mcpu': got 'bogus'; not a CPU LLVM knows for "),
+        ("{preset: llvm, options: {nosuch: 1}}",
+         "nosuch': got 1; rejected by TVM for llvm targets: Unknown config option 'nosuch'. Known options: 'kind',"),
+        ("{preset: llvm, options: {opt-level: lots}}", "opt-level': got 'lots'; rejected by TVM for llvm targets: Option 'opt-level'"),
+        ("{preset: llvm, options: {arch: sm_90}}", "arch': preset llvm: applies to cuda targets only, not llvm"),
+        ("{preset: metal, options: {mcpu: znver3}}", "mcpu': preset metal: applies to llvm targets only, not metal"),
+        ("{preset: cuda, options: {arch: sm_1}}", "arch': got 'sm_1'; not an arch nvcc compiles for"),
+        ("{preset: cuda, options: {fatbin_archs: [sm_90, sm_2]}}", "fatbin_archs': got 'sm_2'; not an arch nvcc compiles for"),
+        ("{preset: cuda, options: {cuda_graph: 3}}", "cuda_graph': got 3; expected true or false"),
+        ("{preset: webgpu, options: {supports_subgroups: 3}}", "supports_subgroups': got 3; expected true or false"),
+        ("{preset: llvm, options: {kind: cuda}}", "kind': got 'cuda'; the preset's kind (llvm) is not an override"),
+        ("{preset: llvm, options: {peak_gbps: 50}}", "peak_gbps': got 50; reports take the preset's figure"),
+    ]
+    matrix = tmp_path / "m.yaml"
+    targets = ", ".join(f"{{name: t{i}, {entry[1:]}" for i, (entry, _) in enumerate(cases))
+    matrix.write_text(f"models: [llama-tiny]\nquantizations: [q4f16_1]\ntargets: [{targets}]\n")
+    assert len(load_matrix(matrix).cells) == len(cases)  # the matrix itself is fine: --list-cells needs no TVM
+    proc = mlcpipe("nightly", "--matrix", matrix, "--out", tmp_path / "out", "--jobs", "1", check_rc=1)
+    got = cells(tmp_path / "out")
+    for i, (entry, message) in enumerate(cases):
+        r = got[f"llama-tiny-q4f16_1-t{i}"]
+        assert r["status"] == "failed" and r["error"].startswith(f"{matrix}: field 'targets[{i}].options.{message}"), (entry, r["error"])
+        assert "\n" not in r["error"] and f"FAIL llama-tiny-q4f16_1-t{i}" in proc.stderr
+    # the same options from the command line are still named as flags
+    proc = subprocess.run([*MLCPIPE, "build", "--model", "llama-tiny", "--quant", "q4f16_1", "--target", "cuda", "--arch", "sm_1",
+                           "--output", tmp_path / "b"], capture_output=True, text=True, cwd=tmp_path, env=_env())
+    assert proc.returncode == 2 and proc.stderr.startswith("error: --arch 'sm_1': not an arch nvcc compiles for"), proc.stderr
 
 
 def test_previous_that_is_out_is_refused(tmp_path):
