@@ -195,11 +195,11 @@ def load_target(name: str, overrides: dict[str, Any] | None = None,
     kind_backend = backend(kind)
     # keys of the preset that are mlcpipe's, not TVM's (e.g. cuda's fatbin_archs)
     options = {key: raw.pop(key) for key in kind_backend.PRESET_OPTIONS if key in raw}
+    kind_backend.check_preset(path, raw, options, given)  # before the CPU's check, which reads llvm's mtriple
     if kind_backend.HOST_CPU:
         raw = _resolve_cpu(path, raw, "mcpu", given.get("mcpu"))
     elif isinstance(raw.get("host"), dict) and "mtriple" not in raw["host"]:
         raw["host"] = _resolve_cpu(path, dict(raw["host"]), "host.mcpu")
-    kind_backend.check_preset(path, raw, options, given)
     target = dict(raw)
     _validate_with_tvm(path, target, given)
     return TargetSpec(name=name, target=target, peak_gbps=float(peak), options=options)

@@ -26,8 +26,24 @@ def pipeline_config(options) -> dict:
 
 
 def check_preset(path, raw, options, given) -> None:
-    """Nothing to check beyond what TVM checks."""
-    del path, raw, options, given
+    """An `mtriple` names this machine's CPU and OS: the library is linked here by the system's
+    C++ compiler, which links no other (was: g++'s error after the whole compile)."""
+    import platform
+    import sys
+
+    from ..config import short_repr
+    from ..errors import ConfigError
+
+    del options
+    triple = raw.get("mtriple")
+    if triple is None:
+        return
+    here = {"arm64": "aarch64", "amd64": "x86_64"}.get(platform.machine(), platform.machine())
+    parts = triple.split("-") if isinstance(triple, str) else []
+    if not parts or parts[0] != here or not any(part.startswith(sys.platform) for part in parts[1:]):
+        where = given.get("mtriple") or f"{path}: field 'mtriple'"
+        raise ConfigError(f"{where}: got {short_repr(triple)}; llvm libraries are linked on this machine by its C++ "
+                          f"compiler: a triple for {here} {sys.platform} (e.g. {here}-{sys.platform}-gnu), or leave it out")
 
 
 def compile_context(target_spec):

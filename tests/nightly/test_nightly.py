@@ -405,6 +405,9 @@ def test_a_bad_target_option_fails_its_cells_naming_the_matrix_field(tmp_path):
         ("{preset: webgpu, options: {supports_subgroups: 3}}", "supports_subgroups': got 3; expected true or false"),
         ("{preset: llvm, options: {kind: cuda}}", "kind': got 'cuda'; the preset's kind (llvm) is not an override"),
         ("{preset: llvm, options: {peak_gbps: 50}}", "peak_gbps': got 50; reports take the preset's figure"),
+        # was g++'s "ld returned 1" after the whole compile
+        ("{preset: llvm, options: {mtriple: riscv64-unknown-linux-gnu}}",
+         "mtriple': got 'riscv64-unknown-linux-gnu'; llvm libraries are linked on this machine by its C++ compiler"),
     ]
     matrix = tmp_path / "m.yaml"
     targets = ", ".join(f"{{name: t{i}, {entry[1:]}" for i, (entry, _) in enumerate(cases))
