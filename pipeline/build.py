@@ -33,7 +33,7 @@ from .reference import KERNELS as REFERENCE_KERNELS
 from .reference import LIBRARY as REFERENCE_LIBRARY
 from .reference import build_reference
 from .tuning import TuningDB, default_db_path
-from .targets import TargetSpec
+from .targets import TargetSpec, required_cpu_flags
 
 TIR_SNAPSHOTS = {"fuse-tir": "unscheduled.json", "schedule": "scheduled.json"}
 
@@ -310,6 +310,7 @@ def _manifest(config: ModelConfig, quant: Quantization, target: TargetSpec, comp
         "target_name": target.name,
         "target": target.target,
         "target_options": target.options,
+        **({"cpu_flags": flags} if (flags := required_cpu_flags(target.target)) is not None else {}),
         "versions": package_versions(),
         "config_hash": config.config_hash(),
         "library": target_backend.LIBRARY,

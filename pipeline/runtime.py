@@ -12,7 +12,7 @@ import numpy as np
 
 from .artifact import RUN_FIELDS, RUNTIME_CONFIG, check_output_file, read_manifest, verified_library
 from .backends import backend
-from .device import RunOptions, device, tvm_runtime as rt
+from .device import RunOptions, check_cpu_flags, device, tvm_runtime as rt
 from .errors import ArtifactError
 from .generation import Generation, available_memory
 
@@ -32,6 +32,7 @@ class Engine(Generation):
         started = time.perf_counter()
         library = verified_library(self.artifact, self.manifest)  # a corrupt library can crash the process
         if remote is None:
+            check_cpu_flags(self.manifest, self.artifact)
             self.device = device(kind).local_device()
             self.lib = rt.load_module(library)
         else:
@@ -194,6 +195,7 @@ def library_kernel_runner(artifact: Path, manifest: dict, remote=None):
     library = verified_library(Path(artifact), manifest)  # a corrupt library can crash the process
     kind = manifest["target"]["kind"]
     if remote is None:
+        check_cpu_flags(manifest, artifact)
         dev = device(kind).local_device()
         lib = rt.load_module(library)
     else:

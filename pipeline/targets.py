@@ -78,6 +78,35 @@ def _llvm_features(cpu: str, triple: str, table: dict[str, str]) -> set[str] | N
     return {feature for feature in table if codegen.target_has_features(feature, target)}
 
 
+def required_cpu_flags(target: dict[str, Any]) -> list[str] | None:
+    """The /proc/cpuinfo flags a CPU needs to run an llvm target's code: the features of the
+    tables above its mcpu has (LLVM's answer), its mattr's +/- applied; None for a kind whose
+    backend builds no HOST_CPU code, or a CPU LLVM does not name. Recorded in the manifest
+    (`cpu_flags`) for the run side."""
+    if target.get("kind") not in KINDS or not backend(target["kind"]).HOST_CPU:
+        return None
+    from tvm.target import codegen
+
+    triple = str(target.get("mtriple") or codegen.llvm_get_system_triple())
+    table = _ARM_FEATURE_FLAGS if triple.startswith(("aarch64", "arm64")) else _X86_FEATURE_FLAGS
+    features = _llvm_features(str(target.get("mcpu") or "generic"), triple, table)
+    if features is None:
+        return None
+    for attr in target.get("mattr") or []:
+        if isinstance(attr, str) and attr[1:] in table:
+            (features.add if attr.startswith("+") else features.discard)(attr[1:])
+    return sorted(table[feature] for feature in features)
+
+
+def missing_cpu_flags(needed: list[str]) -> list[str]:
+    """Those of `needed` this machine's /proc/cpuinfo does not list (none where it cannot be read)."""
+    try:
+        flags = cpu_flags(Path("/proc/cpuinfo").read_text())
+    except OSError:
+        return []
+    return [flag for flag in needed if flag not in flags]
+
+
 HOST_CPU_ENV = "MLCPIPE_HOST_CPU"  # an LLVM CPU name `auto` stands for (e.g. haswell: AVX2 code on any AVX2 host)
 
 

@@ -1233,3 +1233,51 @@ def test_build_checks_free_space_before_compiling(shared, tmp_path, monkeypatch,
     with pytest.raises(ArtifactError, match=rf": 0\.01 GiB free; about 0\.\d+ GiB needed for {what}$"):
         build_module.build(shared.cfg, quantization(QUANT), load_target("llvm"), output=tmp_path / "art", weights=weights, log=lambda *_: None)
     assert [p.name for p in tmp_path.iterdir()] == []
+
+
+def test_an_artifact_for_a_cpu_this_one_lacks_is_refused_before_loading(shared, tmp_path, monkeypatch):
+    """Was: run / check / profile of an llvm artifact built for a CPU with features this one lacks
+    (e.g. --mcpu sapphirerapids on a Zen 4) stopped the process on an illegal instruction (exit 132,
+    no message); tune --mcpu of such a CPU too. The manifest records the /proc/cpuinfo flags the
+    code needs; a CPU without one of them is the one line below. This machine is made to lack one."""
+    from mlcpipe import runtime, targets
+    from mlcpipe.errors import ArtifactError, ConfigError
+    from mlcpipe.interface.tune import tune
+
+    manifest = json.loads((shared.art / "manifest.json").read_text())
+    needed = manifest["cpu_flags"]
+    assert needed == targets.required_cpu_flags(manifest["target"]) and not targets.missing_cpu_flags(needed)
+    assert "avx2" in needed or "asimd" in needed  # every CPU this project builds for
+    real = targets.cpu_flags
+    lacking = needed[-1]
+    monkeypatch.setattr(targets, "cpu_flags", lambda text: real(text) - {lacking})
+    message = rf"^{re.escape(str(shared.art))}: built for CPU '{manifest['target']['mcpu']}', whose code needs {lacking}: this CPU lacks them"
+    with pytest.raises(ArtifactError, match=message):
+        runtime.Engine(shared.art, "synthetic")
+    with pytest.raises(ArtifactError, match=message):
+        runtime.library_kernel_runner(shared.art, manifest)
+    with pytest.raises(ConfigError, match=rf"^--mcpu '{manifest['target']['mcpu']}': its code needs {lacking}, which this CPU lacks"):
+        tune("llama-tiny", QUANT, "llvm", mcpu=manifest["target"]["mcpu"], db_path=tmp_path / "db.json")
+    assert not (tmp_path / "db.json").exists()
+    edited = Path(shutil.copytree(shared.art, tmp_path / "art"))
+    (edited / "manifest.json").write_text(json.dumps({**manifest, "cpu_flags": "avx2"}))
+    with pytest.raises(ArtifactError, match="manifest field 'cpu_flags': expected a list of /proc/cpuinfo flags"):
+        runtime.Engine(edited, "synthetic")
+    monkeypatch.setattr(targets, "cpu_flags", real)
+    assert len(runtime.Engine(shared.art, "synthetic").generate([1, 2, 3], 2)) == 2
+
+
+def test_the_cpu_flags_an_llvm_target_needs():
+    from mlcpipe.targets import required_cpu_flags
+
+    x86 = {"kind": "llvm", "mtriple": "x86_64-linux-gnu"}
+    assert required_cpu_flags({**x86, "mcpu": "haswell"}) == ["avx2", "f16c", "fma"]
+    assert required_cpu_flags({**x86, "mcpu": "x86-64-v3"}) == ["avx2", "f16c", "fma"]  # the reference kernels' CPU
+    spr = required_cpu_flags({**x86, "mcpu": "sapphirerapids"})
+    assert {"amx_bf16", "amx_tile", "avx512_fp16", "avx512f", "avx512_vnni", "avx2"} <= set(spr)
+    assert set(spr) - set(required_cpu_flags({**x86, "mcpu": "sapphirerapids", "mattr": ["-avx512fp16", "-amx-bf16"]})) == {
+        "avx512_fp16", "amx_bf16"}
+    assert "avx512f" not in required_cpu_flags({**x86, "mcpu": "znver3"})
+    assert required_cpu_flags({"kind": "llvm", "mtriple": "aarch64-linux-gnu", "mcpu": "generic", "mattr": ["+dotprod"]}) == [
+        "asimd", "asimddp"]
+    assert required_cpu_flags({"kind": "cuda", "arch": "sm_90"}) is None

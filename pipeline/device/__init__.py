@@ -46,6 +46,26 @@ def kinds_with(attribute: str) -> tuple[str, ...]:
     return tuple(kind for kind in KINDS if getattr(device(kind), attribute))
 
 
+def check_cpu_flags(manifest: dict, where) -> None:
+    """One line when this CPU lacks a /proc/cpuinfo flag the artifact's CPU code needs (the
+    manifest's `cpu_flags`, llvm builds): such code stopped the process on an illegal instruction,
+    without a word. A manifest without the field (an older build): not checked."""
+    from ..errors import ArtifactError
+    from ..targets import missing_cpu_flags
+
+    needed = manifest.get("cpu_flags")
+    if needed is None:
+        return
+    if not isinstance(needed, list) or not all(isinstance(flag, str) for flag in needed):
+        raise ArtifactError(f"{where}: manifest field 'cpu_flags': expected a list of /proc/cpuinfo flags")
+    missing = missing_cpu_flags(needed)
+    if missing:
+        cpu = manifest.get("target", {}).get("mcpu")
+        raise ArtifactError(f"{where}: built for CPU {cpu!r}, whose code needs {', '.join(missing)}: this CPU lacks them "
+                            "(/proc/cpuinfo flags); run it on such a CPU (or --rpc HOST:PORT to one), or rebuild it "
+                            "here (mlcpipe build --mcpu auto)")
+
+
 def peak_gbps(kind: str, target_name: str, here: bool = True) -> float | None:
     """Memory bandwidth for the % of peak columns: the device's own where the artifact ran here and
     it is known (a GPU's datasheet figure by its name), else the target preset's."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from ..errors import OptionValueError
+from ..errors import ConfigError, OptionValueError
 from .build import target_overrides
 
 DEFAULT_TOKENS = 128
@@ -19,7 +19,7 @@ def tune(model: str, quant: str, target_name: str, *, mcpu: str | None = None, a
     (prefill kernels): default 128, or the model's prefill_chunk_size when smaller."""
     from ..config import load_model_config
     from ..conformance import kernel_pattern
-    from ..targets import load_target
+    from ..targets import load_target, missing_cpu_flags, required_cpu_flags
     from ..tuning import TuningDB, default_db_path
 
     kernel_pattern(pattern)
@@ -31,6 +31,10 @@ def tune(model: str, quant: str, target_name: str, *, mcpu: str | None = None, a
         raise OptionValueError(f"{tokens}: past the prefill chunk of {config.name} (prefill_chunk_size "
                                f"{config.prefill_chunk_size}): its prefill kernels never see more tokens in one call", "--tokens")
     target = load_target(target_name, target_overrides(mcpu, arch))
+    missing = missing_cpu_flags(required_cpu_flags(target.target) or [])
+    if missing:  # was: the first timed kernel stopped the process on an illegal instruction
+        raise ConfigError(f"--mcpu {target.target['mcpu']!r}: its code needs {', '.join(missing)}, which this CPU lacks "
+                          "(/proc/cpuinfo flags), and tune times kernels here; tune on such a CPU, or build for it untuned")
     db = TuningDB.load(db_path or default_db_path(target.name))
     if tuner == "metaschedule":
         from ..tuning.metaschedule import report, tune_metaschedule
