@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from .backends import KINDS, backend
-from .config import CONFIG_DIR, load_yaml
+from .config import CONFIG_DIR, load_yaml, short_repr
 from .errors import ConfigError
 
 TARGETS_DIR = CONFIG_DIR / "targets"
@@ -212,7 +212,10 @@ def load_target(name: str, overrides: dict[str, Any] | None = None,
         if key in given:
             raise ConfigError(f"{got(given[key], overrides[key])}; {why.format(path=path, kind=raw.get('kind'))}")
     raw = {**raw, **{k: v for k, v in (overrides or {}).items() if v is not None}}
-    peak = raw.pop("peak_gbps", 0)
+    peak = raw.pop("peak_gbps", None)
+    if peak is not None and not (isinstance(peak, int | float) and not isinstance(peak, bool) and 0 < peak < float("inf")):
+        raise ConfigError(f"{path}: field 'peak_gbps': got {short_repr(peak)}; expected a number of GB/s > 0 (the reports' "
+                          "peak memory bandwidth; leave it out for none)")
     kind = raw.get("kind")
     if kind not in KINDS:
         raise ConfigError(f"{path}: field 'kind': got {kind!r}; allowed: {list(KINDS)}")
@@ -231,13 +234,11 @@ def load_target(name: str, overrides: dict[str, Any] | None = None,
         raw["host"] = _resolve_cpu(path, dict(raw["host"]), "host.mcpu")
     target = dict(raw)
     _validate_with_tvm(path, target, given)
-    return TargetSpec(name=name, target=target, peak_gbps=float(peak), options=options)
+    return TargetSpec(name=name, target=target, peak_gbps=float(peak or 0), options=options)
 
 
 def got(where: str, value: Any) -> str:
     """`--flag 'value'` or `file: field 'x': got 'value'` (`where` is a --flag or `file: field 'x'`)."""
-    from .config import short_repr
-
     return f"{where} {short_repr(value)}" if where.startswith("--") else f"{where}: got {short_repr(value)}"
 
 

@@ -22,7 +22,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from mlcpipe.config import MODELS_DIR
+from mlcpipe.config import CONFIG_DIR, MODELS_DIR
 from mlcpipe.quantization import quantization
 
 from tests.helpers.checkpoints import random_hf_weights, write_hf_checkpoint, write_tiny_tokenizer
@@ -308,6 +308,16 @@ def build_with_configs_env_naming_no_folder(ctx):
     """$MLCPIPE_CONFIGS with a typo: was "--model 'llama-tiny': no such config in .../models; available: []"."""
     return ([{"MLCPIPE_CONFIGS": str(ctx.tmp / "confgs")}, "build", "--model", "llama-tiny", "--quant", QUANT, "--output", str(ctx.tmp / "out")],
             r"environment MLCPIPE_CONFIGS='.*confgs': expected a folder holding models/ and targets/ \(it replaces mlcpipe's configs/\), or unset it")
+
+
+@case(subprocess_run=True)
+def build_with_a_preset_peak_gbps_not_a_number(ctx):
+    """An edited preset: was "could not convert string to float: 'fast'" (no file, no field); -5 was taken."""
+    configs = Path(shutil.copytree(CONFIG_DIR, ctx.tmp / "configs"))
+    preset = configs / "targets" / "llvm.yaml"
+    preset.write_text(re.sub(r"(?m)^peak_gbps: .*$", "peak_gbps: fast", preset.read_text()))
+    return ([{"MLCPIPE_CONFIGS": str(configs)}, "build", "--model", "llama-tiny", "--quant", QUANT, "--output", str(ctx.tmp / "out")],
+            r"llvm\.yaml: field 'peak_gbps': got 'fast'; expected a number of GB/s > 0")
 
 
 @case(subprocess_run=True)
