@@ -187,6 +187,9 @@ def available_targets() -> list[str]:
 OVERRIDE_KINDS = {"mcpu": ("llvm",), "arch": ("cuda",), "fatbin_archs": ("cuda",), "cuda_graph": ("cuda",)}
 
 
+# TVM's GPU target limits a preset may set (TVM takes any integer, 0 and negatives included).
+_GPU_LIMITS = ("max_shared_memory_per_block", "max_threads_per_block", "max_num_threads", "thread_warp_size", "max_function_args")
+
 # Preset keys an override may not change, and why.
 _NOT_OVERRIDES = {
     "kind": "the preset's kind ({kind}) is not an override: name a preset of the kind wanted",
@@ -224,14 +227,19 @@ def load_target(name: str, overrides: dict[str, Any] | None = None,
         if kind not in kinds:
             what = f"--target {name}: '{key}' ({given[key]})" if not where else f"{given[key]}: preset {name}:"
             raise ConfigError(f"{what} applies to {' and '.join(kinds)} targets only, not {kind}")
+    for key in _GPU_LIMITS:
+        value = raw.get(key, 1)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1 or key == "thread_warp_size" and value & (value - 1):
+            allowed = "a power of two" if key == "thread_warp_size" else "an integer >= 1"
+            raise ConfigError(f"{got(given.get(key) or f'{path}: field {key!r}', value)}; expected {allowed}")
     kind_backend = backend(kind)
     # keys of the preset that are mlcpipe's, not TVM's (e.g. cuda's fatbin_archs)
     options = {key: raw.pop(key) for key in kind_backend.PRESET_OPTIONS if key in raw}
     kind_backend.check_preset(path, raw, options, given)  # before the CPU's check, which reads llvm's mtriple
     if kind_backend.HOST_CPU:
         raw = _resolve_cpu(path, raw, "mcpu", given.get("mcpu"))
-    elif isinstance(raw.get("host"), dict) and "mtriple" not in raw["host"]:
-        raw["host"] = _resolve_cpu(path, dict(raw["host"]), "host.mcpu")
+    elif isinstance(raw.get("host"), dict) and ("mtriple" not in raw["host"] or raw["host"].get("mcpu") not in (None, "auto")):
+        raw["host"] = _resolve_cpu(path, dict(raw["host"]), "host.mcpu")  # another machine's (metal): its triple's CPU
     target = dict(raw)
     _validate_with_tvm(path, target, given)
     return TargetSpec(name=name, target=target, peak_gbps=float(peak or 0), options=options)
@@ -271,7 +279,9 @@ def _resolve_cpu(path: Path, raw: dict[str, Any], field: str, given: str | None 
     triple = raw.get("mtriple") or codegen.llvm_get_system_triple()
     problem = cpu_problem(cpu, triple) if isinstance(cpu, str) else "not a CPU name"
     if problem:
-        raise ConfigError(f"{where}; {problem} (e.g. {detect_host().mcpu}, or 'auto')")
+        foreign = raw.get("mtriple") and not str(raw["mtriple"]).startswith(platform.machine())  # a metal host's
+        hint = f"llc -mtriple={raw['mtriple']} -mcpu=help lists them" if foreign else f"e.g. {detect_host().mcpu}, or 'auto'"
+        raise ConfigError(f"{where}; {problem} ({hint})")
     return raw
 
 

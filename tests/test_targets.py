@@ -95,3 +95,29 @@ def test_host_cpu_override_forces_another_cpu_class(monkeypatch):
         monkeypatch.setenv("MLCPIPE_HOST_CPU", bad)
         with pytest.raises(ConfigError, match=rf"^environment MLCPIPE_HOST_CPU='{bad}': not a CPU LLVM knows for "):
             load_target("llvm")
+
+
+@pytest.mark.parametrize("preset, edit, message", [
+    ("metal", ('macos_min_version: "13.0"', 'macos_min_version: "abc"'),
+     r"metal\.yaml: field 'macos_min_version': got 'abc'; expected a macOS version string"),  # was: a ValueError at the link
+    ("metal", ("mcpu: apple-m2", "mcpu: bogus"),  # was: TVM's warning, and generic arm64 code
+     r"metal\.yaml: field 'host\.mcpu': got 'bogus'; not a CPU LLVM knows for arm64-apple-macos \(llc -mtriple=arm64-apple-macos"),
+    ("metal", ("max_threads_per_block: 1024", "max_threads_per_block: -4"), r"metal\.yaml: field 'max_threads_per_block': got -4; expected an integer >= 1"),
+    ("cuda", ("thread_warp_size: 32", "thread_warp_size: 7"), r"cuda\.yaml: field 'thread_warp_size': got 7; expected a power of two"),
+    ("llvm", ("peak_gbps: 25", "peak_gbps: -5"), r"llvm\.yaml: field 'peak_gbps': got -5; expected a number of GB/s > 0"),
+])
+def test_an_edited_preset_is_one_line_naming_its_field(preset, edit, message, tmp_path, monkeypatch):
+    """Each of these was taken (TVM takes any integer limit) or failed late, without the field."""
+    import shutil
+
+    from mlcpipe import targets
+
+    folder = Path(shutil.copytree(targets.TARGETS_DIR, tmp_path / "targets"))
+    text = (folder / f"{preset}.yaml").read_text()
+    assert edit[0] in text
+    (folder / f"{preset}.yaml").write_text(text.replace(edit[0], edit[1]))
+    monkeypatch.setattr(targets, "TARGETS_DIR", folder)
+    with pytest.raises(ConfigError, match=message):
+        load_target(preset)
+    (folder / f"{preset}.yaml").write_text(text)
+    assert load_target(preset).kind == preset

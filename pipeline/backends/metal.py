@@ -31,6 +31,7 @@ PASS_CONFIG = {"tirx.disable_cse_tir": True}
 KERNEL_SUFFIX = "_kernel"  # TVM names a PrimFunc's device kernel <name>_kernel
 HOST_CPU = False
 PRESET_OPTIONS = {"macos_min_version": "a macOS version string, e.g. '13.0'"}
+_MACOS_VERSION = r"\d+(\.\d+){0,2}"
 WEBGPU_RUNTIME = False
 METASCHEDULE = False
 LIBRARY_FORMAT = "Mach-O"  # the container of LIBRARY (pipeline/library.py checks it before loading)
@@ -57,9 +58,16 @@ def pipeline_config(options) -> dict:
 
 
 def check_preset(path, raw, options, given) -> None:
-    """Beyond what TVM checks: $SOURCE_DATE_EPOCH, which the library's tarball will carry, before
-    any work rather than at the export."""
-    del path, raw, options, given
+    """Beyond what TVM checks, before any work rather than at the link or the export:
+    macos_min_version, and $SOURCE_DATE_EPOCH, which the library's tarball will carry."""
+    from ..config import short_repr
+    from ..errors import ConfigError
+
+    del raw
+    version = options.get("macos_min_version", "13.0")
+    if isinstance(version, bool) or not re.fullmatch(_MACOS_VERSION, str(version)):
+        where = given.get("macos_min_version") or f"{path}: field 'macos_min_version'"
+        raise ConfigError(f"{where}: got {short_repr(version)}; expected {PRESET_OPTIONS['macos_min_version']}")
     source_date_epoch()
 
 
@@ -83,7 +91,7 @@ def find_ld64() -> str:
 def _min_version(target_spec) -> str:
     options = getattr(target_spec, "options", None) or {}
     version = str(options.get("macos_min_version", "13.0"))
-    if not re.fullmatch(r"\d+(\.\d+){0,2}", version):
+    if not re.fullmatch(_MACOS_VERSION, version):
         raise ValueError(f"macos_min_version must look like '13.0', got {version!r}")
     return version
 
