@@ -21,7 +21,7 @@ from .kernel_inputs import kernel_args, kernel_args_bytes, symbolic_dims
 from .quantization import TOLERANCE, Quantization, quantization
 from .roles import WEIGHT_ROLES
 
-# /proc/cpuinfo flags a reference library's llvm CPU needs (pipeline/reference.py PORTABLE_MCPU)
+# /proc/cpuinfo flags a reference library's llvm CPU needs (pipeline/targets.py PORTABLE_MCPU)
 REFERENCE_CPU_FLAGS = {"x86-64-v3": ("avx2", "fma", "f16c", "bmi2", "movbe"), "generic": ()}
 
 

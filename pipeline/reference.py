@@ -18,14 +18,14 @@ import tvm
 
 from .kernel_info import is_thread_bound, signature_of
 from .passes.kv_cache_fixes import DEFAULT_WINDOW, prefill_paged_cpu
+from .targets import PORTABLE_MCPU
 
 DIRECTORY = "reference"
 LIBRARY = f"{DIRECTORY}/kernels.so"
 KERNELS = f"{DIRECTORY}/kernels.json"
 FORMAT = "mlcpipe-reference/1"
-# llvm CPU of the reference kernels per host architecture: AVX2 + FMA + F16C on x86-64 (every
-# x86 machine this project meets, GPU hosts included), the baseline on aarch64
-PORTABLE_MCPU = {"x86_64": "x86-64-v3", "aarch64": "generic"}
+# llvm CPU of the reference kernels per host architecture (targets.PORTABLE_MCPU): AVX2 + FMA +
+# F16C on x86-64 (every x86 machine this project meets, GPU hosts included), the baseline on aarch64
 
 # Kernels the KV cache carries but mlcpipe's runtime never calls: tree attention (speculative
 # decoding) and page copies (sequence forking / compaction).

@@ -78,12 +78,22 @@ def _llvm_features(cpu: str, triple: str, table: dict[str, str]) -> set[str] | N
     return {feature for feature in table if codegen.target_has_features(feature, target)}
 
 
+def cpu_code_target(target: dict[str, Any]) -> dict[str, Any] | None:
+    """The llvm target of a target's CPU code: itself (a HOST_CPU kind: llvm), or its llvm `host`
+    (cuda, metal); None when it has none (webgpu's host is wasm)."""
+    for code in (target, target.get("host")):
+        if isinstance(code, dict) and code.get("kind") in KINDS and backend(code["kind"]).HOST_CPU:
+            return None if str(code.get("mtriple", "")).startswith("wasm") else code
+    return None
+
+
 def required_cpu_flags(target: dict[str, Any]) -> list[str] | None:
-    """The /proc/cpuinfo flags a CPU needs to run an llvm target's code: the features of the
-    tables above its mcpu has (LLVM's answer), its mattr's +/- applied; None for a kind whose
-    backend builds no HOST_CPU code, or a CPU LLVM does not name. Recorded in the manifest
-    (`cpu_flags`) for the run side."""
-    if target.get("kind") not in KINDS or not backend(target["kind"]).HOST_CPU:
+    """The /proc/cpuinfo flags a CPU needs to run a target's CPU code (cpu_code_target): the
+    features of the tables above its mcpu has (LLVM's answer), its mattr's +/- applied; None
+    without CPU code, or for a CPU LLVM does not name. Recorded in the manifest (`cpu_flags`) for
+    the run side."""
+    target = cpu_code_target(target)
+    if target is None:
         return None
     from tvm.target import codegen
 
@@ -106,6 +116,10 @@ def missing_cpu_flags(needed: list[str]) -> list[str]:
         return []
     return [flag for flag in needed if flag not in flags]
 
+
+# `mcpu: portable`: the baseline CPU of this machine's architecture, for code that runs on other
+# machines (a cuda artifact's host code, on the GPU machine's CPU): AVX2 + FMA + F16C on x86-64.
+PORTABLE_MCPU = {"x86_64": "x86-64-v3", "aarch64": "generic"}
 
 HOST_CPU_ENV = "MLCPIPE_HOST_CPU"  # an LLVM CPU name `auto` stands for (e.g. haswell: AVX2 code on any AVX2 host)
 
@@ -263,13 +277,16 @@ def preset_peak_gbps(name: str) -> float | None:
 
 
 def _resolve_cpu(path: Path, raw: dict[str, Any], field: str, given: str | None = None) -> dict[str, Any]:
-    """`auto` made the host's CPU; a CPU LLVM cannot build for (cpu_problem) refused in one line
-    naming the preset's field, or `given` (--mcpu, a matrix field) where an override set it."""
+    """`auto` made the host's CPU, `portable` its architecture's baseline (PORTABLE_MCPU); a CPU
+    LLVM cannot build for (cpu_problem) refused in one line naming the preset's field, or `given`
+    (--mcpu, a matrix field) where an override set it."""
     if raw.get("mcpu", "auto") in ("auto", None):
         host = detect_host()
         raw["mcpu"] = host.mcpu
         if host.mattr and "mattr" not in raw:
             raw["mattr"] = list(host.mattr)
+    elif raw["mcpu"] == "portable" and not raw.get("mtriple") and platform.machine() in PORTABLE_MCPU:
+        raw["mcpu"] = PORTABLE_MCPU[platform.machine()]
     cpu = raw["mcpu"]
     where = got(given or f"{path}: field '{field}'", cpu)
     if cpu == "native":
@@ -280,7 +297,7 @@ def _resolve_cpu(path: Path, raw: dict[str, Any], field: str, given: str | None 
     problem = cpu_problem(cpu, triple) if isinstance(cpu, str) else "not a CPU name"
     if problem:
         foreign = raw.get("mtriple") and not str(raw["mtriple"]).startswith(platform.machine())  # a metal host's
-        hint = f"llc -mtriple={raw['mtriple']} -mcpu=help lists them" if foreign else f"e.g. {detect_host().mcpu}, or 'auto'"
+        hint = f"llc -mtriple={raw['mtriple']} -mcpu=help lists them" if foreign else f"e.g. {detect_host().mcpu}, 'auto' or 'portable'"
         raise ConfigError(f"{where}; {problem} ({hint})")
     return raw
 

@@ -121,3 +121,21 @@ def test_an_edited_preset_is_one_line_naming_its_field(preset, edit, message, tm
         load_target(preset)
     (folder / f"{preset}.yaml").write_text(text)
     assert load_target(preset).kind == preset
+
+
+def test_portable_cpu_and_the_cuda_host():
+    """`mcpu: portable` is the architecture's baseline; the cuda preset's host code uses it (was
+    `auto`: a cuda artifact built on an AVX-512 machine carried AVX-512 host code to the GPU
+    machine's CPU). Every manifest records the flags its CPU code needs."""
+    import platform
+
+    from mlcpipe.targets import PORTABLE_MCPU, required_cpu_flags
+
+    baseline = PORTABLE_MCPU[platform.machine()]
+    assert load_target("llvm", {"mcpu": "portable"}).target["mcpu"] == baseline
+    cuda = load_target("cuda", {"arch": "sm_90"}).target
+    assert cuda["host"] == {"kind": "llvm", "mcpu": baseline}
+    flags = {"x86_64": ["avx2", "f16c", "fma"], "aarch64": ["asimd"]}[platform.machine()]
+    assert required_cpu_flags(cuda) == required_cpu_flags({"kind": "llvm", "mcpu": baseline}) == flags
+    assert required_cpu_flags(load_target("metal").target)[0] == "asimd"  # arm64 host code (no /proc/cpuinfo on macOS: not checked)
+    assert required_cpu_flags(load_target("webgpu").target) is None  # wasm host code

@@ -13,7 +13,7 @@ from .common import DEFAULT_MODEL, Command, log
 @click.option("--model", default=DEFAULT_MODEL, show_default=True, help="Config name in configs/models/ or a YAML path.")
 @click.option("--quant", required=True, help="q0f16, q0f32, q4f16_1 or q4f32_1.")
 @click.option("--target", "target_name", default="llvm", show_default=True, help="Target preset in configs/targets/.")
-@click.option("--mcpu", default=None, help="llvm: override the detected host CPU (e.g. skylake-avx512).")
+@click.option("--mcpu", default=None, help="llvm: the CPU to build for instead of this one (e.g. skylake-avx512; portable: x86-64-v3, for any AVX2 machine).")
 @click.option("--arch", default=None, help="cuda: the arch code is generated for (e.g. sm_90).")
 @click.option("--fatbin-archs", default=None, help="cuda: comma-separated archs in the fatbin (default sm_80,sm_90).")
 @click.option("--cuda-graph", is_flag=True, help="cuda: capture decode's static kernel runs as CUDA graphs (TVM's RewriteCUDAGraph).")

@@ -48,8 +48,8 @@ def kinds_with(attribute: str) -> tuple[str, ...]:
 
 def check_cpu_flags(manifest: dict, where) -> None:
     """One line when this CPU lacks a /proc/cpuinfo flag the artifact's CPU code needs (the
-    manifest's `cpu_flags`, llvm builds): such code stopped the process on an illegal instruction,
-    without a word. A manifest without the field (an older build): not checked."""
+    manifest's `cpu_flags`: an llvm library's, a GPU library's host code's): such code stopped
+    the process on an illegal instruction, without a word. An older manifest: not checked."""
     from ..errors import ArtifactError
     from ..targets import missing_cpu_flags
 
@@ -60,10 +60,11 @@ def check_cpu_flags(manifest: dict, where) -> None:
         raise ArtifactError(f"{where}: manifest field 'cpu_flags': expected a list of /proc/cpuinfo flags")
     missing = missing_cpu_flags(needed)
     if missing:
-        cpu = manifest.get("target", {}).get("mcpu")
+        target = manifest.get("target", {})
+        cpu = target.get("mcpu") or (target.get("host") or {}).get("mcpu")  # llvm's, or a GPU library's host code's
         raise ArtifactError(f"{where}: built for CPU {cpu!r}, whose code needs {', '.join(missing)}: this CPU lacks them "
-                            "(/proc/cpuinfo flags); run it on such a CPU (or --rpc HOST:PORT to one), or rebuild it "
-                            "here (mlcpipe build --mcpu auto)")
+                            "(/proc/cpuinfo flags); run it on such a CPU (or --rpc HOST:PORT to one), or rebuild it for "
+                            "one this CPU runs (llvm: --mcpu auto, or portable)")
 
 
 def peak_gbps(kind: str, target_name: str, here: bool = True) -> float | None:
