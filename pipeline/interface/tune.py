@@ -19,7 +19,7 @@ def tune(model: str, quant: str, target_name: str, *, mcpu: str | None = None, a
     (prefill kernels): default 128, or the model's prefill_chunk_size when smaller."""
     from ..config import load_model_config
     from ..conformance import kernel_pattern
-    from ..targets import load_target, missing_cpu_flags, required_cpu_flags
+    from ..targets import cpu_code_target, load_target, missing_cpu_flags, required_cpu_flags
     from ..tuning import TuningDB, default_db_path
 
     kernel_pattern(pattern)
@@ -33,8 +33,10 @@ def tune(model: str, quant: str, target_name: str, *, mcpu: str | None = None, a
     target = load_target(target_name, target_overrides(mcpu, arch))
     missing = missing_cpu_flags(required_cpu_flags(target.target) or [])
     if missing:  # was: the first timed kernel stopped the process on an illegal instruction
-        raise ConfigError(f"--mcpu {target.target['mcpu']!r}: its code needs {', '.join(missing)}, which this CPU lacks "
-                          "(/proc/cpuinfo flags), and tune times kernels here; tune on such a CPU, or build for it untuned")
+        cpu = (cpu_code_target(target.target) or {}).get("mcpu")
+        where = f"--mcpu {cpu!r}" if mcpu else f"CPU {cpu!r} of the {target_name} preset"
+        raise ConfigError(f"{where}: its code needs {', '.join(missing)}, which this CPU lacks (/proc/cpuinfo flags), "
+                          "and tune times kernels here; tune on such a CPU, or build for it untuned")
     db = TuningDB.load(db_path or default_db_path(target.name))
     if tuner == "metaschedule":
         from ..tuning.metaschedule import report, tune_metaschedule
