@@ -32,8 +32,8 @@ class Engine(Generation):
         started = time.perf_counter()
         library = verified_library(self.artifact, self.manifest)  # a corrupt library can crash the process
         if remote is None:
+            self.device = device(kind).local_device()  # first: where the kind cannot run here, the reason (metal: a Mac)
             check_cpu_flags(self.manifest, self.artifact)
-            self.device = device(kind).local_device()
             self.lib = rt.load_module(library)
         else:
             from .rpc import describe, remote_device, upload_library
@@ -195,8 +195,8 @@ def library_kernel_runner(artifact: Path, manifest: dict, remote=None):
     library = verified_library(Path(artifact), manifest)  # a corrupt library can crash the process
     kind = manifest["target"]["kind"]
     if remote is None:
-        check_cpu_flags(manifest, artifact)
         dev = device(kind).local_device()
+        check_cpu_flags(manifest, artifact)
         lib = rt.load_module(library)
     else:
         from .rpc import describe, remote_device, upload_library
