@@ -51,7 +51,7 @@ def check_cpu_flags(manifest: dict, where) -> None:
     manifest's `cpu_flags`: an llvm library's, a GPU library's host code's): such code stopped
     the process on an illegal instruction, without a word. An older manifest: not checked."""
     from ..errors import ArtifactError
-    from ..targets import missing_cpu_flags
+    from ..targets import cpu_code_target, missing_cpu_flags
 
     needed = manifest.get("cpu_flags")
     if needed is None:
@@ -60,8 +60,7 @@ def check_cpu_flags(manifest: dict, where) -> None:
         raise ArtifactError(f"{where}: manifest field 'cpu_flags': expected a list of /proc/cpuinfo flags")
     missing = missing_cpu_flags(needed)
     if missing:
-        target = manifest.get("target", {})
-        cpu = target.get("mcpu") or (target.get("host") or {}).get("mcpu")  # llvm's, or a GPU library's host code's
+        cpu = (cpu_code_target(manifest.get("target", {})) or {}).get("mcpu")  # llvm's, or a GPU library's host code's
         raise ArtifactError(f"{where}: built for CPU {cpu!r}, whose code needs {', '.join(missing)}: this CPU lacks them "
                             "(/proc/cpuinfo flags); run it on such a CPU (or --rpc HOST:PORT to one), or rebuild it for "
                             "one this CPU runs (llvm: --mcpu auto, or portable)")
