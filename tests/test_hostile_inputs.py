@@ -731,7 +731,7 @@ def tuning_db_tuned_for_another_cpu(ctx):
     db = ctx.write("db.json", json.dumps({"schema": "mlcpipe-tuning", "version": 1,
                                           "records": {'{"kind":"llvm","mcpu":"bdver4"}': {"sig": {"rule": "RowNorm", "knobs": {"lanes": 8}}}}}))
     return (["build", "--model", "llama-tiny", "--quant", QUANT, "--tuning-db", str(db), "--output", str(ctx.tmp / "out")],
-            r"--tuning-db .*db\.json: no records for this build's target \{\"kind\":\"llvm\",\"mcpu\":\"\w+\"\}; "
+            r"--tuning-db .*db\.json: no records for this build's target \{\"kind\":\"llvm\",\"mcpu\":\"[\w.-]+\"\}; "
             r"it holds \{\"kind\":\"llvm\",\"mcpu\":\"bdver4\"\} \(tune this target with `mlcpipe tune`, or build for one of those\)")
 
 
