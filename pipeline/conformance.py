@@ -278,6 +278,10 @@ def _check_kernel(run, reference: Reference, name: str, role: str, quant: Quanti
         try:
             got = run(name, _copy(args))
         except Exception as exc:  # a kernel that cannot run is a failure, reported
+            from .rpc import RemoteStopped
+
+            if isinstance(exc, RemoteStopped):  # the remote's process is gone: no later kernel can run
+                raise
             results.append(KernelResult(name, role, label, "FAIL", note=f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"))
             continue
         # a float32 output of an f16 model (the lm_head's logits) computes from f16 values: the

@@ -2,18 +2,20 @@
 
 Every failure is a `RemoteError` (a ValueError: the CLI prints one `error:` line, exit 2): an
 address that is not HOST:PORT, nothing listening (connection refused), no answer (timeout), a
-server or tracker that refuses the key, a remote without the artifact's device.
+server or tracker that refuses the key, a remote without the artifact's device, a server process
+that stops mid-session (`stops_reported`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import socket
 import struct
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import tvm
@@ -152,6 +154,33 @@ def connect(rpc: str | None = None, tracker: str | None = None, key: str = "", t
 def describe(session) -> str:
     """'RPC server HOST:PORT' / 'RPC tracker HOST:PORT (key K)' for sessions from open_session."""
     return getattr(session, "_mlcpipe_address", "the RPC server")
+
+
+# what TVM's client says once the server's process is gone: the call it was in, then every later one
+_STOPPED = ("code=kShutdown", "SockChannel::Send Error", "SockChannel::Recv Error")
+
+
+class RemoteStopped(RemoteError):
+    """The remote's server process went away in the middle of the session (it crashed or was killed)."""
+
+
+@contextlib.contextmanager
+def stops_reported(session, during: str, note: str = "") -> Iterator[None]:
+    """Inside: TVM's errors of a remote whose server process went away mid-call (a traceback
+    ending in 'code=kShutdown', then broken pipes) become one RemoteStopped naming the server and
+    what ran; `note`: what may have stopped it. No session: nothing changes."""
+    if session is None:
+        yield
+        return
+    try:
+        yield
+    except RemoteError:
+        raise
+    except Exception as exc:
+        if not any(mark in str(exc) for mark in _STOPPED):
+            raise
+        raise RemoteStopped(f"{describe(session)}: its process stopped while {during} (it crashed or was killed; "
+                            f"the server's log says which){note}") from None
 
 
 def remote_device(session: tvm.rpc.RPCSession, target_kind: str, where: str = "the RPC server"):

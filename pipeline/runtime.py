@@ -12,7 +12,7 @@ import numpy as np
 
 from .artifact import RUN_FIELDS, RUNTIME_CONFIG, check_output_file, read_manifest, verified_library
 from .backends import backend
-from .device import RunOptions, check_cpu_flags, device, tvm_runtime as rt
+from .device import RunOptions, check_cpu_flags, cpu_note, device, tvm_runtime as rt
 from .errors import ArtifactError
 from .generation import Generation, available_memory
 
@@ -199,16 +199,22 @@ def library_kernel_runner(artifact: Path, manifest: dict, remote=None):
         check_cpu_flags(manifest, artifact)
         lib = rt.load_module(library)
     else:
-        from .rpc import describe, remote_device, upload_library
+        from .rpc import describe, remote_device, stops_reported, upload_library
 
         dev = remote_device(remote, kind, describe(remote))
         lib = upload_library(remote, library, describe(remote))
 
-    def run(name: str, args: list) -> list:
+    def call(name: str, args: list) -> list:
         tensors = [rt.tensor(a, dev) if isinstance(a, np.ndarray) else a for a in args]
         lib.get_function(name, query_imports=True)(*tensors)
         rt.sync(dev)
         return [rt.to_numpy(t) if rt.is_tensor(t) else t for t in tensors]
+
+    def run(name: str, args: list) -> list:
+        if remote is None:
+            return call(name, args)
+        with stops_reported(remote, f"running kernel {name}", cpu_note(manifest)):
+            return call(name, args)
 
     return run
 

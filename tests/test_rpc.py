@@ -348,3 +348,101 @@ def test_metal_artifact_needs_a_mac(metal_build, servers):
                 "(serve from a Mac whose TVM is built with USE_METAL)")
     assert _one_error_line(mlcpipe(*run, "--rpc", plain.address)) == no_metal
     assert _one_error_line(mlcpipe("check", "--artifact", str(art), "--rpc", plain.address)) == no_metal
+
+
+# ---- a remote whose process stops mid-session, a remote's CPU ------------------------------
+
+
+def _edited(art: Path, dest: Path, manifest_changes: dict | None = None, illegal_at: str | None = None) -> Path:
+    """A copy of the artifact with manifest fields changed, or with the kernel `illegal_at`
+    starting on an illegal instruction (ud2; udf on aarch64), its record re-written: whoever runs
+    that kernel stops as code for a CPU it lacks stops it."""
+    import hashlib
+    import platform
+    import shutil
+
+    from mlcpipe.backends.binfmt import Elf
+
+    copy = Path(shutil.copytree(art, dest))
+    manifest = json.loads((copy / "manifest.json").read_text())
+    if illegal_at is not None:
+        library = copy / manifest["library"]
+        data = bytearray(library.read_bytes())
+        at = Elf(bytes(data)).symbol_offset(f"__tvm_ffi_{illegal_at}")
+        code = {"x86_64": b"\x0f\x0b", "aarch64": b"\0\0\0\0"}[platform.machine()]
+        data[at : at + len(code)] = code
+        library.write_bytes(data)
+        manifest["files"][manifest["library"]] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    (copy / "manifest.json").write_text(json.dumps({**manifest, **(manifest_changes or {})}))
+    return copy
+
+
+def _stopped_line(server: RPCServer, during: str, artifact: Path) -> str:
+    manifest = json.loads((artifact / "manifest.json").read_text())
+    return (f"error: RPC server {server.address}: its process stopped while {during} (it crashed or was killed; the server's "
+            f"log says which); this artifact's code, built for CPU {manifest['target']['mcpu']!r}, stops on an illegal "
+            f"instruction on a CPU without one of {', '.join(manifest['cpu_flags'])} (/proc/cpuinfo flags): if the remote "
+            "lacks one, rebuild with --mcpu of its CPU (or portable)")
+
+
+def _last_line_only_error(result) -> str:
+    """The last stderr line, the only error one (check's progress lines, [k/n] kernel, come first)."""
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and [ln for ln in lines if "error" in ln.lower() or "Traceback" in ln] == lines[-1:], result.stderr
+    return lines[-1]
+
+
+def test_a_remote_that_stops_mid_session_is_one_line(llvm_art, tmp_path):
+    """Was: code the remote's CPU cannot run (e.g. --mcpu sapphirerapids served by a Zen 4) stopped
+    its server process on an illegal instruction, and run printed TVM's traceback ending in
+    'code=kShutdown', check a FAIL row for that kernel and every one after it. Now: one line naming
+    the server, the artifact or kernel, and the CPU features its code needs. (TVM's server itself
+    exits once a session's process has crashed: one server per command.)"""
+    art, weights = llvm_art
+    broken = _edited(art, tmp_path / "broken", illegal_at="rms_norm")
+    started = {command: RPCServer() for command in ("run", "check")}
+    try:
+        run_server, check_server = started["run"].wait(), started["check"].wait()
+        run = mlcpipe("run", "--artifact", str(broken), "--weights", str(weights), "--prompt-tokens", PROMPT_ARG,
+                      "--rpc", run_server.address)
+        check = mlcpipe("check", "--artifact", str(broken), "--rpc", check_server.address)
+    finally:
+        for server in started.values():
+            server.stop()
+    assert _last_line_only_error(run) == _stopped_line(run_server, f"running {broken}", broken)
+    assert _last_line_only_error(check) == _stopped_line(check_server, "running kernel rms_norm", broken)
+    assert "[31/" in check.stderr  # the kernels before it ran
+
+
+def test_rpc_profile_of_an_llvm_artifact_this_cpu_cannot_run(llvm_art, servers, tmp_path, monkeypatch):
+    """An llvm artifact built for the remote's CPU (--mcpu), which this one lacks a feature of:
+    `profile --rpc` recorded its call sequence by running it here (refused: 'this CPU lacks'); now
+    on an llvm build of the same model for this CPU (built into the cache from the artifact's
+    own model config, which the cache's child build could not load before). Its remote stopping
+    mid-profile: one line, as for run."""
+    art, weights = llvm_art
+    plain, _ = servers
+    absent = {"cpu_flags": [*json.loads((art / "manifest.json").read_text())["cpu_flags"], "mlcpipe_test_absent"]}
+    elsewhere = _edited(art, tmp_path / "for-the-remote", absent)
+    monkeypatch.setenv("MLCPIPE_ARTIFACTS", str(tmp_path / "artifacts"))
+    run = ("run", "--artifact", str(elsewhere), "--weights", str(weights), "--prompt-tokens", "1,2")
+    assert "whose code needs mlcpipe_test_absent: this CPU lacks them" in _one_error_line(_cli(*run))
+    out = tmp_path / "profile.json"
+    profile = ("profile", "--weights", str(weights), "--prompt-len", "20", "--gen-len", "2", "--runs", "1", "--warmup", "0")
+    result = mlcpipe(*profile, "--artifact", str(elsewhere), "--rpc", plain.address, "--format", "json", "-o", str(out))
+    assert result.returncode == 0, result.stderr
+    assert "[mlcpipe] building llama-tiny q4f32_1 llvm into" in result.stdout + result.stderr
+    twins = list((tmp_path / "artifacts" / "cache").glob("*/artifact/manifest.json"))
+    assert len(twins) == 1 and json.loads(twins[0].read_text())["config_hash"] == json.loads((art / "manifest.json").read_text())["config_hash"]
+    data = json.loads(out.read_text())
+    assert data["method"]["kind"] == "rpc" and data["metrics"]["decode_ms_per_token"]["p50"] > 0
+    assert {"rms_norm", "batch_decode_paged_kv_cpu"} <= {s["kernel"] for s in data["samples"]}
+
+    broken = _edited(art, tmp_path / "broken", absent, illegal_at="rms_norm")
+    server = RPCServer()
+    try:
+        stopped = mlcpipe(*profile, "--artifact", str(broken), "--rpc", server.wait().address)
+    finally:
+        server.stop()
+    assert "[mlcpipe] reusing" in stopped.stdout + stopped.stderr  # the twin built above
+    assert _last_line_only_error(stopped) == _stopped_line(server, f"running {broken}", broken)

@@ -66,6 +66,20 @@ def check_cpu_flags(manifest: dict, where) -> None:
                             "one this CPU runs (llvm: --mcpu auto, or portable)")
 
 
+def cpu_note(manifest: dict) -> str:
+    """For a remote whose process stopped while running the artifact: the CPU features its code
+    needs, which a remote CPU lacking one stops on (no local check sees that CPU); "" if unrecorded."""
+    from ..targets import cpu_code_target
+
+    needed = manifest.get("cpu_flags")
+    if not isinstance(needed, list) or not needed:
+        return ""
+    cpu = (cpu_code_target(manifest.get("target", {})) or {}).get("mcpu")
+    return (f"; this artifact's code, built for CPU {cpu!r}, stops on an illegal instruction on a CPU without one of "
+            f"{', '.join(map(str, needed))} (/proc/cpuinfo flags): if the remote lacks one, rebuild with --mcpu of "
+            "its CPU (or portable)")
+
+
 def peak_gbps(kind: str, target_name: str, here: bool = True) -> float | None:
     """Memory bandwidth for the % of peak columns: the device's own where the artifact ran here and
     it is known (a GPU's datasheet figure by its name), else the target preset's."""

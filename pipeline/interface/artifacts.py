@@ -47,19 +47,20 @@ def ensure_artifact(model: str | ModelConfig, quant: str, target_name: str, cach
             return found
         log(f"[mlcpipe] building {config.name} {quant} {target_name} into {entry} (cache key {key[:12]})")
         child = multiprocessing.get_context("spawn").Process(
-            target=_build, args=(str(config.source), quant, target_name, str(entry), {"cache_key": key, "cache_inputs": inputs},
-                                 overrides))
+            target=_build, args=(config, quant, target_name, str(entry), {"cache_key": key, "cache_inputs": inputs}, overrides))
         child.start()
         child.join()
         if child.exitcode != 0 or lookup_artifact(cache_dir, key) is None:
-            raise ArtifactError(f"building {config.name} {quant} for {target_name} failed (exit {child.exitcode}); "
-                                f"run `mlcpipe build --model {config.source} --quant {quant} --target {target_name}` to see why")
+            again = (f"run `mlcpipe build --model {config.source} --quant {quant} --target {target_name}` to see why"
+                     if str(config.source).endswith((".yaml", ".yml")) else "the build's own error is above")  # not from an artifact's config
+            raise ArtifactError(f"building {config.name} {quant} for {target_name} failed (exit {child.exitcode}); {again}")
     return entry
 
 
-def _build(config_path: str, quant: str, target_name: str, output: str, extra: dict, overrides: dict | None = None) -> None:
+def _build(config: ModelConfig, quant: str, target_name: str, output: str, extra: dict, overrides: dict | None = None) -> None:
+    """The child's build. The config itself, not its file: an artifact's runtime config (a profile's
+    llvm twin of a GPU artifact) is no YAML a child could load again."""
     from ..build import build
 
-    config = load_model_config(config_path)
     build(config, config.scheme(quant), load_target(target_name, overrides), output=Path(output), manifest_extra=extra,
           log=lambda _m: None)

@@ -3,6 +3,7 @@ here or over RPC (--rpc / --rpc-tracker / --rpc-key), or a WebGPU runtime (--ada
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 from ..errors import OptionError
@@ -29,3 +30,15 @@ def device_of(artifact: Path):
     from ..device import device
 
     return device(read_manifest(artifact, RUN_FIELDS)["target"]["kind"])
+
+
+def remote_stops(options, artifact: Path):
+    """Around a run over RPC: the remote's process stopping mid-session (a crash, e.g. code for a CPU
+    it lacks) is one line naming the server and the artifact's CPU needs (rpc.stops_reported)."""
+    if options.remote is None:
+        return contextlib.nullcontext()
+    from ..artifact import RUN_FIELDS, read_manifest
+    from ..device import cpu_note
+    from ..rpc import stops_reported
+
+    return stops_reported(options.remote, f"running {artifact}", cpu_note(read_manifest(artifact, RUN_FIELDS)))

@@ -7,7 +7,7 @@ import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
-from .device import device_of, run_options
+from .device import device_of, remote_stops, run_options
 
 
 class _NoBar:
@@ -71,14 +71,15 @@ def profile(artifact: Path | None, model: str, quant: str | None, target_name: s
 
         return ensure_artifact(model_config_of(artifact), manifest["quantization"], "llvm", log=log)
 
-    engine = open_engine(artifact, weights, 0, options)
-    try:
-        with progress_bar(total, f"profiling {manifest['target']['kind']}") as bar:
-            data = profile_engine(engine, options, weights, llvm_twin, Workload(prompt_len, gen_len, runs, warmup),
-                                  progress=lambda label, done, n: bar.update(1))
-    finally:
-        if hasattr(engine, "close"):
-            engine.close()
+    with remote_stops(options, artifact):
+        engine = open_engine(artifact, weights, 0, options)
+        try:
+            with progress_bar(total, f"profiling {manifest['target']['kind']}") as bar:
+                data = profile_engine(engine, options, weights, llvm_twin, Workload(prompt_len, gen_len, runs, warmup),
+                                      progress=lambda label, done, n: bar.update(1))
+        finally:
+            if hasattr(engine, "close"):
+                engine.close()
     if peak_gbps is None:
         from ..device import peak_gbps as default_peak
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import OptionError, OptionValueError
-from .device import run_options
+from .device import remote_stops, run_options
 
 
 def parse_tokens(text: str) -> list[int]:
@@ -48,13 +48,14 @@ def run(artifact: Path, weights: str | None = None, *, prompt_tokens: str | None
     given = {k: v for k, v in (sampling or {}).items() if v is not None}
     sampler = Sampling(**given) if given else None
     options = run_options(rpc, rpc_tracker, rpc_key, adapter, browser, prefill_chunk)
-    engine = open_engine(artifact, weights, weights_seed or 0, options)
-    try:
-        logits = []
-        out = engine.generate(tokens, max_new_tokens, on_logits=lambda step, values: logits.append(values), sampling=sampler)
-    finally:
-        if hasattr(engine, "close"):
-            engine.close()
+    with remote_stops(options, artifact):
+        engine = open_engine(artifact, weights, weights_seed or 0, options)
+        try:
+            logits = []
+            out = engine.generate(tokens, max_new_tokens, on_logits=lambda step, values: logits.append(values), sampling=sampler)
+        finally:
+            if hasattr(engine, "close"):
+                engine.close()
     if save_logits is not None:
         write_logits(save_logits, logits)
     return (tok.decode(out) if tok is not None else None), out
