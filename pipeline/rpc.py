@@ -168,10 +168,7 @@ class RemoteStopped(RemoteError):
 def stops_reported(session, during: str, note: str = "") -> Iterator[None]:
     """Inside: TVM's errors of a remote whose server process went away mid-call (a traceback
     ending in 'code=kShutdown', then broken pipes) become one RemoteStopped naming the server and
-    what ran; `note`: what may have stopped it. No session: nothing changes."""
-    if session is None:
-        yield
-        return
+    what ran; `note`: what may have stopped it."""
     try:
         yield
     except RemoteError:

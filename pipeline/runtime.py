@@ -210,10 +210,12 @@ def library_kernel_runner(artifact: Path, manifest: dict, remote=None):
         rt.sync(dev)
         return [rt.to_numpy(t) if rt.is_tensor(t) else t for t in tensors]
 
+    if remote is None:
+        return call
+    note = cpu_note(manifest)
+
     def run(name: str, args: list) -> list:
-        if remote is None:
-            return call(name, args)
-        with stops_reported(remote, f"running kernel {name}", cpu_note(manifest)):
+        with stops_reported(remote, f"running kernel {name}", note):
             return call(name, args)
 
     return run

@@ -51,7 +51,7 @@ def check_cpu_flags(manifest: dict, where) -> None:
     manifest's `cpu_flags`: an llvm library's, a GPU library's host code's): such code stopped
     the process on an illegal instruction, without a word. An older manifest: not checked."""
     from ..errors import ArtifactError
-    from ..targets import cpu_code_target, missing_cpu_flags
+    from ..targets import missing_cpu_flags
 
     needed = manifest.get("cpu_flags")
     if needed is None:
@@ -60,23 +60,26 @@ def check_cpu_flags(manifest: dict, where) -> None:
         raise ArtifactError(f"{where}: manifest field 'cpu_flags': expected a list of /proc/cpuinfo flags")
     missing = missing_cpu_flags(needed)
     if missing:
-        cpu = (cpu_code_target(manifest.get("target", {})) or {}).get("mcpu")  # llvm's, or a GPU library's host code's
-        raise ArtifactError(f"{where}: built for CPU {cpu!r}, whose code needs {', '.join(missing)}: this CPU lacks them "
-                            "(/proc/cpuinfo flags); run it on such a CPU (or --rpc HOST:PORT to one), or rebuild it for "
+        raise ArtifactError(f"{where}: built for CPU {_code_cpu(manifest)!r}, whose code needs {', '.join(missing)}: this CPU "
+                            "lacks them (/proc/cpuinfo flags); run it on such a CPU (or --rpc HOST:PORT to one), or rebuild it for "
                             "one this CPU runs (llvm: --mcpu auto, or portable)")
+
+
+def _code_cpu(manifest: dict) -> str | None:
+    """The CPU the artifact's CPU code was built for: llvm's mcpu, or a GPU library's host code's."""
+    from ..targets import cpu_code_target
+
+    return (cpu_code_target(manifest.get("target", {})) or {}).get("mcpu")
 
 
 def cpu_note(manifest: dict) -> str:
     """For a remote whose process stopped while running the artifact: the CPU features its code
     needs, which a remote CPU lacking one stops on (no local check sees that CPU); "" if unrecorded."""
-    from ..targets import cpu_code_target
-
     needed = manifest.get("cpu_flags")
     if not isinstance(needed, list) or not needed:
         return ""
-    cpu = (cpu_code_target(manifest.get("target", {})) or {}).get("mcpu")
-    return (f"; this artifact's code, built for CPU {cpu!r}, stops on an illegal instruction on a CPU without one of "
-            f"{', '.join(map(str, needed))} (/proc/cpuinfo flags): if the remote lacks one, rebuild with --mcpu of "
+    return (f"; this artifact's code, built for CPU {_code_cpu(manifest)!r}, stops on an illegal instruction on a CPU "
+            f"without one of {', '.join(map(str, needed))} (/proc/cpuinfo flags): if the remote lacks one, rebuild with --mcpu of "
             "its CPU (or portable)")
 
 

@@ -26,9 +26,8 @@ def profile(engine, options: RunOptions, weights, llvm_twin: Callable[[], Path] 
 
         return measure(engine, workload, progress)
     from ..runtime import Engine
-    from .remote import profile_remote
-
     from ..targets import missing_cpu_flags
+    from .remote import profile_remote
 
     runs_here = backend(kind).HOST_CPU and not missing_cpu_flags(engine.manifest.get("cpu_flags") or [])  # e.g. not the remote's mcpu
     twin = engine.artifact if runs_here else llvm_twin()
