@@ -368,6 +368,18 @@ def zero_tile(accs, block_n: int, token_vecs: int) -> None:
             T.buffer_store(acc, T.broadcast(T.float32(0.0), LANES), [lanes])
 
 
+def carry_tile(accs, buf, at, block_n: int, token_vecs: int, load: bool) -> None:
+    """The tile's vectors from (load) or into a flat buffer at `at`, vector after vector."""
+    for r in range(block_n):
+        for v in range(token_vecs):
+            acc, lanes = tile_vector(accs, block_n, token_vecs, r, v)
+            held = T.ramp(at + (r * token_vecs + v) * LANES, 1, LANES)
+            if load:
+                T.buffer_store(acc, buf[held], [lanes])
+            else:
+                T.buffer_store(buf, acc[lanes], [held])
+
+
 def store_transposed(out, accs, n_total: int, n0, block_n: int, token_vecs: int, mb) -> None:
     """A C^T micro-kernel's accumulators (the two arrays of tile_vector) into the flat C
     [tokens * N]: rows n0.. of token block mb."""

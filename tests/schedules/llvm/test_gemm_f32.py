@@ -70,10 +70,14 @@ def test_rule_choice_per_cpu(kernels):
     assert PrefillGEMMF32(block_n=4, token_vecs=2).apply(func, HASWELL, False) is None
     assert PrefillGEMMF32(block_n=2, token_vecs=3).apply(func, HASWELL, False) is None
     assert PrefillGEMMF32(block_n=4, token_vecs=2).apply(func, ZEN4, False) is not None
+    # k slices: a multiple of the convert chunk (16 k positions; q4: 128) that divides K; tiles divide N
+    assert PrefillGEMMF32(k_block=48).apply(func, ZEN4, False) is None
+    assert PrefillGEMMF32(k_block=-128).apply(func, ZEN4, False) is None
+    assert PrefillGEMMF32(tiles=3).apply(func, ZEN4, False) is None
 
 
 @needs_avx2
-@pytest.mark.parametrize("knobs", [{}, {"block_n": 2, "token_vecs": 2}])
+@pytest.mark.parametrize("knobs", [{}, {"block_n": 2, "token_vecs": 2, "k_block": 128, "tiles": 2}])
 def test_avx2_tiles_keep_the_kernels_numerics(knobs, kernels):
     """The AVX2 + FMA build (no AVX-512 instructions in its code) against the exact kernel and NumPy."""
     quant, funcs = kernels
@@ -95,7 +99,8 @@ def test_avx2_tiles_keep_the_kernels_numerics(knobs, kernels):
 
 
 @needs_avx512
-@pytest.mark.parametrize("knobs", [{}, pytest.param({"block_n": 4, "token_vecs": 4}, marks=pytest.mark.long), pytest.param({"block_n": 8, "token_vecs": 2}, marks=pytest.mark.long)])
+@pytest.mark.parametrize("knobs", [{}, {"k_block": 128, "tiles": 2, "prefetch": 1}, pytest.param({"block_n": 4, "token_vecs": 4, "k_block": 0, "tiles": 1}, marks=pytest.mark.long),
+                                   pytest.param({"block_n": 8, "token_vecs": 2}, marks=pytest.mark.long)])
 def test_f32_tiles_keep_the_kernels_numerics(knobs, kernels):
     quant, funcs = kernels
     rule = PrefillGEMMF32(**knobs)
