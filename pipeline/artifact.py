@@ -27,7 +27,7 @@ from typing import Any
 
 from .backends import KINDS as TARGET_KINDS
 from .config import short_repr, short_text
-from .errors import ArtifactError
+from .errors import ArtifactError, raise_if_signalled
 
 MANIFEST = "manifest.json"
 RUNTIME_CONFIG = "mlc-chat-config.json"
@@ -354,6 +354,7 @@ def atomic_directory(final: Path, kind: str | None = None, wait: bool = False, r
         tmp = make_temp_dir(final)
         try:
             yield tmp
+            raise_if_signalled()
             if kind is not None:
                 check_writable(final, kind, role)  # nothing foreign appeared while we built
             tmp.chmod(0o755)
@@ -404,6 +405,7 @@ def write_file_atomic(path: str | Path, data: str | bytes) -> Path:
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, mode)
+        raise_if_signalled()
         os.replace(tmp, final)
     except OSError as exc:
         with contextlib.suppress(OSError):

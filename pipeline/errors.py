@@ -6,6 +6,8 @@ the module that owns the subject (config, artifact, profile, runner).
 
 from __future__ import annotations
 
+import threading
+
 
 class ConfigError(ValueError):
     """A user-facing configuration error (one line: file, field, value, what is allowed)."""
@@ -25,6 +27,26 @@ class RunnerError(ValueError):
 
 class OptionError(ValueError):
     """Command-line options that do not go together: the CLI shows the command's usage line."""
+
+
+_signals: list[int] = []  # what a command's watch (cli/common._InterruptWatch) turned into KeyboardInterrupt, until handled
+
+
+def note_signal(signum: int) -> None:
+    _signals.append(signum)
+
+
+def signal_handled() -> None:
+    """The KeyboardInterrupt was caught and acted on (a nightly writing its report, the watch's end)."""
+    _signals.clear()
+
+
+def raise_if_signalled() -> None:
+    """KeyboardInterrupt again on the main thread when a signal came and nothing handled it: raised
+    inside a Python callback of TVM's C++, KeyboardInterrupt comes back out of the FFI as a bare
+    RuntimeError, which an `except Exception` may swallow. Called before a result is published."""
+    if _signals and threading.current_thread() is threading.main_thread():
+        raise KeyboardInterrupt
 
 
 class OptionValueError(OptionError):

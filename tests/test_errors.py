@@ -4,6 +4,7 @@ no half-written artifact."""
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import sys
 
@@ -294,3 +295,44 @@ def test_import_config_refuses_what_the_family_does_not_compute():
             model_yaml(hf, "config.json", "m")
     assert model_yaml({**mistral, "sliding_window": 4096}, "config.json", "m")["architecture"] == "llama"  # never reached
     assert model_yaml({**mistral, "sliding_window": None, "attention_bias": False}, "config.json", "m")["context_window_size"] == 4096
+
+
+@pytest.mark.parametrize(("signum", "publish"), [(signal.SIGINT, "directory"), (signal.SIGTERM, "directory"), (signal.SIGTERM, "file")])
+def test_a_swallowed_interrupt_publishes_nothing(tmp_path, signum, publish):
+    """Was (a CI flake of test_sigterm_mid_build_removes_the_temp_dir): a signal that reached a TVM
+    callback came back as a bare RuntimeError; an `except Exception` took it for an ordinary failure,
+    the command went on, published its output and exited 0. Now nothing is published after an
+    unhandled signal (atomic_directory, write_file_atomic), and the command ends as for the signal."""
+    script = f"""
+import os, signal, sys, tvm
+from pathlib import Path
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as from a terminal (see the Ctrl-C test above)
+signal.signal(signal.SIGTERM, signal.SIG_DFL)
+signal.pthread_sigmask(signal.SIG_UNBLOCK, {{signal.SIGINT, signal.SIGTERM}})
+from mlcpipe.artifact import atomic_directory, write_file_atomic
+from mlcpipe.cli import main
+
+@main.command("swallow")
+def swallow():
+    @tvm.ir.transform.module_pass(opt_level=0)
+    def stopped(mod, ctx):
+        os.kill(os.getpid(), {int(signum)})
+        return mod
+    try:
+        tvm.ir.transform.Sequential([stopped])(tvm.IRModule())
+    except Exception as exc:  # a fallback that takes any failure for its own
+        print("swallowed", type(exc).__name__, flush=True)
+    root = Path(sys.argv[1])
+    if "{publish}" == "file":
+        write_file_atomic(root / "file", "b")
+    else:
+        with atomic_directory(root / "out") as tmp:
+            (tmp / "a").write_text("a")
+
+main(["swallow"], prog_name="mlcpipe")
+"""
+    result = subprocess.run([sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=120)
+    assert result.stdout.split() == ["swallowed", "RuntimeError"], result.stdout + result.stderr[-2000:]
+    want = (1, "Aborted!") if signum == signal.SIGINT else (143, "Terminated.")
+    assert (result.returncode, result.stderr.strip().splitlines()[-1]) == want, result.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == []

@@ -10,7 +10,7 @@ import threading
 
 import click
 
-from ..errors import ArtifactError, ConfigError, OptionError, OptionValueError, ProfileError
+from ..errors import ArtifactError, ConfigError, OptionError, OptionValueError, ProfileError, note_signal, signal_handled
 
 DEFAULT_MODEL = "llama-3.2-1b"
 MAX_ERROR_CHARS = 2000
@@ -114,7 +114,10 @@ class UserErrors(click.Group):
     def invoke(self, ctx):
         with _InterruptWatch() as watch:
             try:
-                return super().invoke(ctx)
+                result = super().invoke(ctx)
+                if watch.received:  # the KeyboardInterrupt was swallowed (a TVM callback's RuntimeError, caught)
+                    raise KeyboardInterrupt
+                return result
             except BaseException as exc:
                 if watch.received == signal.SIGTERM:  # stopped (`timeout`, a service manager): cleaned up, 128 + 15
                     click.echo("Terminated.", err=True)
@@ -154,6 +157,7 @@ class _InterruptWatch:
 
     def _on_signal(self, signum, frame):
         self.received = signum
+        note_signal(signum)  # until handled, nothing is published (errors.raise_if_signalled)
         raise KeyboardInterrupt
 
     def __enter__(self):
@@ -164,6 +168,7 @@ class _InterruptWatch:
         return self
 
     def __exit__(self, *exc_info):
+        signal_handled()
         for signum, previous in self._previous.items():
             signal.signal(signum, previous)
         return False

@@ -30,7 +30,7 @@ from typing import Any
 from ..artifact import (MANIFEST, atomic_directory, file_digests, make_temp_dir, read_manifest, remove_leftovers,
                         sha256_file, temp_sibling, write_json)
 from ..config import load_model_config
-from ..errors import ConfigError
+from ..errors import ConfigError, signal_handled
 from .. import threads
 from ..targets import load_target
 from . import cache
@@ -396,6 +396,7 @@ class Runner:
                                if f in pending and c.id in self._started]
                     self.echo(f"[nightly] {len(records)}/{n} done; running: {', '.join(running) or '-'}")
         except KeyboardInterrupt:
+            signal_handled()  # the report is written after an interrupt by design
             self.echo("[nightly] interrupted: stopping workers (no partial cell is kept; interrupted cells keep their previous result)")
             self.interrupted = True
             self.stop()
