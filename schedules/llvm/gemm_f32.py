@@ -12,7 +12,7 @@ Handles: llvm with avx512f, or avx2 + fma (16-lane values as two ymm: smaller ti
 many-token NT matmul, f16/f32 activations, f16/f32 or q4 weights, K % 16 == 0 (q4: % 128).
 Knobs: block_n, token_vecs, k_block (a multiple of the convert chunk; 0: the whole K), tiles,
 prefetch (1: the next slice's weight rows into L2 while the first tile's first token block computes;
-0: off; by default on for q4 weights only).
+0: off; by default on for q4 weights only, and on in the one-vector branch, which reads whole rows).
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class PrefillGEMMF32(CPUScheduleRule):
     token_vecs: int | None = None  # 16-token vectors per micro-kernel (None: the ISA's default)
     k_block: int | None = None  # k positions per slice of the k loop (0: the whole K; None: K_BLOCK where it divides K)
     tiles: int | None = None  # micro-kernel row blocks per task, all reading each activation slice from L1 (None: up to 4)
-    prefetch: int | None = None  # 1: the next slice's weight rows into L2 during the first tile's first token block (None: q4 only)
+    prefetch: int | None = None  # 1: the next slice's weight rows into L2 during the first tile's first token block (None: q4, or up to 16 tokens)
 
     def knob_space(self, func: tirx.PrimFunc, target: Target) -> dict[str, list]:
         info = _applicable(func, target)
@@ -73,8 +73,9 @@ class PrefillGEMMF32(CPUScheduleRule):
         k_block = self.k_block if self.k_block is not None else (K_BLOCK if info.k % K_BLOCK == 0 else 0)
         k_block = min(k_block, info.k) or info.k
         tiles = self.tiles or next(t for t in (4, 2, 1) if info.n % (block_n * t) == 0)
-        prefetch = int(info.quantized) if self.prefetch is None else self.prefetch
-        if k_block < 0 or k_block % _chunk(info) or info.k % k_block or tiles < 1 or info.n % (block_n * tiles) or prefetch not in (0, 1):
+        # (many tokens, up to 16): f16 rows prefetched slice by slice slowed the GEMMs 30-40% on an Ice Lake server
+        prefetch = (int(info.quantized), 1) if self.prefetch is None else (self.prefetch,) * 2
+        if k_block < 0 or k_block % _chunk(info) or info.k % k_block or tiles < 1 or info.n % (block_n * tiles) or self.prefetch not in (None, 0, 1):
             return None
         sch = s_tir.Schedule(_build(info, block_n, token_vecs, few_rows, k_block, tiles, prefetch))
         sch.parallel(sch.get_loops(sch.get_sblock("x_vecs"))[0])
@@ -113,7 +114,7 @@ def _applicable(func, target):
     return info
 
 
-def _build(info, block_n: int, token_vecs: int, few_rows: int, k_block: int, tiles: int, prefetch: int) -> tirx.PrimFunc:
+def _build(info, block_n: int, token_vecs: int, few_rows: int, k_block: int, tiles: int, prefetch: tuple[int, int]) -> tirx.PrimFunc:
     inputs = info.placeholders()
     x = inputs[info.param_index(info.x)]
     tokens = x.shape[-2]
@@ -130,8 +131,8 @@ def _build(info, block_n: int, token_vecs: int, few_rows: int, k_block: int, til
     ins = [xv, inputs[info.param_index(info.weight)]] + ([inputs[info.param_index(info.scale)]] if info.quantized else [])
 
     def body(i, o):
-        many = _kernel(info, padded, block_n, token_vecs, padded // per_block, k_block, tiles, prefetch, *i, o[0])
-        few = _kernel(info, padded, few_rows, 1, 1, info.k, 1, prefetch, *i, o[0])
+        many = _kernel(info, padded, block_n, token_vecs, padded // per_block, k_block, tiles, prefetch[0], *i, o[0])
+        few = _kernel(info, padded, few_rows, 1, 1, info.k, 1, prefetch[1], *i, o[0])
         return tirx.IfThenElse(tokens <= LANES, few, many)
 
     c = te.extern(
