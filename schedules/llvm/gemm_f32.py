@@ -73,7 +73,7 @@ class PrefillGEMMF32(CPUScheduleRule):
         k_block = self.k_block if self.k_block is not None else (K_BLOCK if info.k % K_BLOCK == 0 else 0)
         k_block = min(k_block, info.k) or info.k
         tiles = self.tiles or next(t for t in (4, 2, 1) if info.n % (block_n * t) == 0)
-        # (many tokens, up to 16): f16 rows prefetched slice by slice slowed the GEMMs 30-40% on an Ice Lake server
+        # (many-token branch, one-vector branch); why f16 rows are not prefetched by slice: docs/schedules.md
         prefetch = (int(info.quantized), 1) if self.prefetch is None else (self.prefetch,) * 2
         if k_block < 0 or k_block % _chunk(info) or info.k % k_block or tiles < 1 or info.n % (block_n * tiles) or self.prefetch not in (None, 0, 1):
             return None
